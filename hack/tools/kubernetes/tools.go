@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins the binaries hack/build.sh compiles from this module.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
