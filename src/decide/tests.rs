@@ -1,0 +1,434 @@
+//! Table tests and property tests of the decision core.
+
+use super::*;
+use crate::mutex::RunKind;
+use chrono::TimeZone;
+use proptest::prelude::*;
+
+fn t(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
+}
+
+/// A live run of PipelineRun `pr<i>`, created at second `i`.
+fn run(i: usize) -> RunView {
+    RunView {
+        run: RunRef { kind: RunKind::CustomRun, name: format!("pr{i}-lock"), uid: format!("uid-{i}") },
+        parent: Some(Parent { name: format!("pr{i}"), state: ParentState::Running }),
+        group: "deploy".into(),
+        age: Age { sequence: None, created: t(i as i64), name: format!("pr{i}") },
+        priority: 0,
+        supersede: Supersede::None,
+        cancel_mode: CancelMode::CancelledRunFinally,
+        wait: true,
+        phase: Phase::Live { cancel_requested: false, timeout: Timeout::NotYet },
+    }
+}
+
+fn with(mut r: RunView, f: impl FnOnce(&mut RunView)) -> RunView {
+    f(&mut r);
+    r
+}
+
+fn outcome(d: &Decision, i: usize) -> Option<&Outcome> {
+    d.outcomes.iter().find(|(r, _)| r.uid == format!("uid-{i}")).map(|(_, o)| o)
+}
+
+fn holders(d: &Decision) -> Vec<String> {
+    d.status.holders.iter().map(|h| h.pipeline_run.clone().unwrap()).collect()
+}
+
+fn queue(d: &Decision) -> Vec<String> {
+    d.status.queue.iter().map(|w| w.pipeline_run.clone().unwrap()).collect()
+}
+
+/// Mark the runs the decision acquired as done, as the applier would.
+fn apply(runs: &mut [RunView], d: &Decision) {
+    for r in runs.iter_mut() {
+        if let Some((_, o)) = d.outcomes.iter().find(|(x, _)| x.uid == r.run.uid) {
+            let reason = match o {
+                Outcome::Waiting { .. } => continue,
+                Outcome::Acquired { .. } => "Acquired",
+                Outcome::NotAcquired { .. } => "NotAcquired",
+                Outcome::Superseded { .. } => SUPERSEDED,
+                Outcome::Cancelled { .. } => "CustomRunCancelled",
+                Outcome::TimedOut => "CustomRunTimedOut",
+            };
+            r.phase = Phase::Done { reason: reason.into() };
+        }
+        if d.cancels.iter().any(|c| Some(&c.pipeline_run) == r.parent.as_ref().map(|p| &p.name)) {
+            r.parent.as_mut().unwrap().state = ParentState::StopRequested;
+        }
+    }
+}
+
+fn finish(runs: &mut [RunView], i: usize) {
+    runs[i].parent.as_mut().unwrap().state = ParentState::Done;
+}
+
+#[test]
+fn first_run_acquires_token_one_and_others_wait_fifo() {
+    let spec = MutexSpec::default();
+    let runs = vec![run(2), run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr1", "pr2"]);
+    assert_eq!(outcome(&d, 0), Some(&Outcome::Acquired { token: 1, waited_seconds: 10 }));
+    assert_eq!(
+        outcome(&d, 2),
+        Some(&Outcome::Waiting { position: 2, of: 2, holders: vec!["pr0".into()], retry: false })
+    );
+    assert_eq!(d.status.holding, "pr0");
+    assert_eq!(d.status.waiting, 2);
+}
+
+#[test]
+fn holder_released_when_parent_done_gone_or_run_deleted() {
+    let spec = MutexSpec::default();
+    for how in ["done", "gone", "deleted"] {
+        let mut runs = vec![run(0), run(1)];
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+        apply(&mut runs, &d);
+        match how {
+            "done" => finish(&mut runs, 0),
+            "gone" => runs[0].parent.as_mut().unwrap().state = ParentState::Gone,
+            _ => {
+                runs.remove(0);
+            }
+        }
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert_eq!(holders(&d2), ["pr1"], "{how}");
+        assert_eq!(d2.status.last_token, 2, "{how}");
+    }
+}
+
+#[test]
+fn holder_stays_while_parent_runs_finally_even_if_run_cancelled() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(d2.status, d.status, "nothing changes while the holder winds down");
+}
+
+#[test]
+fn standalone_run_holds_until_deleted() {
+    let spec = MutexSpec::default();
+    let lone = with(run(0), |r| r.parent = None);
+    let mut runs = vec![lone, run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    assert_eq!(d.status.holding, "pr0-lock");
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(d2.status.holders.len(), 1);
+    runs.remove(0);
+    let d3 = decide(&spec, &d2.status, &runs, t(7));
+    assert_eq!(holders(&d3), ["pr1"]);
+}
+
+#[test]
+fn cancelled_and_timed_out_waiters_leave_the_queue() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), run(2), run(3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live { cancel_requested: true, timeout: Timeout::NotYet };
+    runs[2].phase = Phase::Live { cancel_requested: false, timeout: Timeout::Final };
+    runs[3].phase = Phase::Live { cancel_requested: false, timeout: Timeout::Retry };
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
+    assert_eq!(outcome(&d2, 2), Some(&Outcome::TimedOut));
+    assert_eq!(
+        outcome(&d2, 3),
+        Some(&Outcome::Waiting { position: 1, of: 1, holders: vec!["pr0".into()], retry: true })
+    );
+    assert_eq!(queue(&d2), ["pr3"]);
+}
+
+#[test]
+fn supersede_pending_keeps_holder_and_newest_waiter() {
+    let spec = MutexSpec::default();
+    let runs: Vec<RunView> = (0..5).map(|i| with(run(i), |r| r.supersede = Supersede::Pending)).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr4"]);
+    // One batch decides as if they arrived one by one: each is superseded by the next.
+    for i in 1..4 {
+        assert_eq!(outcome(&d, i), Some(&Outcome::Superseded { by: format!("pr{}", i + 1) }));
+    }
+    let cancelled: Vec<_> = d.cancels.iter().map(|c| c.pipeline_run.as_str()).collect();
+    assert_eq!(cancelled, ["pr1", "pr2", "pr3"]);
+    assert!(d.cancels.iter().all(|c| c.mode == CancelMode::CancelledRunFinally));
+}
+
+#[test]
+fn supersede_running_cancels_older_holder_but_waits_for_it() {
+    let spec = MutexSpec::default();
+    let mut runs: Vec<RunView> = (0..2).map(|i| with(run(i), |r| r.supersede = Supersede::Running)).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs[..1], t(1));
+    apply(&mut runs, &d);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(d2.cancels.len(), 1);
+    assert_eq!(d2.cancels[0].pipeline_run, "pr0");
+    apply(&mut runs, &d2);
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert!(d3.cancels.is_empty(), "no second cancel while it stops");
+    assert_eq!(holders(&d3), ["pr0"], "the slot stays with the stopping holder");
+    finish(&mut runs, 0);
+    let d4 = decide(&spec, &d3.status, &runs, t(4));
+    assert_eq!(holders(&d4), ["pr1"]);
+}
+
+#[test]
+fn stale_arrival_is_superseded_and_cancelled() {
+    let spec = MutexSpec::default();
+    let seq = |i: usize, s: i64| with(run(i), |r| {
+        r.supersede = Supersede::Pending;
+        r.age.sequence = Some(s);
+    });
+    // pr0 (seq 80) is granted first; pr1 (seq 79) arrives later but is older.
+    let mut runs = vec![seq(0, 80)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(seq(1, 79));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(outcome(&d2, 1), Some(&Outcome::Superseded { by: "pr0".into() }));
+    assert_eq!(d2.cancels[0].pipeline_run, "pr1");
+    // Even after pr0 finished: the group remembers it.
+    apply(&mut runs, &d2);
+    finish(&mut runs, 0);
+    runs.push(seq(2, 78));
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert_eq!(outcome(&d3, 2), Some(&Outcome::Superseded { by: "pr0".into() }));
+}
+
+#[test]
+fn restart_between_supersede_writes_redoes_the_cancel() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![with(run(0), |r| {
+        r.supersede = Supersede::Pending;
+        r.phase = Phase::Done { reason: SUPERSEDED.into() }
+    })];
+    let status = MutexStatus {
+        groups: vec![GroupMark {
+            group: "deploy".into(),
+            newest: Age { sequence: None, created: t(9), name: "pr9".into() },
+            pipeline_run: Some("pr9".into()),
+        }],
+        ..Default::default()
+    };
+    let d = decide(&spec, &status, &runs, t(10));
+    assert_eq!(d.cancels.len(), 1);
+    assert_eq!(d.cancels[0].superseded_by, "pr9");
+    runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    assert!(decide(&spec, &status, &runs, t(10)).cancels.is_empty());
+}
+
+#[test]
+fn groups_do_not_supersede_each_other() {
+    let spec = MutexSpec::default();
+    let runs = vec![
+        with(run(0), |r| r.supersede = Supersede::Pending),
+        with(run(1), |r| r.supersede = Supersede::Pending),
+        with(run(2), |r| {
+            r.supersede = Supersede::Pending;
+            r.group = "other".into()
+        }),
+    ];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr1", "pr2"]);
+    assert!(d.cancels.is_empty());
+}
+
+#[test]
+fn priority_then_order() {
+    let mut spec = MutexSpec::default();
+    let runs = vec![run(0), run(1), run(2), with(run(3), |r| r.priority = 5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(queue(&d), ["pr3", "pr1", "pr2"]);
+    spec.order = Order::NewestFirst;
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"], "the first arrival took the free slot");
+    assert_eq!(queue(&d), ["pr3", "pr2", "pr1"]);
+}
+
+#[test]
+fn wait_false_takes_a_free_slot_or_gives_up() {
+    let spec = MutexSpec::default();
+    let runs = vec![with(run(0), |r| r.wait = false), with(run(1), |r| r.wait = false)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(outcome(&d, 0), Some(&Outcome::Acquired { token: 1, waited_seconds: 5 }));
+    assert_eq!(outcome(&d, 1), Some(&Outcome::NotAcquired { holders: vec!["pr0".into()] }));
+    assert!(d.status.queue.is_empty());
+}
+
+#[test]
+fn capacity_two_grants_two() {
+    let spec = MutexSpec { capacity: 2, ..Default::default() };
+    let d = decide(&spec, &MutexStatus::default(), &[run(0), run(1), run(2)], t(5));
+    assert_eq!(holders(&d), ["pr0", "pr1"]);
+    assert_eq!(d.status.holding, "pr0,pr1");
+}
+
+#[test]
+fn decision_is_a_fixed_point() {
+    let spec = MutexSpec::default();
+    let mut runs: Vec<RunView> = (0..4).map(run).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    let d2 = decide(&spec, &d.status, &runs, t(50));
+    assert_eq!(d2.status, d.status, "re-deciding later writes nothing new");
+}
+
+// ---- property tests: a simulated world driven by random events ----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Arrive { group: u8, sequence: Option<i8>, priority: i8, policy: u8, wait: bool },
+    FinishParent(u8),
+    CancelRun(u8),
+    DeleteRun(u8),
+    TimeOut(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..2u8, proptest::option::of(0..20i8), 0..2i8, 0..3u8, proptest::bool::weighted(0.85))
+            .prop_map(|(group, sequence, priority, policy, wait)| Op::Arrive { group, sequence, priority, policy, wait }),
+        3 => any::<u8>().prop_map(Op::FinishParent),
+        1 => any::<u8>().prop_map(Op::CancelRun),
+        1 => any::<u8>().prop_map(Op::DeleteRun),
+        1 => any::<u8>().prop_map(Op::TimeOut),
+    ]
+}
+
+struct World {
+    spec: MutexSpec,
+    status: MutexStatus,
+    runs: Vec<RunView>,
+    clock: i64,
+    /// Grants seen so far: (uid, group, age, supersede policy, token).
+    grants: Vec<(String, String, Age, Supersede, i64)>,
+    superseded: HashSet<String>,
+    next_id: usize,
+}
+
+impl World {
+    fn step(&mut self) {
+        self.clock += 1;
+        let d = decide(&self.spec, &self.status, &self.runs, t(self.clock));
+        assert!(d.status.holders.len() <= self.spec.capacity as usize, "over capacity: {:?}", d.status.holders);
+        for (r, o) in &d.outcomes {
+            match o {
+                Outcome::Acquired { token, .. } if !self.grants.iter().any(|g| g.0 == r.uid) => {
+                    assert!(!self.superseded.contains(&r.uid), "granted a superseded run {r:?}");
+                    let v = self.runs.iter().find(|v| v.run.uid == r.uid).unwrap();
+                    if let Some(last) = self.grants.last() {
+                        assert!(*token > last.4, "tokens must strictly increase");
+                    }
+                    self.grants.push((r.uid.clone(), v.group.clone(), v.age.clone(), v.supersede, *token));
+                }
+                Outcome::Superseded { .. } => {
+                    self.superseded.insert(r.uid.clone());
+                }
+                _ => {}
+            }
+        }
+        apply(&mut self.runs, &d);
+        self.status = d.status;
+        let holders: HashSet<&str> = self.status.holders.iter().map(|h| h.run.uid.as_str()).collect();
+        assert_eq!(holders.len(), self.status.holders.len(), "a run holds twice");
+    }
+
+    fn pick(&self, i: u8, f: impl Fn(&RunView) -> bool) -> Option<usize> {
+        let idx: Vec<usize> = (0..self.runs.len()).filter(|&k| f(&self.runs[k])).collect();
+        (!idx.is_empty()).then(|| idx[i as usize % idx.len()])
+    }
+
+    fn run_op(&mut self, op: &Op) {
+        match *op {
+            Op::Arrive { group, sequence, priority, policy, wait } => {
+                let i = self.next_id;
+                self.next_id += 1;
+                let policy = [Supersede::None, Supersede::Pending, Supersede::Running][policy as usize];
+                self.runs.push(with(run(i), |r| {
+                    r.group = format!("g{group}");
+                    r.age.sequence = sequence.map(i64::from);
+                    r.priority = i64::from(priority);
+                    r.supersede = policy;
+                    r.wait = wait;
+                    r.age.created = t(self.clock);
+                }));
+            }
+            Op::FinishParent(i) => {
+                if let Some(k) = self.pick(i, |r| !r.parent.as_ref().unwrap().state.ended()) {
+                    // Parents finish in any order; holders' parents most often.
+                    finish(&mut self.runs, k);
+                }
+            }
+            Op::CancelRun(i) => {
+                if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
+                    self.runs[k].phase = Phase::Live { cancel_requested: true, timeout: Timeout::NotYet };
+                }
+            }
+            Op::DeleteRun(i) => {
+                if let Some(k) = self.pick(i, |_| true) {
+                    self.runs.remove(k);
+                }
+            }
+            Op::TimeOut(i) => {
+                if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
+                    self.runs[k].phase = Phase::Live { cancel_requested: false, timeout: Timeout::Final };
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn invariants_hold_under_any_event_order(ops in proptest::collection::vec(op(), 1..40), capacity in 1..4u32) {
+        let mut w = World {
+            spec: MutexSpec { capacity, ..Default::default() },
+            status: MutexStatus::default(),
+            runs: Vec::new(),
+            clock: 0,
+            grants: Vec::new(),
+            superseded: HashSet::new(),
+            next_id: 0,
+        };
+        for op in &ops {
+            w.run_op(op);
+            w.step();
+        }
+        // Liveness: finish every holder's parent until nothing waits.
+        for _ in 0..200 {
+            if w.status.queue.is_empty() { break; }
+            let holders: Vec<String> = w.status.holders.iter().map(|h| h.run.uid.clone()).collect();
+            for r in w.runs.iter_mut().filter(|r| holders.contains(&r.run.uid)) {
+                r.parent.as_mut().unwrap().state = ParentState::Done;
+            }
+            w.step();
+        }
+        prop_assert!(w.status.queue.is_empty(), "waiters left behind: {:?}", w.status.queue);
+        for r in &w.runs {
+            let holds = w.status.holders.iter().any(|h| h.run.uid == r.run.uid);
+            prop_assert!(holds || matches!(r.phase, Phase::Done { .. }) || r.parent.as_ref().unwrap().state.ended(),
+                "run neither holds nor ended with a reason: {r:?}");
+        }
+        // Within a group where newer runs supersede, grants never go backwards in age.
+        for (i, a) in w.grants.iter().enumerate() {
+            for b in &w.grants[i + 1..] {
+                if a.1 == b.1 && b.3 != Supersede::None && a.3 != Supersede::None {
+                    prop_assert!(b.2 > a.2, "group {} granted {:?} after newer {:?}", a.1, b.2, a.2);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The `Mutex` custom resource (`tekton-mutex.dev/v1alpha1`): one object per key.
+//!
+//! Its status is the lock's only source of truth. Every change to it is a
+//! compare-and-swap on the object's resourceVersion, which is what keeps
+//! holders within capacity and tokens unique across restarts and replicas.
+
+use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tekton-mutex.dev",
+    version = "v1alpha1",
+    kind = "Mutex",
+    plural = "mutexes",
+    namespaced,
+    status = "MutexStatus",
+    shortname = "mtx",
+    printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
+    printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
+    printcolumn = r#"{"name":"Capacity","type":"integer","jsonPath":".spec.capacity"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MutexSpec {
+    /// How many PipelineRuns may hold the slot at once.
+    #[serde(default = "default_capacity")]
+    #[schemars(range(min = 1))]
+    pub capacity: u32,
+    /// Which waiter goes first among equal priorities.
+    #[serde(default)]
+    pub order: Order,
+}
+
+impl Default for MutexSpec {
+    fn default() -> Self {
+        MutexSpec { capacity: default_capacity(), order: Order::default() }
+    }
+}
+
+fn default_capacity() -> u32 {
+    1
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    #[default]
+    OldestFirst,
+    NewestFirst,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MutexStatus {
+    /// Runs holding the slot, in grant order.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+    /// Runs waiting, in the order they will be granted.
+    #[serde(default)]
+    pub queue: Vec<Waiter>,
+    /// The last fencing token handed out. The next grant gets lastToken + 1.
+    #[serde(default)]
+    pub last_token: i64,
+    /// The newest run each group has enrolled with a supersede policy other
+    /// than `none`: later arrivals older than it are stale.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupMark>,
+    /// Holder PipelineRuns, comma-separated (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holding: String,
+    /// Queue length (for `kubectl get`).
+    #[serde(default)]
+    pub waiting: i64,
+}
+
+/// Which CustomRun (or Run) an entry stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    pub kind: RunKind,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub enum RunKind {
+    /// `tekton.dev/v1beta1` CustomRun.
+    CustomRun,
+    /// `tekton.dev/v1alpha1` Run.
+    Run,
+}
+
+/// How old a run is. Higher is newer: by `sequence` when given, then by the
+/// PipelineRun's creation time, with its name breaking ties.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Age {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+    pub created: DateTime<Utc>,
+    /// The PipelineRun's name (the run's own name for a standalone run).
+    pub name: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Supersede {
+    None,
+    #[default]
+    Pending,
+    Running,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    pub run: RunRef,
+    /// The PipelineRun holding the slot; absent for a standalone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    pub token: i64,
+    pub since: DateTime<Utc>,
+    pub waited_seconds: i64,
+    pub group: String,
+    pub age: Age,
+    pub supersede: Supersede,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiter {
+    pub run: RunRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    pub group: String,
+    pub age: Age,
+    #[serde(default)]
+    pub priority: i64,
+    pub supersede: Supersede,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMark {
+    pub group: String,
+    /// The newest run the group enrolled so far.
+    pub newest: Age,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+}

@@ -1,0 +1,360 @@
+//! Reading a Mutex run's configuration: params, target and timeout.
+//!
+//! Pure: everything here turns a run's spec into a [`RunConfig`] or into an
+//! actionable message for an `InvalidParams` failure. Nothing is silently ignored.
+
+use crate::duration::parse_go_duration;
+use crate::mutex::{MutexSpec, Supersede};
+use crate::tekton::{EmbeddedSpec, Param, TaskRef};
+use std::time::Duration;
+
+pub const API_VERSION: &str = "tekton-mutex.dev/v1alpha1";
+pub const KIND: &str = "Mutex";
+
+/// Params a Mutex task accepts.
+pub const PARAMS: &[&str] = &["key", "supersede", "group", "cancel-mode", "sequence", "priority", "wait"];
+
+/// Tekton's default when a run sets no timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// What a run points at: a Mutex object by name, an embedded spec, or just the kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target<'a> {
+    Ref(&'a TaskRef),
+    Spec(&'a EmbeddedSpec),
+}
+
+impl Target<'_> {
+    /// Is this run ours? Runs of any other kind are never touched.
+    pub fn is_mutex(&self) -> bool {
+        let (api_version, kind) = match self {
+            Target::Ref(r) => (&r.api_version, &r.kind),
+            Target::Spec(s) => (&s.api_version, &s.kind),
+        };
+        api_version == API_VERSION && kind == KIND
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CancelMode {
+    Cancelled,
+    #[default]
+    CancelledRunFinally,
+    StoppedRunFinally,
+}
+
+impl CancelMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelMode::Cancelled => "Cancelled",
+            CancelMode::CancelledRunFinally => "CancelledRunFinally",
+            CancelMode::StoppedRunFinally => "StoppedRunFinally",
+        }
+    }
+}
+
+/// A valid Mutex run's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    /// The Mutex object's name, within the run's namespace.
+    pub key: String,
+    /// Spec for the Mutex object when this run has to create it.
+    pub spec: MutexSpec,
+    pub supersede: Supersede,
+    /// None: the PipelineRun's `tekton.dev/pipeline` label.
+    pub group: Option<String>,
+    pub cancel_mode: CancelMode,
+    pub sequence: Option<i64>,
+    pub priority: i64,
+    pub wait: bool,
+    /// None: wait forever (`timeout: 0s`).
+    pub timeout: Option<Duration>,
+    pub retries: u32,
+}
+
+/// The raw spec fields a config is read from.
+pub struct RunInput<'a> {
+    pub namespace: &'a str,
+    pub target: Target<'a>,
+    pub params: &'a [Param],
+    pub timeout: Option<&'a str>,
+    pub retries: Option<i64>,
+}
+
+pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
+    let mut cfg = RunConfig {
+        key: input.namespace.to_string(),
+        spec: MutexSpec::default(),
+        supersede: Supersede::default(),
+        group: None,
+        cancel_mode: CancelMode::default(),
+        sequence: None,
+        priority: 0,
+        wait: true,
+        timeout: Some(DEFAULT_TIMEOUT),
+        retries: 0,
+    };
+    let mut key_param = None;
+    let mut seen = Vec::new();
+    for p in input.params {
+        if seen.contains(&p.name.as_str()) {
+            return Err(format!("param {:?} is given more than once", p.name));
+        }
+        seen.push(p.name.as_str());
+        let value = match &p.value {
+            serde_json::Value::String(s) => s.as_str(),
+            other => {
+                return Err(format!(
+                    "param {:?} must be a string, got {}",
+                    p.name,
+                    json_type(other)
+                ));
+            }
+        };
+        match p.name.as_str() {
+            "key" => key_param = Some(value.to_string()),
+            "supersede" => {
+                cfg.supersede = match value {
+                    "pending" => Supersede::Pending,
+                    "none" => Supersede::None,
+                    "running" => Supersede::Running,
+                    _ => return Err(invalid_choice("supersede", value, &["pending", "none", "running"])),
+                }
+            }
+            "group" => {
+                if value.is_empty() || value.len() > 253 {
+                    return Err(format!("param \"group\" must be 1 to 253 characters, got {value:?}"));
+                }
+                cfg.group = Some(value.to_string());
+            }
+            "cancel-mode" => {
+                cfg.cancel_mode = match value {
+                    "CancelledRunFinally" => CancelMode::CancelledRunFinally,
+                    "Cancelled" => CancelMode::Cancelled,
+                    "StoppedRunFinally" => CancelMode::StoppedRunFinally,
+                    _ => {
+                        return Err(invalid_choice(
+                            "cancel-mode",
+                            value,
+                            &["CancelledRunFinally", "Cancelled", "StoppedRunFinally"],
+                        ));
+                    }
+                }
+            }
+            "sequence" => cfg.sequence = Some(parse_int("sequence", value)?),
+            "priority" => cfg.priority = parse_int("priority", value)?,
+            "wait" => {
+                cfg.wait = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(invalid_choice("wait", value, &["true", "false"])),
+                }
+            }
+            other => {
+                return Err(format!("unknown param {other:?}: allowed params are {}", PARAMS.join(", ")));
+            }
+        }
+    }
+
+    match input.target {
+        Target::Ref(r) => {
+            if let Some(name) = r.name.as_deref().filter(|n| !n.is_empty()) {
+                if let Some(k) = key_param.as_deref().filter(|k| *k != name) {
+                    return Err(format!(
+                        "param \"key\" ({k:?}) conflicts with the Mutex object named in the task reference ({name:?}): \
+                         the object's name is the key, so drop the param or make them equal"
+                    ));
+                }
+                key_param = Some(name.to_string());
+            }
+        }
+        Target::Spec(s) => {
+            if let Some(spec) = &s.spec {
+                cfg.spec = parse_embedded_spec(spec)?;
+            }
+        }
+    }
+    if let Some(k) = key_param {
+        validate_key(&k)?;
+        cfg.key = k;
+    }
+
+    if let Some(t) = input.timeout {
+        let d = parse_go_duration(t).map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
+        cfg.timeout = (!d.is_zero()).then_some(d);
+    }
+    if let Some(r) = input.retries {
+        cfg.retries = u32::try_from(r).map_err(|_| format!("spec.retries must be 0 or more, got {r}"))?;
+    }
+    Ok(cfg)
+}
+
+fn parse_embedded_spec(spec: &serde_json::Value) -> Result<MutexSpec, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Strict {
+        #[serde(default)]
+        capacity: Option<u32>,
+        #[serde(default)]
+        order: Option<crate::mutex::Order>,
+    }
+    let strict: Strict = serde_json::from_value(spec.clone()).map_err(|e| {
+        format!("customSpec.spec is not a Mutex spec ({e}): allowed fields are capacity (integer >= 1) and order (oldest-first or newest-first)")
+    })?;
+    let mut out = MutexSpec::default();
+    if let Some(c) = strict.capacity {
+        if c == 0 {
+            return Err("customSpec.spec.capacity must be 1 or more".into());
+        }
+        out.capacity = c;
+    }
+    if let Some(o) = strict.order {
+        out.order = o;
+    }
+    Ok(out)
+}
+
+/// A key names a Mutex object, so it must be a valid Kubernetes object name
+/// (a DNS-1123 subdomain).
+pub fn validate_key(key: &str) -> Result<(), String> {
+    let ok = !key.is_empty()
+        && key.len() <= 253
+        && key.split('.').all(|label| {
+            !label.is_empty()
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "key {key:?} is not a valid name: use at most 253 lowercase letters, digits, '-' or '.', \
+             starting and ending with a letter or digit (it names a Mutex object)"
+        ))
+    }
+}
+
+fn parse_int(name: &str, value: &str) -> Result<i64, String> {
+    value
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| format!("param {name:?} must be an integer, got {value:?}"))
+}
+
+fn invalid_choice(name: &str, value: &str, allowed: &[&str]) -> String {
+    format!("param {name:?} has invalid value {value:?}: allowed values are {}", allowed.join(", "))
+}
+
+fn json_type(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mutex_ref(name: Option<&str>) -> TaskRef {
+        TaskRef { api_version: API_VERSION.into(), kind: KIND.into(), name: name.map(Into::into) }
+    }
+
+    fn parse_with(params: &[(&str, serde_json::Value)], r: &TaskRef) -> Result<RunConfig, String> {
+        let params: Vec<Param> =
+            params.iter().map(|(n, v)| Param { name: n.to_string(), value: v.clone() }).collect();
+        parse(&RunInput { namespace: "jx-staging", target: Target::Ref(r), params: &params, timeout: None, retries: None })
+    }
+
+    #[test]
+    fn defaults_key_to_namespace() {
+        let cfg = parse_with(&[], &mutex_ref(None)).unwrap();
+        assert_eq!(cfg.key, "jx-staging");
+        assert_eq!(cfg.supersede, Supersede::Pending);
+        assert_eq!(cfg.cancel_mode, CancelMode::CancelledRunFinally);
+        assert!(cfg.wait);
+        assert_eq!(cfg.timeout, Some(DEFAULT_TIMEOUT));
+    }
+
+    #[test]
+    fn object_name_wins_over_namespace_and_param_must_agree() {
+        assert_eq!(parse_with(&[], &mutex_ref(Some("prod"))).unwrap().key, "prod");
+        assert_eq!(parse_with(&[("key", json!("prod"))], &mutex_ref(Some("prod"))).unwrap().key, "prod");
+        let err = parse_with(&[("key", json!("other"))], &mutex_ref(Some("prod"))).unwrap_err();
+        assert!(err.contains("conflicts"), "{err}");
+        assert_eq!(parse_with(&[("key", json!("env-a"))], &mutex_ref(None)).unwrap().key, "env-a");
+    }
+
+    #[test]
+    fn rejects_bad_input_with_allowed_values() {
+        let cases: &[(&[(&str, serde_json::Value)], &str)] = &[
+            (&[("colour", json!("red"))], "allowed params are key, supersede"),
+            (&[("key", json!(["a"]))], "must be a string, got an array"),
+            (&[("key", json!({"a": 1}))], "must be a string, got an object"),
+            (&[("key", json!("Not_Valid"))], "not a valid name"),
+            (&[("key", json!("-a"))], "not a valid name"),
+            (&[("supersede", json!("all"))], "allowed values are pending, none, running"),
+            (&[("cancel-mode", json!("Stop"))], "allowed values are CancelledRunFinally, Cancelled, StoppedRunFinally"),
+            (&[("sequence", json!("12a"))], "\"sequence\" must be an integer"),
+            (&[("priority", json!("high"))], "\"priority\" must be an integer"),
+            (&[("wait", json!("yes"))], "allowed values are true, false"),
+            (&[("group", json!(""))], "\"group\" must be 1 to 253"),
+            (&[("key", json!("a")), ("key", json!("b"))], "more than once"),
+        ];
+        for (params, want) in cases {
+            let err = parse_with(params, &mutex_ref(None)).unwrap_err();
+            assert!(err.contains(want), "params {params:?}: {err:?} does not mention {want:?}");
+        }
+    }
+
+    #[test]
+    fn reads_every_policy_param() {
+        let cfg = parse_with(
+            &[
+                ("supersede", json!("running")),
+                ("group", json!("envs")),
+                ("cancel-mode", json!("StoppedRunFinally")),
+                ("sequence", json!("81")),
+                ("priority", json!("-3")),
+                ("wait", json!("false")),
+            ],
+            &mutex_ref(None),
+        )
+        .unwrap();
+        assert_eq!(cfg.supersede, Supersede::Running);
+        assert_eq!(cfg.group.as_deref(), Some("envs"));
+        assert_eq!(cfg.cancel_mode, CancelMode::StoppedRunFinally);
+        assert_eq!(cfg.sequence, Some(81));
+        assert_eq!(cfg.priority, -3);
+        assert!(!cfg.wait);
+    }
+
+    #[test]
+    fn timeout_and_embedded_spec() {
+        let spec = EmbeddedSpec { api_version: API_VERSION.into(), kind: KIND.into(), spec: Some(json!({"capacity": 2})) };
+        let input = RunInput { namespace: "ns", target: Target::Spec(&spec), params: &[], timeout: Some("0s"), retries: Some(2) };
+        let cfg = parse(&input).unwrap();
+        assert_eq!(cfg.spec.capacity, 2);
+        assert_eq!(cfg.timeout, None);
+        assert_eq!(cfg.retries, 2);
+
+        let bad = EmbeddedSpec { spec: Some(json!({"capacty": 2})), ..spec.clone() };
+        let err = parse(&RunInput { target: Target::Spec(&bad), ..input }).unwrap_err();
+        assert!(err.contains("allowed fields are capacity"), "{err}");
+        let input = RunInput { namespace: "ns", target: Target::Spec(&spec), params: &[], timeout: Some("soon"), retries: None };
+        assert!(parse(&input).unwrap_err().contains("spec.timeout"));
+    }
+
+    #[test]
+    fn only_mutex_targets_are_ours() {
+        assert!(Target::Ref(&mutex_ref(None)).is_mutex());
+        let other = TaskRef { api_version: "example.dev/v1".into(), kind: "Wait".into(), name: None };
+        assert!(!Target::Ref(&other).is_mutex());
+    }
+}

@@ -1,0 +1,38 @@
+//! `tekton.dev/v1` PipelineRun: the parent whose lifetime bounds a held slot.
+
+use super::Condition;
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(group = "tekton.dev", version = "v1", kind = "PipelineRun", namespaced)]
+#[kube(status = "PipelineRunStatus", schema = "disabled")]
+#[serde(rename_all = "camelCase")]
+pub struct PipelineRunSpec {
+    /// `Cancelled`, `CancelledRunFinally`, `StoppedRunFinally` or `PipelineRunPending`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PipelineRunStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+impl PipelineRun {
+    /// Done means the Succeeded condition is final: Tekton sets it only after
+    /// finally tasks have finished, so a done PipelineRun runs nothing more.
+    pub fn is_done(&self) -> bool {
+        super::is_done(self.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Succeeded")))
+    }
+
+    /// Has someone asked this PipelineRun to stop (any graceful or hard cancel)?
+    pub fn stop_requested(&self) -> bool {
+        matches!(
+            self.spec.status.as_deref(),
+            Some("Cancelled" | "CancelledRunFinally" | "StoppedRunFinally" | "PipelineRunCancelled")
+        )
+    }
+}
