@@ -1,0 +1,389 @@
+#!/usr/bin/env bash
+# The local control plane: etcd, kube-apiserver, the Tekton Pipelines controller and the
+# pod-runner (a kubelet stand-in that runs TaskRun steps on this host), all on 127.0.0.1.
+#
+#   hack/cluster.sh up     build what is missing, start everything, prove it with a PipelineRun
+#   hack/cluster.sh down   stop exactly what `up` started (by pid) and remove the state
+#   hack/cluster.sh env    print `export KUBECONFIG=...` and a PATH with the built kubectl and tkn
+#   hack/cluster.sh logs   say where each component logs
+#
+# State lives in .cluster/ (gitignored): kubeconfig, logs/, pids/, pki/, etcd/, pods/.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/lib.sh
+source "$here/lib.sh"
+
+COMPONENTS=(etcd kube-apiserver tekton-controller pod-runner) # start order
+LOGS=$CLUSTER_DIR/logs
+PIDS=$CLUSTER_DIR/pids
+KUBECONFIG_FILE=$CLUSTER_DIR/kubeconfig
+TEKTON_NS=tekton-pipelines
+SMOKE_NS=tekton-mutex-smoke
+POD_RUNNER=$REPO_ROOT/target/debug/pod-runner
+
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+
+# ---------------------------------------------------------------- process bookkeeping
+
+# pid_of NAME: the recorded pid of a component, if the process is still ours and alive.
+# A pid counts as ours only if its command line mentions this cluster's directory, so a
+# recycled pid of an unrelated process is never touched.
+pid_of() {
+  local f=$PIDS/$1.pid pid
+  [[ -f $f ]] || return 1
+  pid=$(<"$f")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  [[ -r /proc/$pid/cmdline ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$CLUSTER_DIR" || return 1
+  echo "$pid"
+}
+
+alive() { pid_of "$1" >/dev/null; }
+
+not_alive() { ! kill -0 "$1" 2>/dev/null; }
+
+# stop_component NAME: TERM, wait (bounded), then KILL.
+stop_component() {
+  local name=$1 pid
+  pid=$(pid_of "$name") || { rm -f "$PIDS/$name.pid"; return 0; }
+  log "stopping $name (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  if ! wait_for "$name to exit" 20 not_alive "$pid"; then
+    log "$name did not exit on TERM; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+    wait_for "$name to die" 10 not_alive "$pid" || true
+  fi
+  rm -f "$PIDS/$name.pid"
+}
+
+stop_all() {
+  local i
+  for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
+    stop_component "${COMPONENTS[$i]}"
+  done
+}
+
+# fail_component NAME WHY: stop everything started so far, show the component's log tail, exit.
+fail_component() {
+  local name=$1 why=$2
+  {
+    printf '\nerror: %s failed to start: %s\n' "$name" "$why"
+    printf -- '--- last 40 lines of %s ---\n' "$LOGS/$name.log"
+    tail -n 40 "$LOGS/$name.log" 2>/dev/null || echo "(no log)"
+    printf -- '---\n'
+  } >&2
+  stop_all
+  die "$name failed to start; the logs stay in $LOGS (the next 'up' starts afresh)"
+}
+
+# start NAME CMD...: start a component in its own session, logging to logs/NAME.log.
+start() {
+  local name=$1; shift
+  log "starting $name"
+  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name.pid"
+}
+
+# healthy_or_fail NAME DESC TIMEOUT CMD...: wait for a condition while the component is alive.
+healthy_or_fail() {
+  local name=$1 desc=$2 timeout=$3; shift 3
+  local deadline=$(( $(date +%s) + timeout ))
+  until "$@" >/dev/null 2>&1; do
+    alive "$name" || fail_component "$name" "the process exited"
+    (( $(date +%s) < deadline )) || fail_component "$name" "timed out after ${timeout}s waiting for $desc"
+    sleep 0.2 # poll interval of a bounded condition wait, not synchronization
+  done
+}
+
+# ---------------------------------------------------------------- helpers
+
+# free_ports N: N distinct free TCP ports on 127.0.0.1 (held open together while chosen).
+free_ports() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+kc() { "$(component_bin kubectl)" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+api_ready() {
+  curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" \
+    -H "Authorization: Bearer $(<"$CLUSTER_DIR/pki/admin.token")" \
+    "https://127.0.0.1:$(<"$CLUSTER_DIR/apiserver.port")/readyz" >/dev/null
+}
+
+tekton_config_dir() {
+  local dir
+  dir=$(cd "$here/tools/tekton" && GOFLAGS=-mod=mod GOTOOLCHAIN=local \
+    go list -m -f '{{.Dir}}' github.com/tektoncd/pipeline) || return 1
+  echo "$dir/config"
+}
+
+# strip_conversion FILE: a CRD without its conversion webhook (v1 is the storage version and the
+# only one we use, so no conversion is needed and no webhook has to run).
+strip_conversion() {
+  awk '
+    /^---/ { skip = 0 }
+    /^  conversion:/ { skip = 1; next }
+    skip && /^  [^ ]/ { skip = 0 }
+    skip && /^[^ ]/ { skip = 0 }
+    !skip
+  ' "$1"
+}
+
+is_up() {
+  [[ -f $CLUSTER_DIR/ready ]] || return 1
+  local c
+  for c in "${COMPONENTS[@]}"; do alive "$c" || return 1; done
+  api_ready
+}
+
+# ---------------------------------------------------------------- up
+
+write_pki() {
+  local pki=$CLUSTER_DIR/pki
+  mkdir -p "$pki"
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl req -x509 -new -nodes -newkey rsa:2048 -keyout "$pki/ca.key" -out "$pki/ca.crt" \
+    -days 30 -subj "/CN=tekton-mutex-local-ca" 2>/dev/null
+  openssl req -new -nodes -newkey rsa:2048 -keyout "$pki/serving.key" -out "$pki/serving.csr" \
+    -subj "/CN=kube-apiserver" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/ext.cnf"
+  openssl x509 -req -in "$pki/serving.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
+    -CAcreateserial -out "$pki/serving.crt" -days 30 -extfile "$pki/ext.cnf" 2>/dev/null
+  od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$pki/admin.token"
+  printf '%s,admin,admin,"system:masters"\n' "$(<"$pki/admin.token")" >"$pki/tokens.csv"
+}
+
+write_kubeconfig() {
+  cat >"$KUBECONFIG_FILE" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: tekton-mutex-local
+  cluster:
+    server: https://127.0.0.1:$1
+    certificate-authority: $CLUSTER_DIR/pki/ca.crt
+users:
+- name: admin
+  user:
+    token: $(<"$CLUSTER_DIR/pki/admin.token")
+contexts:
+- name: tekton-mutex-local
+  context: {cluster: tekton-mutex-local, user: admin}
+current-context: tekton-mutex-local
+EOF
+  chmod 600 "$KUBECONFIG_FILE"
+}
+
+install_tekton() {
+  local cfg crd
+  cfg=$(tekton_config_dir)
+  [[ -d $cfg/300-crds ]] || die "Tekton's config not found at $cfg (is the tekton module downloaded?)"
+  log "installing Tekton namespace, CRDs and config from $cfg"
+  kc apply -f "$cfg/100-namespace" >/dev/null
+  for crd in "$cfg"/300-crds/*.yaml; do
+    strip_conversion "$crd" | kc apply --server-side -f - >/dev/null
+  done
+  kc wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  local f
+  for f in "$cfg"/config-*.yaml; do
+    kc apply -f "$f" >/dev/null
+  done
+  # No metrics exporters, no sidecar readiness handshake (no kubelet), no affinity assistant
+  # (no scheduler), no credential init (nothing to pull).
+  kc -n "$TEKTON_NS" patch configmap config-observability --type merge \
+    -p '{"data":{"metrics-protocol":"none","tracing-protocol":"none","runtime-profiling":"disabled"}}' >/dev/null
+  kc -n "$TEKTON_NS" patch configmap feature-flags --type merge -p '{"data":{
+      "coschedule":"disabled",
+      "disable-creds-init":"true",
+      "await-sidecar-readiness":"false",
+      "running-in-environment-with-injected-sidecars":"false",
+      "enable-api-fields":"beta"}}' >/dev/null
+}
+
+# ensure_namespace NS: the namespace and its `default` ServiceAccount (no controller-manager
+# creates it here).
+ensure_namespace() {
+  kc create namespace "$1" --dry-run=client -o yaml | kc apply -f - >/dev/null
+  kc -n "$1" create serviceaccount default --dry-run=client -o yaml | kc apply -f - >/dev/null
+}
+
+pipelinerun_state() {
+  kc -n "$SMOKE_NS" get pipelinerun "$1" \
+    -o jsonpath='{.status.conditions[?(@.type=="Succeeded")].status}' 2>/dev/null
+}
+
+smoke_done() { [[ $(pipelinerun_state "$1") =~ ^(True|False)$ ]]; }
+
+smoke_test() {
+  local name
+  ensure_namespace "$SMOKE_NS"
+  name=$(kc -n "$SMOKE_NS" create -o name -f - <<'EOF'
+apiVersion: tekton.dev/v1
+kind: PipelineRun
+metadata:
+  generateName: smoke-
+spec:
+  pipelineSpec:
+    tasks:
+    - name: hello
+      taskSpec:
+        steps:
+        - name: hello
+          image: busybox
+          script: |
+            echo "hello from the local control plane"
+            kubectl version >/dev/null
+EOF
+  )
+  name=${name#*/}
+  log "readiness check: PipelineRun $SMOKE_NS/$name"
+  local deadline=$(( $(date +%s) + 120 ))
+  until smoke_done "$name"; do
+    local c
+    for c in tekton-controller pod-runner; do
+      alive "$c" || fail_component "$c" "the process exited during the readiness PipelineRun"
+    done
+    (( $(date +%s) < deadline )) || break
+    sleep 0.2 # poll interval of a bounded condition wait, not synchronization
+  done
+  if [[ $(pipelinerun_state "$name") != True ]]; then
+    {
+      echo "error: the readiness PipelineRun $SMOKE_NS/$name did not succeed:"
+      kc -n "$SMOKE_NS" get pipelinerun "$name" -o jsonpath='{.status.conditions}' 2>&1; echo
+      echo "--- last 20 lines of $LOGS/tekton-controller.log ---"; tail -n 20 "$LOGS/tekton-controller.log"
+      echo "--- last 20 lines of $LOGS/pod-runner.log ---"; tail -n 20 "$LOGS/pod-runner.log"
+    } >&2
+    stop_all
+    die "the control plane started but could not run a PipelineRun"
+  fi
+}
+
+cmd_up() {
+  require_tool go "Go 1.26 or newer (https://go.dev/dl/)"
+  require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
+  require_tool openssl "openssl (apt-get install openssl)"
+  require_tool python3 "python3 (apt-get install python3)"
+  require_tool curl "curl (apt-get install curl)"
+  require_tool setsid "util-linux (apt-get install util-linux)"
+
+  if is_up; then
+    log "cluster is already up ($KUBECONFIG_FILE); nothing to do"
+    return 0
+  fi
+  if [[ -e $CLUSTER_DIR ]]; then
+    log "found stale state in $CLUSTER_DIR (a previous run was killed or failed): cleaning up"
+    stop_all
+    rm -rf "$CLUSTER_DIR"
+  fi
+  local t0
+  t0=$(date +%s)
+  if [[ -z ${TEKTON_MUTEX_SKIP_BUILD:-} ]]; then
+    "$here/build.sh"
+  fi
+  log "building pod-runner (cargo build -p pod-runner)"
+  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building hack/pod-runner failed"
+
+  mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
+  local ports etcd_port peer_port api_port probes_port profiling_port
+  ports=$(free_ports 5)
+  read -r etcd_port peer_port api_port probes_port profiling_port <<<"$ports"
+  echo "$api_port" >"$CLUSTER_DIR/apiserver.port"
+  write_pki
+
+  start etcd "$(component_bin etcd)" \
+    --name local --data-dir "$CLUSTER_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "local=http://127.0.0.1:$peer_port" \
+    --unsafe-no-fsync=true --log-level warn
+  healthy_or_fail etcd "its /health endpoint" 30 curl -sf --max-time 2 "http://127.0.0.1:$etcd_port/health"
+
+  start kube-apiserver "$(component_bin kube-apiserver)" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --secure-port "$api_port" \
+    --cert-dir "$CLUSTER_DIR/pki" \
+    --tls-cert-file "$CLUSTER_DIR/pki/serving.crt" --tls-private-key-file "$CLUSTER_DIR/pki/serving.key" \
+    --client-ca-file "$CLUSTER_DIR/pki/ca.crt" \
+    --token-auth-file "$CLUSTER_DIR/pki/tokens.csv" \
+    --authorization-mode RBAC \
+    --service-account-issuer "https://127.0.0.1:$api_port/" \
+    --service-account-key-file "$CLUSTER_DIR/pki/sa.key" \
+    --service-account-signing-key-file "$CLUSTER_DIR/pki/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --allow-privileged=true \
+    --disable-admission-plugins ServiceAccount \
+    --enable-priority-and-fairness=false \
+    --profiling=false
+  healthy_or_fail kube-apiserver "/readyz" 90 api_ready
+  write_kubeconfig "$api_port"
+
+  install_tekton
+
+  start tekton-controller env \
+    SYSTEM_NAMESPACE="$TEKTON_NS" METRICS_DOMAIN=tekton.dev/pipeline \
+    PROBES_PORT="$probes_port" PROFILING_PORT="$profiling_port" \
+    CONFIG_LOGGING_NAME=config-logging CONFIG_OBSERVABILITY_NAME=config-observability \
+    CONFIG_LEADERELECTION_NAME=config-leader-election-controller \
+    CONFIG_DEFAULTS_NAME=config-defaults CONFIG_FEATURE_FLAGS_NAME=feature-flags CONFIG_SPIRE=config-spire \
+    KUBERNETES_MIN_VERSION=v1.28.0 \
+    "$(component_bin tekton-controller)" \
+    -kubeconfig "$KUBECONFIG_FILE" -disable-ha \
+    -entrypoint-image local/entrypoint -nop-image local/nop \
+    -sidecarlogresults-image local/sidecarlogresults -workingdirinit-image local/workingdirinit \
+    -shell-image local/shell -shell-image-win local/shell-win
+  healthy_or_fail tekton-controller "its /health probe" 60 \
+    curl -sf --max-time 2 "http://127.0.0.1:$probes_port/health"
+
+  start pod-runner "$POD_RUNNER" \
+    --kubeconfig "$KUBECONFIG_FILE" --work-dir "$CLUSTER_DIR/pods" \
+    --path-prefix "$(dirname "$(component_bin kubectl)")" --path-prefix "$(dirname "$(component_bin tkn)")"
+  healthy_or_fail pod-runner "its watch to start" 30 grep -q "watching TaskRun pods" "$LOGS/pod-runner.log"
+
+  smoke_test
+  date +%s >"$CLUSTER_DIR/ready"
+  log "cluster is up in $(( $(date +%s) - t0 ))s; use it with: eval \"\$(hack/cluster.sh env)\""
+}
+
+cmd_down() {
+  if [[ ! -e $CLUSTER_DIR ]]; then
+    log "no cluster state in $CLUSTER_DIR; nothing to stop"
+    return 0
+  fi
+  stop_all
+  rm -rf "$CLUSTER_DIR"
+  log "cluster is down; $CLUSTER_DIR removed"
+}
+
+cmd_env() {
+  [[ -f $KUBECONFIG_FILE ]] || log "warning: no cluster is up (run hack/cluster.sh up)"
+  printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_FILE"
+  printf 'export PATH=%q:%q:"$PATH"\n' "$(dirname "$(component_bin kubectl)")" "$(dirname "$(component_bin tkn)")"
+}
+
+cmd_logs() {
+  local c state
+  for c in "${COMPONENTS[@]}"; do
+    if alive "$c"; then state="running, pid $(pid_of "$c")"; else state="not running"; fi
+    printf '%-18s %s (%s)\n' "$c" "$LOGS/$c.log" "$state"
+  done
+  printf '%-18s %s\n' "step output" "$CLUSTER_DIR/pods/<namespace>/<pod>/<step>.log"
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  env) cmd_env ;;
+  logs) cmd_logs ;;
+  -h|--help|help) usage ;;
+  *) usage >&2; exit 2 ;;
+esac
