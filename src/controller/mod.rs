@@ -1,0 +1,206 @@
+//! Wiring: two controllers over shared caches.
+//!
+//! - `intake` reconciles each Mutex run: it rejects bad input and makes sure
+//!   the Mutex object for the run's key exists.
+//! - `sync` reconciles each Mutex object (one per key): it reads the key's runs,
+//!   asks the pure decision core what to do, and applies it. It is triggered by
+//!   changes to the Mutex, to its runs and to their PipelineRuns, so a holder's
+//!   completion hands the slot over straight from the watch event.
+
+mod intake;
+mod sync;
+mod writes;
+
+use crate::mutex::Mutex;
+use crate::observe::{Observe, PIPELINE_RUN_LABEL};
+use crate::tekton::customrun::CustomRun;
+use crate::tekton::pipelinerun::PipelineRun;
+use crate::tekton::run::Run;
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the Mutex changed while deciding; deciding again")]
+    Conflict,
+    #[error("the {0} CRD is not installed: {1}")]
+    MissingCrd(&'static str, String),
+}
+
+/// Where the controller acts: the whole cluster or one namespace.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub namespace: Option<String>,
+    /// Test hook: exit between the two writes of a supersede.
+    pub fault: Option<Fault>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Exit after marking a run Superseded, before cancelling its PipelineRun.
+    ExitBeforeCancel,
+}
+
+pub struct Context {
+    client: Client,
+    custom_runs: Store<CustomRun>,
+    runs: Option<Store<Run>>,
+    pipeline_runs: Store<PipelineRun>,
+    mutexes: Store<Mutex>,
+    recorder: Recorder,
+    fault: Option<Fault>,
+}
+
+fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Is the CRD behind this API served? (404 means not installed.)
+async fn served<K>(api: &Api<K>) -> Result<bool, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The Mutex object a run belongs to, if it is a valid Mutex run.
+fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
+    let o = obj.observe();
+    if !o.is_mutex() {
+        return None;
+    }
+    let cfg = o.config().ok()?;
+    Some(ObjectRef::new(&cfg.key).within(&o.namespace))
+}
+
+pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
+    let mutexes: Api<Mutex> = scoped(&client, &opts.namespace);
+    let custom_runs: Api<CustomRun> = scoped(&client, &opts.namespace);
+    let runs: Api<Run> = scoped(&client, &opts.namespace);
+    let pipeline_runs: Api<PipelineRun> = scoped(&client, &opts.namespace);
+
+    if !served(&mutexes).await? {
+        return Err(Error::MissingCrd("Mutex", "install it with `kubectl apply -f config/`".into()));
+    }
+    if !served(&custom_runs).await? {
+        return Err(Error::MissingCrd("CustomRun", "install Tekton Pipelines v0.44 or newer".into()));
+    }
+    let with_runs = served(&runs).await?;
+    info!(namespace = opts.namespace.as_deref().unwrap_or("<all>"), v1alpha1_runs = with_runs, "starting tekton-mutex");
+
+    let wc = watcher::Config::default();
+    let (pr_store, pr_writer) = reflector::store();
+    let pr_stream = reflector::reflector(pr_writer, watcher(pipeline_runs, wc.clone())).default_backoff().touched_objects();
+
+    let intake_crs = Controller::new(custom_runs.clone(), wc.clone());
+    let cr_store = intake_crs.store();
+    let intake_runs = with_runs.then(|| Controller::new(runs.clone(), wc.clone()));
+    let run_store = intake_runs.as_ref().map(|c| c.store());
+
+    // A PipelineRun event concerns the Mutexes its runs belong to.
+    let pr_to_mutexes = {
+        let crs = cr_store.clone();
+        let runs = run_store.clone();
+        move |pr: PipelineRun| {
+            let (name, ns) = (pr.name_any(), pr.namespace());
+            let child = |labels: &std::collections::BTreeMap<String, String>, obj_ns: Option<String>| {
+                obj_ns == ns && labels.get(PIPELINE_RUN_LABEL) == Some(&name)
+            };
+            let mut refs: Vec<ObjectRef<Mutex>> = crs
+                .state()
+                .iter()
+                .filter(|c| child(c.labels(), c.namespace()))
+                .filter_map(|c| mutex_of(c.as_ref()))
+                .collect();
+            if let Some(runs) = &runs {
+                refs.extend(runs.state().iter().filter(|r| child(r.labels(), r.namespace())).filter_map(|r| mutex_of(r.as_ref())));
+            }
+            refs
+        }
+    };
+
+    let mut sync = Controller::new(mutexes, wc.clone())
+        .watches(custom_runs, wc.clone(), |cr| mutex_of(&cr))
+        .watches_stream(pr_stream, pr_to_mutexes);
+    if with_runs {
+        sync = sync.watches(runs, wc.clone(), |r| mutex_of(&r));
+    }
+
+    let reporter = Reporter {
+        controller: "tekton-mutex".into(),
+        instance: std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok()),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        custom_runs: cr_store,
+        runs: run_store,
+        pipeline_runs: pr_store,
+        mutexes: sync.store(),
+        fault: opts.fault,
+    });
+
+    let sync = sync
+        .shutdown_on_signal()
+        .run(sync::reconcile, error_policy, ctx.clone())
+        .for_each(|res| async move { log_result("mutex", res) });
+    let intake_crs = intake_crs
+        .shutdown_on_signal()
+        .run(intake::reconcile::<CustomRun>, error_policy, ctx.clone())
+        .for_each(|res| async move { log_result("customrun", res) });
+    match intake_runs {
+        Some(c) => {
+            let intake_runs = c
+                .shutdown_on_signal()
+                .run(intake::reconcile::<Run>, error_policy, ctx.clone())
+                .for_each(|res| async move { log_result("run", res) });
+            futures::join!(sync, intake_crs, intake_runs);
+        }
+        None => {
+            futures::join!(sync, intake_crs);
+        }
+    }
+    info!("stopped");
+    Ok(())
+}
+
+fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
+    what: &str,
+    res: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
+) where
+    K: Resource,
+    K::DynamicType: std::fmt::Debug,
+{
+    match res {
+        Ok(_) => {}
+        // Triggers for objects that are gone (or not created yet) are expected.
+        Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+        Err(e) => warn!(controller = what, error = %e, "reconcile failed"),
+    }
+}
+
+fn error_policy<K>(_obj: Arc<K>, err: &Error, _ctx: Arc<Context>) -> Action {
+    match err {
+        Error::Conflict => Action::requeue(Duration::from_millis(50)),
+        _ => Action::requeue(Duration::from_secs(2)),
+    }
+}

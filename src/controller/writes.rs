@@ -1,0 +1,116 @@
+//! Every write the controller makes, one function per kind of write.
+//! All are patches of fields we own, so nothing we do not model is lost.
+
+use super::{Context, Error};
+use crate::decide::Cancel;
+use crate::mutex::{Mutex, MutexSpec, RunKind};
+use crate::observe::ObservedRun;
+use crate::run_status;
+use crate::tekton::customrun::CustomRun;
+use crate::tekton::pipelinerun::PipelineRun;
+use crate::tekton::run::Run;
+use chrono::Utc;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+use tracing::{debug, info, warn};
+
+const MANAGER: &str = "tekton-mutex";
+
+/// Create the Mutex object for a key. Returns whether this call created it.
+pub async fn ensure_mutex(ctx: &Context, ns: &str, key: &str, spec: &MutexSpec) -> Result<bool, Error> {
+    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
+    let mut m = Mutex::new(key, spec.clone());
+    m.metadata = ObjectMeta {
+        name: Some(key.into()),
+        namespace: Some(ns.into()),
+        labels: Some([("app.kubernetes.io/managed-by".to_string(), MANAGER.to_string())].into()),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &m).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Write the Mutex status, only if nobody changed the Mutex since we read it.
+pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
+    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    match api.replace_status(&mutex.name_any(), &PostParams::default(), mutex).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Patch a run's status subresource. A conflict or a vanished run is not an
+/// error: the change that caused it triggers another sync.
+pub async fn run_status(ctx: &Context, kind: RunKind, ns: &str, name: &str, patch: &Value) -> Result<(), Error> {
+    let pp = PatchParams::default();
+    let res = match kind {
+        RunKind::CustomRun => {
+            Api::<CustomRun>::namespaced(ctx.client.clone(), ns).patch_status(name, &pp, &Patch::Merge(patch)).await.map(|_| ())
+        }
+        RunKind::Run => Api::<Run>::namespaced(ctx.client.clone(), ns).patch_status(name, &pp, &Patch::Merge(patch)).await.map(|_| ()),
+    };
+    match res {
+        Ok(()) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+            debug!(run = name, code = e.code, "run changed under us; the next sync catches up");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn invalid_params(ctx: &Context, o: &ObservedRun<'_>, message: &str) -> Result<(), Error> {
+    let patch = run_status::invalid_params_patch(message, &o.status, Utc::now());
+    run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await
+}
+
+/// Cancel a superseded PipelineRun (unless it is already over or stopping),
+/// and record who superseded it as an Event on it.
+pub async fn cancel_pipeline_run(ctx: &Context, ns: &str, key: &str, c: &Cancel) -> Result<(), Error> {
+    let api: Api<PipelineRun> = Api::namespaced(ctx.client.clone(), ns);
+    // Read it fresh: a done PipelineRun must not be patched.
+    let Some(pr) = api.get_opt(&c.pipeline_run).await? else { return Ok(()) };
+    if pr.is_done() || pr.stop_requested() {
+        return Ok(());
+    }
+    // No resourceVersion precondition: Tekton updates a running PipelineRun often,
+    // and setting spec.status is idempotent.
+    let patch = json!({"spec": {"status": c.mode.as_str()}});
+    match api.patch(&c.pipeline_run, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    info!(key, group = %c.group, pipeline_run = %c.pipeline_run, superseded_by = %c.superseded_by, mode = c.mode.as_str(), "cancelled superseded PipelineRun");
+    let reference = ObjectReference {
+        api_version: Some("tekton.dev/v1".into()),
+        kind: Some("PipelineRun".into()),
+        name: Some(c.pipeline_run.clone()),
+        namespace: Some(ns.into()),
+        uid: pr.uid(),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Superseded".into(),
+        note: Some(format!(
+            "superseded by newer PipelineRun {} on mutex {key} (group {}); cancelled with {}",
+            c.superseded_by,
+            c.group,
+            c.mode.as_str()
+        )),
+        action: "Cancel".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        warn!(error = %e, pipeline_run = %c.pipeline_run, "could not record the Superseded event");
+    }
+    Ok(())
+}

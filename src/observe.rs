@@ -1,0 +1,147 @@
+//! One view of a Mutex run, whichever protocol carried it: CustomRun
+//! (`tekton.dev/v1beta1`) or Run (`tekton.dev/v1alpha1`).
+
+use crate::mutex::{RunKind, RunRef};
+use crate::params::{self, RunConfig, RunInput, Target};
+use crate::tekton::customrun::CustomRun;
+use crate::tekton::run::Run;
+use crate::tekton::{is_done, Param, RunStatus, RUN_CANCELLED};
+use chrono::{DateTime, Utc};
+
+/// Label Tekton copies from the PipelineRun: the Pipeline's name.
+pub const PIPELINE_LABEL: &str = "tekton.dev/pipeline";
+/// Label Tekton puts on every child of a PipelineRun.
+pub const PIPELINE_RUN_LABEL: &str = "tekton.dev/pipelineRun";
+
+#[derive(Clone, Debug)]
+pub struct ObservedRun<'a> {
+    pub kind: RunKind,
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: Option<String>,
+    pub created: DateTime<Utc>,
+    pub deleting: bool,
+    /// The controlling PipelineRun: (name, uid).
+    pub parent: Option<(String, String)>,
+    pub pipeline_label: Option<String>,
+    pub target: Option<Target<'a>>,
+    pub params: &'a [Param],
+    pub timeout: Option<&'a str>,
+    pub retries: Option<i64>,
+    pub cancel_requested: bool,
+    pub status: RunStatus,
+}
+
+impl<'a> ObservedRun<'a> {
+    pub fn of_custom_run(cr: &'a CustomRun) -> Self {
+        let target = match (&cr.spec.custom_ref, &cr.spec.custom_spec) {
+            (Some(r), _) => Some(Target::Ref(r)),
+            (None, Some(s)) => Some(Target::Spec(s)),
+            (None, None) => None,
+        };
+        Self::common(cr, RunKind::CustomRun, target, &cr.spec.params, cr.spec.timeout.as_deref(), cr.spec.retries, cr.spec.status.as_deref(), cr.status.clone())
+    }
+
+    pub fn of_run(run: &'a Run) -> Self {
+        let target = match (&run.spec.task_ref, &run.spec.spec) {
+            (Some(r), _) => Some(Target::Ref(r)),
+            (None, Some(s)) => Some(Target::Spec(s)),
+            (None, None) => None,
+        };
+        Self::common(run, RunKind::Run, target, &run.spec.params, run.spec.timeout.as_deref(), run.spec.retries, run.spec.status.as_deref(), run.status.clone())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn common<K: kube::Resource>(
+        obj: &'a K,
+        kind: RunKind,
+        target: Option<Target<'a>>,
+        params: &'a [Param],
+        timeout: Option<&'a str>,
+        retries: Option<i64>,
+        spec_status: Option<&str>,
+        status: Option<RunStatus>,
+    ) -> Self {
+        let meta = obj.meta();
+        let parent = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true) && o.kind == "PipelineRun" && o.api_version.starts_with("tekton.dev/"))
+            .map(|o| (o.name.clone(), o.uid.clone()));
+        ObservedRun {
+            kind,
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone(),
+            created: meta.creation_timestamp.as_ref().map(|t| to_chrono(t.0)).unwrap_or_else(Utc::now),
+            deleting: meta.deletion_timestamp.is_some(),
+            parent,
+            pipeline_label: meta.labels.as_ref().and_then(|l| l.get(PIPELINE_LABEL).cloned()),
+            target,
+            params,
+            timeout,
+            retries,
+            cancel_requested: spec_status == Some(RUN_CANCELLED),
+            status: status.unwrap_or_default(),
+        }
+    }
+
+    pub fn is_mutex(&self) -> bool {
+        self.target.as_ref().is_some_and(Target::is_mutex)
+    }
+
+    pub fn is_done(&self) -> bool {
+        is_done(self.status.succeeded())
+    }
+
+    pub fn run_ref(&self) -> RunRef {
+        RunRef { kind: self.kind, name: self.name.clone(), uid: self.uid.clone() }
+    }
+
+    /// The run's settings, or the message for an InvalidParams failure.
+    pub fn config(&self) -> Result<RunConfig, String> {
+        let target = self.target.clone().ok_or("the run has neither a task reference nor an embedded spec")?;
+        params::parse(&RunInput {
+            namespace: &self.namespace,
+            target,
+            params: self.params,
+            timeout: self.timeout,
+            retries: self.retries,
+        })
+    }
+
+    /// When the current attempt started waiting.
+    pub fn attempt_start(&self) -> DateTime<Utc> {
+        self.status
+            .start_time
+            .as_deref()
+            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or(self.created)
+    }
+}
+
+/// Helper so callers can write `observe(&obj)` for either kind.
+pub trait Observe {
+    fn observe(&self) -> ObservedRun<'_>;
+}
+
+impl Observe for CustomRun {
+    fn observe(&self) -> ObservedRun<'_> {
+        ObservedRun::of_custom_run(self)
+    }
+}
+
+impl Observe for Run {
+    fn observe(&self) -> ObservedRun<'_> {
+        ObservedRun::of_run(self)
+    }
+}
+
+/// Kubernetes timestamps (jiff) as chrono, which the Mutex status uses.
+pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32).unwrap_or_default()
+}
