@@ -116,6 +116,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
     std::fs::create_dir_all(pod_dir.join("scripts"))?;
     std::fs::create_dir_all(pod_dir.join("tekton/results"))?;
     std::fs::create_dir_all(pod_dir.join("tekton/home"))?;
+    let kubeconfig = write_pod_kubeconfig(&host.kubeconfig, &pod_dir, &ns)?;
 
     let mut writer = StatusWriter {
         api,
@@ -167,7 +168,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
         writer.set(&plan.container, json!({"running": {"startedAt": started}}));
         writer.write("Running", None).await?;
         let outcome = tokio::select! {
-            r = run_step(&client, &pod, plan, &host, &pod_dir, &cancel) => r,
+            r = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &cancel) => r,
             _ = cancel.cancelled() => return Ok(()),
         };
         let (code, note) = match outcome {
@@ -252,6 +253,23 @@ fn append_log(pod_dir: &Path, container: &str, text: &str) {
     }
 }
 
+/// Like in-cluster kubectl, which defaults to the pod's namespace: a copy of the cluster's
+/// kubeconfig whose contexts default to `namespace`.
+fn write_pod_kubeconfig(base: &Path, pod_dir: &Path, namespace: &str) -> Result<PathBuf> {
+    let mut config = kube::config::Kubeconfig::read_from(base)
+        .with_context(|| format!("reading {}", base.display()))?;
+    for ctx in &mut config.contexts {
+        if let Some(c) = ctx.context.as_mut() {
+            c.namespace = Some(namespace.to_string());
+        }
+    }
+    let path = pod_dir.join("kubeconfig");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path)
+}
+
 /// Rewrites the pod's `/tekton/...` paths into the pod directory on the host.
 fn rewrite(s: &str, pod_dir: &Path) -> String {
     s.replace("/tekton/", &format!("{}/tekton/", pod_dir.display()))
@@ -317,6 +335,7 @@ async fn run_step(
     pod: &Pod,
     plan: &StepPlan,
     host: &Host,
+    kubeconfig: &Path,
     pod_dir: &Path,
     cancel: &CancellationToken,
 ) -> Result<Option<i32>> {
@@ -361,7 +380,7 @@ async fn run_step(
         .current_dir(&cwd)
         .envs(env.iter().map(|(k, v)| (k.clone(), rewrite(v, pod_dir))))
         .env("PATH", &path)
-        .env("KUBECONFIG", &host.kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
