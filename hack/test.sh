@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The one test command: builds the local control plane if needed, starts it, runs the whole
+# Rust suite against it (`cargo test --workspace`, extra args passed through), and always stops
+# the cluster again. Exits non-zero on any failure.
+#
+#   hack/test.sh                    everything
+#   hack/test.sh -- --nocapture     extra args go to `cargo test --workspace`
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/lib.sh
+source "$here/lib.sh"
+
+require_tool go "Go 1.26 or newer (https://go.dev/dl/)"
+require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
+require_tool openssl "openssl (apt-get install openssl)"
+require_tool python3 "python3 (apt-get install python3)"
+require_tool curl "curl (apt-get install curl)"
+
+t0=$(date +%s)
+phase_start=$t0
+phase() { # phase NAME: log the time the previous phase took
+  local now; now=$(date +%s)
+  log "test: $1 took $(( now - phase_start ))s"
+  phase_start=$now
+}
+
+cleanup() {
+  local rc=$?
+  if (( rc != 0 )) && [[ -d $CLUSTER_DIR/logs ]]; then
+    rm -rf "$REPO_ROOT/target/last-cluster"
+    mkdir -p "$REPO_ROOT/target/last-cluster"
+    cp -r "$CLUSTER_DIR/logs" "$CLUSTER_DIR/pods" "$REPO_ROOT/target/last-cluster/" 2>/dev/null || true
+    log "test: component logs and step output kept in target/last-cluster/"
+  fi
+  "$here/cluster.sh" down || log "warning: hack/cluster.sh down failed"
+  log "test: total $(( $(date +%s) - t0 ))s, exit code $rc"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+"$here/build.sh"
+phase "build"
+TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
+phase "cluster up"
+
+export KUBECONFIG=$CLUSTER_DIR/kubeconfig
+TEKTON_MUTEX_KUBECTL=$(component_bin kubectl)
+TEKTON_MUTEX_TKN=$(component_bin tkn)
+export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
+
+cd "$REPO_ROOT"
+status=0
+cargo test --workspace "$@" || status=$?
+phase "cargo test --workspace"
+if (( status != 0 )); then
+  log "test: FAILED (cargo test exit code $status)"
+fi
+exit "$status"
