@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::api::DeleteParams;
 use kube::{Api, Client, Config, ResourceExt};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -58,6 +59,10 @@ fn parse_args() -> Result<Host> {
 
 fn owned_by_taskrun(pod: &Pod) -> bool {
     pod.owner_references().iter().any(|o| o.kind == "TaskRun" && o.api_version.starts_with("tekton.dev/"))
+}
+
+fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 fn finished(pod: &Pod) -> bool {
@@ -124,7 +129,17 @@ async fn main() -> Result<()> {
                         let Some(uid) = pod.uid() else { continue };
                         if let Some(seen) = listed.as_mut() { seen.insert(uid.clone()); }
                         if pod.metadata.deletion_timestamp.is_some() {
-                            if let Some(token) = running.remove(&uid) { token.cancel(); }
+                            if let Some(token) = running.remove(&uid) {
+                                info!(pod = %key(&pod), "pod is being deleted: killing its steps");
+                                token.cancel();
+                            }
+                            // What a kubelet does once the containers are gone: finish the
+                            // graceful deletion, else the pod stays Terminating forever.
+                            let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+                            let name = pod.name_any();
+                            tokio::spawn(async move {
+                                let _ = api.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+                            });
                             continue;
                         }
                         if finished(&pod) || running.contains_key(&uid) || done.contains(&uid)
@@ -135,7 +150,7 @@ async fn main() -> Result<()> {
                         running.insert(uid.clone(), token.clone());
                         let (client, host, tx) = (client.clone(), host.clone(), done_tx.clone());
                         tokio::spawn(async move {
-                            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+                            let key = key(&pod);
                             if let Err(e) = run_pod(client, pod, host, token).await {
                                 error!(pod = %key, "pod failed to run: {e:#}");
                             }
@@ -144,7 +159,7 @@ async fn main() -> Result<()> {
                     }
                     Event::Delete(pod) => {
                         if let Some(token) = pod.uid().and_then(|uid| running.remove(&uid)) {
-                            info!(pod = %pod.name_any(), "pod deleted: killing its steps");
+                            info!(pod = %key(&pod), "pod deleted: killing its steps");
                             token.cancel();
                         }
                     }

@@ -167,10 +167,8 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
         }
         writer.set(&plan.container, json!({"running": {"startedAt": started}}));
         writer.write("Running", None).await?;
-        let outcome = tokio::select! {
-            r = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &cancel) => r,
-            _ = cancel.cancelled() => return Ok(()),
-        };
+        // run_step watches `cancel` itself, so that it kills the step's whole process group.
+        let outcome = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &cancel).await;
         let (code, note) = match outcome {
             Ok(Some(code)) => (code, None),
             Ok(None) => return Ok(()), // cancelled: the pod is gone
@@ -250,6 +248,18 @@ fn append_log(pod_dir: &Path, container: &str, text: &str) {
         .open(pod_dir.join(format!("{container}.log")))
     {
         let _ = f.write_all(text.as_bytes());
+    }
+}
+
+/// Kills a process group when dropped.
+struct GroupKill(Option<i32>);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            // SAFETY: kill(2) on the step's own process group (created with process_group(0)).
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
     }
 }
 
@@ -389,23 +399,16 @@ async fn run_step(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {} for {}", program.display(), plan.container))?;
-    let pgid = child.id().map(|p| p as i32);
+    // Whatever happens to this future (finished, cancelled, dropped), the step's process group
+    // dies with it, including anything the script left running in the background.
+    let _group = GroupKill(child.id().map(|p| p as i32));
     let status = tokio::select! {
         s = child.wait() => s?,
         _ = cancel.cancelled() => {
-            if let Some(pgid) = pgid {
-                // SAFETY: plain kill(2) on the step's own process group.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-            }
-            let _ = child.wait().await;
-            info!(step = %plan.container, "step killed: pod deleted");
+            info!(step = %plan.container, "killing step: its pod was deleted");
             return Ok(None);
         }
     };
-    // The script may have left background processes in its group; they die with the step.
-    if let Some(pgid) = pgid {
-        unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    }
     use std::os::unix::process::ExitStatusExt;
     Ok(Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))))
 }
