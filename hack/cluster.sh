@@ -40,7 +40,12 @@ pid_of() {
 
 alive() { pid_of "$1" >/dev/null; }
 
-not_alive() { ! kill -0 "$1" 2>/dev/null; }
+# not_alive PID: gone, or a zombie waiting for whoever adopted it to reap it.
+not_alive() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  [[ ${stat##*) } == Z* ]]
+}
 
 # stop_component NAME: TERM, wait (bounded), then KILL.
 stop_component() {
@@ -48,14 +53,18 @@ stop_component() {
   pid=$(pid_of "$name") || { rm -f "$PIDS/$name.pid"; return 0; }
   log "stopping $name (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
+  local t0=$SECONDS
   if ! wait_for "$name to exit" 20 not_alive "$pid"; then
     log "$name did not exit on TERM; killing it"
     kill -KILL "$pid" 2>/dev/null || true
     wait_for "$name to die" 10 not_alive "$pid" || true
   fi
+  log "stopped $name in $(( SECONDS - t0 ))s"
   rm -f "$PIDS/$name.pid"
 }
 
+# stop_all: in reverse start order (the pod-runner kills the steps it runs; the apiserver
+# needs etcd to shut down cleanly).
 stop_all() {
   local i
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
@@ -80,7 +89,7 @@ fail_component() {
 start() {
   local name=$1; shift
   log "starting $name"
-  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/$name.pid"
 }
 
@@ -380,8 +389,8 @@ cmd_logs() {
 }
 
 case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
+  up) lock_cluster; cmd_up ;;
+  down) lock_cluster; cmd_down ;;
   env) cmd_env ;;
   logs) cmd_logs ;;
   -h|--help|help) usage ;;

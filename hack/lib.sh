@@ -49,3 +49,20 @@ wait_for() {
     sleep 0.2 # poll interval of a bounded condition wait, not synchronization
   done
 }
+
+# lock_cluster: hold an exclusive lock on this cluster directory until the calling script exits,
+# so that concurrent `up`/`down`/test runs on one checkout take turns. A no-op when a parent
+# script already holds it (TEKTON_MUTEX_CLUSTER_LOCKED=1).
+lock_cluster() {
+  [[ -n ${TEKTON_MUTEX_CLUSTER_LOCKED:-} ]] && return 0
+  require_tool flock "util-linux (apt-get install util-linux)"
+  local dir
+  dir="$CACHE_DIR/locks"
+  mkdir -p "$dir"
+  exec 9>"$dir/cluster-$(printf '%s' "$CLUSTER_DIR" | sha256sum | cut -c1-12).lock"
+  if ! flock -n 9; then
+    log "another hack/cluster.sh or hack/test.sh is using $CLUSTER_DIR; waiting for it (up to 30 min)"
+    flock -w 1800 9 || die "gave up waiting for the lock on $CLUSTER_DIR"
+  fi
+  export TEKTON_MUTEX_CLUSTER_LOCKED=1
+}

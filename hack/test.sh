@@ -16,6 +16,7 @@ require_tool openssl "openssl (apt-get install openssl)"
 require_tool python3 "python3 (apt-get install python3)"
 require_tool curl "curl (apt-get install curl)"
 
+lock_cluster # one test run per checkout at a time
 t0=$(date +%s)
 phase_start=$t0
 phase() { # phase NAME: log the time the previous phase took
