@@ -44,12 +44,24 @@ pub struct RunStatus {
     pub completion_time: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retries_status: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<RunResult>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub name: String,
+    pub value: String,
 }
 
 impl RunStatus {
     /// The `Succeeded` condition, the one Tekton and tkn read.
     pub fn succeeded(&self) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == "Succeeded")
+    }
+
+    pub fn result(&self, name: &str) -> Option<&str> {
+        self.results.iter().find(|r| r.name == name).map(|r| r.value.as_str())
     }
 }
 

@@ -20,6 +20,10 @@
 //! hack/test.sh), else through hack/lib.sh's `component_bin`.
 #![allow(dead_code)]
 
+pub mod controller;
+pub mod pipelines;
+pub mod timeline;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Command;

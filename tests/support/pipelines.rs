@@ -1,0 +1,151 @@
+//! Pipelines and PipelineRuns for Mutex tests, as YAML.
+//!
+//! The deploy step blocks until the test creates a "gate" ConfigMap, so a test
+//! decides exactly when each holder finishes: no timing guesses.
+
+use super::{TestNamespace, secs, wait_until};
+use anyhow::Result;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::PostParams;
+use serde_json::json;
+use std::time::Duration;
+use tekton_mutex::tekton::customrun::CustomRun;
+use tekton_mutex::tekton::Condition;
+
+/// Extra settings for [`pipeline`].
+#[derive(Default, Clone)]
+pub struct Opts<'a> {
+    /// Params of the lock task.
+    pub lock_params: &'a [(&'a str, &'a str)],
+    /// `timeout` of the lock pipeline task (becomes the CustomRun's spec.timeout).
+    pub lock_timeout: Option<&'a str>,
+    /// `retries` of the lock pipeline task.
+    pub lock_retries: Option<u32>,
+    /// A finally task that also waits for its own gate (`finally-<pipelinerun>`).
+    pub finally: bool,
+    /// Reference a Mutex object by name.
+    pub mutex_name: Option<&'a str>,
+}
+
+/// A Pipeline: `lock` (the Mutex), then `deploy`, which waits for the gate
+/// ConfigMap `release-<pipelinerun>` and exits with param `exit-code`.
+pub fn pipeline(name: &str, o: &Opts) -> String {
+    let lock_params: Vec<_> = o.lock_params.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let mut task_ref = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+    if let Some(m) = o.mutex_name {
+        task_ref["name"] = json!(m);
+    }
+    let mut lock = json!({"name": "lock", "taskRef": task_ref, "params": lock_params});
+    if let Some(t) = o.lock_timeout {
+        lock["timeout"] = json!(t);
+    }
+    if let Some(r) = o.lock_retries {
+        lock["retries"] = json!(r);
+    }
+    let gate_step = |gate: &str, extra: &str| {
+        json!({
+            "name": "run",
+            "image": "busybox",
+            "script": format!(
+                "set -e\nkubectl -n \"$(params.ns)\" wait --for=create \"configmap/{gate}\" --timeout=600s >/dev/null\n{extra}\n"
+            ),
+        })
+    };
+    let deploy = json!({
+        "name": "deploy",
+        "runAfter": ["lock"],
+        "params": [
+            {"name": "token", "value": "$(tasks.lock.results.token)"},
+            {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
+            {"name": "pr", "value": "$(context.pipelineRun.name)"},
+            {"name": "exit-code", "value": "$(params.exit-code)"},
+        ],
+        "taskSpec": {
+            "params": [{"name": "token"}, {"name": "ns"}, {"name": "pr"}, {"name": "exit-code"}],
+            "steps": [gate_step("release-$(params.pr)", "echo \"deployed with token $(params.token)\"\nexit $(params.exit-code)")],
+        },
+    });
+    let mut spec = json!({
+        "params": [{"name": "exit-code", "default": "0"}],
+        "tasks": [lock, deploy],
+    });
+    if o.finally {
+        spec["finally"] = json!([{
+            "name": "cleanup",
+            "params": [
+                {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
+                {"name": "pr", "value": "$(context.pipelineRun.name)"},
+            ],
+            "taskSpec": {
+                "params": [{"name": "ns"}, {"name": "pr"}],
+                "steps": [gate_step("finally-$(params.pr)", "kubectl -n \"$(params.ns)\" create configmap \"finally-ran-$(params.pr)\"")],
+            },
+        }]);
+    }
+    json!({"apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name}, "spec": spec}).to_string()
+}
+
+/// A PipelineRun of `pipeline` named `name`.
+pub fn pipeline_run(name: &str, pipeline: &str, params: &[(&str, &str)]) -> String {
+    let params: Vec<_> = params.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    json!({
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": name},
+        "spec": {"pipelineRef": {"name": pipeline}, "params": params},
+    })
+    .to_string()
+}
+
+/// Let PipelineRun `pr`'s deploy step finish.
+pub async fn release(ns: &TestNamespace, pr: &str) -> Result<()> {
+    create_gate(ns, &format!("release-{pr}")).await
+}
+
+/// Let PipelineRun `pr`'s finally task finish.
+pub async fn release_finally(ns: &TestNamespace, pr: &str) -> Result<()> {
+    create_gate(ns, &format!("finally-{pr}")).await
+}
+
+async fn create_gate(ns: &TestNamespace, name: &str) -> Result<()> {
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The lock CustomRun Tekton creates for PipelineRun `pr`.
+pub fn lock_run(pr: &str) -> String {
+    format!("{pr}-lock")
+}
+
+/// Waits until CustomRun `name`'s Succeeded condition has `reason`; returns the condition.
+pub async fn wait_reason(ns: &TestNamespace, name: &str, reason: &str, timeout: Duration) -> Result<Condition> {
+    let api = ns.api::<CustomRun>();
+    wait_until(&format!("CustomRun {name} to be {reason}"), timeout, || {
+        let api = api.clone();
+        async move {
+            let Some(cr) = api.get_opt(name).await? else { return Ok(None) };
+            let cond = cr.status.and_then(|s| s.succeeded().cloned());
+            Ok(cond.filter(|c| c.reason.as_deref() == Some(reason)))
+        }
+    })
+    .await
+}
+
+/// The Succeeded condition of CustomRun `name`, if any.
+pub async fn condition_of(ns: &TestNamespace, name: &str) -> Result<Option<Condition>> {
+    Ok(ns.api::<CustomRun>().get_opt(name).await?.and_then(|cr| cr.status).and_then(|s| s.succeeded().cloned()))
+}
+
+/// A result of CustomRun `name`.
+pub async fn result_of(ns: &TestNamespace, name: &str, result: &str) -> Result<Option<String>> {
+    Ok(ns.api::<CustomRun>().get_opt(name).await?.and_then(|cr| cr.status).and_then(|s| s.result(result).map(String::from)))
+}
+
+/// A generous bound for anything that involves Tekton starting pods.
+pub fn slow() -> Duration {
+    secs(120)
+}
