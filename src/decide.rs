@@ -7,7 +7,9 @@
 //! from what triggered the call, so re-running it after a crash redoes whatever
 //! was not yet applied.
 
-use crate::mutex::{Age, GroupMark, Holder, MutexSpec, MutexStatus, Order, RunRef, Supersede, Waiter};
+use crate::mutex::{
+    Age, GroupMark, Holder, MutexSpec, MutexStatus, Order, RunRef, Supersede, Waiter,
+};
 use crate::params::CancelMode;
 use chrono::{DateTime, Utc};
 use std::cmp::Reverse;
@@ -54,7 +56,10 @@ impl ParentState {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Phase {
     /// Not done yet.
-    Live { cancel_requested: bool, timeout: Timeout },
+    Live {
+        cancel_requested: bool,
+        timeout: Timeout,
+    },
     /// The run's condition is final, with this reason.
     Done { reason: String },
 }
@@ -71,12 +76,26 @@ pub enum Timeout {
 /// What a live run's status should say.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    Waiting { position: usize, of: usize, holders: Vec<String>, retry: bool },
-    Acquired { token: i64, waited_seconds: i64 },
+    Waiting {
+        position: usize,
+        of: usize,
+        holders: Vec<String>,
+        retry: bool,
+    },
+    Acquired {
+        token: i64,
+        waited_seconds: i64,
+    },
     /// `wait: "false"` and the slot was taken.
-    NotAcquired { holders: Vec<String> },
-    Superseded { by: String },
-    Cancelled { why: String },
+    NotAcquired {
+        holders: Vec<String>,
+    },
+    Superseded {
+        by: String,
+    },
+    Cancelled {
+        why: String,
+    },
     TimedOut,
 }
 
@@ -100,19 +119,35 @@ pub struct Decision {
 /// Reason a run's condition carries once superseded.
 pub const SUPERSEDED: &str = "Superseded";
 
-pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateTime<Utc>) -> Decision {
+pub fn decide(
+    spec: &MutexSpec,
+    prev: &MutexStatus,
+    runs: &[RunView],
+    now: DateTime<Utc>,
+) -> Decision {
     let by_uid: HashMap<&str, &RunView> = runs.iter().map(|r| (r.run.uid.as_str(), r)).collect();
-    let mut d = Decider { spec, st: prev.clone(), outcomes: Vec::new(), cancels: Vec::new(), now, runs: &by_uid };
+    let mut d = Decider {
+        spec,
+        st: prev.clone(),
+        outcomes: Vec::new(),
+        cancels: Vec::new(),
+        now,
+        runs: &by_uid,
+    };
 
     // A holder keeps the slot until its PipelineRun is done or gone, or (standalone) until the run is deleted.
     d.st.holders.retain(|h| {
-        by_uid.get(h.run.uid.as_str()).is_some_and(|r| r.parent.as_ref().is_none_or(|p| !p.state.ended()))
+        by_uid
+            .get(h.run.uid.as_str())
+            .is_some_and(|r| r.parent.as_ref().is_none_or(|p| !p.state.ended()))
     });
 
     // Waiters leave when deleted, done, cancelled, timed out, or when their PipelineRun ended.
     let queue = std::mem::take(&mut d.st.queue);
     for w in queue {
-        let Some(r) = by_uid.get(w.run.uid.as_str()) else { continue };
+        let Some(r) = by_uid.get(w.run.uid.as_str()) else {
+            continue;
+        };
         match d.leaving(r) {
             Some(Some(outcome)) => d.outcomes.push((w.run.clone(), outcome)),
             Some(None) => {}
@@ -122,7 +157,11 @@ pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateT
 
     // Newcomers, oldest first, so that one batch decides as if they came one by one.
     let known: HashSet<&str> =
-        d.st.holders.iter().map(|h| h.run.uid.as_str()).chain(d.st.queue.iter().map(|w| w.run.uid.as_str())).collect();
+        d.st.holders
+            .iter()
+            .map(|h| h.run.uid.as_str())
+            .chain(d.st.queue.iter().map(|w| w.run.uid.as_str()))
+            .collect();
     let mut arrivals: Vec<&RunView> = runs
         .iter()
         .filter(|r| matches!(r.phase, Phase::Live { .. }) && !known.contains(r.run.uid.as_str()))
@@ -130,6 +169,9 @@ pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateT
     arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));
     for r in arrivals {
         if let Some(outcome) = d.leaving(r) {
+            if let Some(Outcome::Superseded { by }) = &outcome {
+                d.cancels.extend(cancel_of(r, by));
+            }
             d.outcomes.extend(outcome.map(|o| (r.run.clone(), o)));
             continue;
         }
@@ -151,7 +193,8 @@ pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateT
             .filter(|w| w.group == h.group && w.supersede == Supersede::Running && w.age > h.age)
             .max_by(|a, b| a.age.cmp(&b.age));
         if let (Some(w), Some(r)) = (newer, by_uid.get(h.run.uid.as_str())) {
-            d.cancels.extend(cancel_of(r, &label(&w.pipeline_run, &w.run)));
+            d.cancels
+                .extend(cancel_of(r, &label(&w.pipeline_run, &w.run)));
         }
     }
 
@@ -159,7 +202,10 @@ pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateT
     // two writes) gets its cancel again.
     for r in runs {
         if matches!(&r.phase, Phase::Done { reason } if reason == SUPERSEDED) {
-            let by = d.mark(&r.group).and_then(|m| m.pipeline_run.clone()).unwrap_or_else(|| "a newer run".into());
+            let by = d
+                .mark(&r.group)
+                .and_then(|m| m.pipeline_run.clone())
+                .unwrap_or_else(|| "a newer run".into());
             d.cancels.extend(cancel_of(r, &by));
         }
     }
@@ -168,14 +214,37 @@ pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateT
     let holder_names = d.holder_names();
     let of = d.st.queue.len();
     for (i, w) in d.st.queue.iter().enumerate() {
-        let retry = by_uid
-            .get(w.run.uid.as_str())
-            .is_some_and(|r| matches!(r.phase, Phase::Live { timeout: Timeout::Retry, .. }));
-        d.outcomes.push((w.run.clone(), Outcome::Waiting { position: i + 1, of, holders: holder_names.clone(), retry }));
+        let retry = by_uid.get(w.run.uid.as_str()).is_some_and(|r| {
+            matches!(
+                r.phase,
+                Phase::Live {
+                    timeout: Timeout::Retry,
+                    ..
+                }
+            )
+        });
+        d.outcomes.push((
+            w.run.clone(),
+            Outcome::Waiting {
+                position: i + 1,
+                of,
+                holders: holder_names.clone(),
+                retry,
+            },
+        ));
     }
     for h in &d.st.holders {
-        if by_uid.get(h.run.uid.as_str()).is_some_and(|r| matches!(r.phase, Phase::Live { .. })) {
-            d.outcomes.push((h.run.clone(), Outcome::Acquired { token: h.token, waited_seconds: h.waited_seconds }));
+        if by_uid
+            .get(h.run.uid.as_str())
+            .is_some_and(|r| matches!(r.phase, Phase::Live { .. }))
+        {
+            d.outcomes.push((
+                h.run.clone(),
+                Outcome::Acquired {
+                    token: h.token,
+                    waited_seconds: h.waited_seconds,
+                },
+            ));
         }
     }
 
@@ -183,7 +252,11 @@ pub fn decide(spec: &MutexSpec, prev: &MutexStatus, runs: &[RunView], now: DateT
     d.st.waiting = d.st.queue.len() as i64;
     let mut seen = HashSet::new();
     d.cancels.retain(|c| seen.insert(c.pipeline_run.clone()));
-    Decision { status: d.st, outcomes: d.outcomes, cancels: d.cancels }
+    Decision {
+        status: d.st,
+        outcomes: d.outcomes,
+        cancels: d.cancels,
+    }
 }
 
 struct Decider<'a> {
@@ -199,12 +272,26 @@ impl Decider<'_> {
     /// Should this run be out of the queue? `Some(outcome)` if so, with the
     /// outcome to report when the run is still live.
     fn leaving(&self, r: &RunView) -> Option<Option<Outcome>> {
+        if let Phase::Done { .. } = r.phase {
+            return Some(None);
+        }
+        // Superseded wins over the cancel that superseding itself causes: the
+        // PipelineRun is cancelled first, and Tekton then cancels the run too.
+        if let Some(by) = self.stale(r) {
+            return Some(Some(Outcome::Superseded { by }));
+        }
         match &r.phase {
             Phase::Done { .. } => Some(None),
-            Phase::Live { cancel_requested: true, .. } => {
-                Some(Some(Outcome::Cancelled { why: "the run was cancelled while waiting".into() }))
-            }
-            Phase::Live { timeout: Timeout::Final, .. } => Some(Some(Outcome::TimedOut)),
+            Phase::Live {
+                cancel_requested: true,
+                ..
+            } => Some(Some(Outcome::Cancelled {
+                why: "the run was cancelled while waiting".into(),
+            })),
+            Phase::Live {
+                timeout: Timeout::Final,
+                ..
+            } => Some(Some(Outcome::TimedOut)),
             Phase::Live { .. } => match &r.parent {
                 Some(p) if p.state.ended() => Some(Some(Outcome::Cancelled {
                     why: format!("PipelineRun {} ended while waiting", p.name),
@@ -218,20 +305,28 @@ impl Decider<'_> {
         self.st.groups.iter().find(|m| m.group == group)
     }
 
+    /// Stale: a newer run of the group has already enrolled (and maybe deployed).
+    /// Returns who superseded it. Runs with `supersede: none` are a pure queue:
+    /// never superseded, never marking.
+    fn stale(&self, r: &RunView) -> Option<String> {
+        let m = self
+            .mark(&r.group)
+            .filter(|m| r.supersede != Supersede::None && m.newest > r.age)?;
+        Some(
+            m.pipeline_run
+                .clone()
+                .unwrap_or_else(|| m.newest.name.clone()),
+        )
+    }
+
     fn arrive(&mut self, r: &RunView) {
-        // Stale: a newer run of the group has already enrolled (and maybe deployed).
-        // Runs with `supersede: none` are a pure queue: never superseded, never marking.
-        if r.supersede != Supersede::None
-            && let Some(m) = self.mark(&r.group)
-            && m.newest > r.age
-        {
-            let by = m.pipeline_run.clone().unwrap_or_else(|| m.newest.name.clone());
-            self.cancels.extend(cancel_of(r, &by));
-            self.outcomes.push((r.run.clone(), Outcome::Superseded { by }));
-            return;
-        }
         if !r.wait && self.st.holders.len() >= self.spec.capacity as usize {
-            self.outcomes.push((r.run.clone(), Outcome::NotAcquired { holders: self.holder_names() }));
+            self.outcomes.push((
+                r.run.clone(),
+                Outcome::NotAcquired {
+                    holders: self.holder_names(),
+                },
+            ));
             return;
         }
 
@@ -245,7 +340,11 @@ impl Decider<'_> {
         };
         let by = label(&newcomer.pipeline_run, &newcomer.run);
         if r.supersede != Supersede::None {
-            let mark = GroupMark { group: r.group.clone(), newest: r.age.clone(), pipeline_run: newcomer.pipeline_run.clone() };
+            let mark = GroupMark {
+                group: r.group.clone(),
+                newest: r.age.clone(),
+                pipeline_run: newcomer.pipeline_run.clone(),
+            };
             match self.st.groups.iter_mut().find(|m| m.group == r.group) {
                 Some(m) if m.newest >= r.age => {}
                 Some(m) => *m = mark,
@@ -253,13 +352,16 @@ impl Decider<'_> {
             }
             let (older, keep): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
                 .into_iter()
-                .partition(|w| w.group == r.group && w.age < r.age && w.supersede != Supersede::None);
+                .partition(|w| {
+                    w.group == r.group && w.age < r.age && w.supersede != Supersede::None
+                });
             self.st.queue = keep;
             for w in older {
                 if let Some(victim) = self.runs.get(w.run.uid.as_str()) {
                     self.cancels.extend(cancel_of(victim, &by));
                 }
-                self.outcomes.push((w.run, Outcome::Superseded { by: by.clone() }));
+                self.outcomes
+                    .push((w.run, Outcome::Superseded { by: by.clone() }));
             }
         }
         self.st.queue.push(newcomer);
@@ -293,7 +395,11 @@ impl Decider<'_> {
     }
 
     fn holder_names(&self) -> Vec<String> {
-        self.st.holders.iter().map(|h| label(&h.pipeline_run, &h.run)).collect()
+        self.st
+            .holders
+            .iter()
+            .map(|h| label(&h.pipeline_run, &h.run))
+            .collect()
     }
 }
 
@@ -303,8 +409,16 @@ fn label(pipeline_run: &Option<String>, run: &RunRef) -> String {
 
 /// Cancel this run's PipelineRun, unless it is already stopping or over.
 fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
-    let p = r.parent.as_ref().filter(|p| p.state == ParentState::Running)?;
-    Some(Cancel { pipeline_run: p.name.clone(), mode: r.cancel_mode, superseded_by: by.to_string(), group: r.group.clone() })
+    let p = r
+        .parent
+        .as_ref()
+        .filter(|p| p.state == ParentState::Running)?;
+    Some(Cancel {
+        pipeline_run: p.name.clone(),
+        mode: r.cancel_mode,
+        superseded_by: by.to_string(),
+        group: r.group.clone(),
+    })
 }
 
 #[cfg(test)]

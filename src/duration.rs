@@ -16,13 +16,19 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
     }
     let mut total = 0f64;
     while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         if num_len == 0 {
             return Err(format!("expected a number at {rest:?}"));
         }
-        let number: f64 = rest[..num_len].parse().map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
+        let number: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("bad number {:?}", &rest[..num_len]))?;
         rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let seconds_per_unit = match &rest[..unit_len] {
             "ns" => 1e-9,
             "us" | "µs" | "μs" => 1e-6,
@@ -45,10 +51,19 @@ mod tests {
 
     #[test]
     fn parses_what_tekton_writes() {
-        assert_eq!(parse_go_duration("1h0m0s").unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            parse_go_duration("1h0m0s").unwrap(),
+            Duration::from_secs(3600)
+        );
         assert_eq!(parse_go_duration("90s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_go_duration("1.5h").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_go_duration("300ms").unwrap(), Duration::from_millis(300));
+        assert_eq!(
+            parse_go_duration("1.5h").unwrap(),
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            parse_go_duration("300ms").unwrap(),
+            Duration::from_millis(300)
+        );
         assert_eq!(parse_go_duration("0s").unwrap(), Duration::ZERO);
         assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
     }
@@ -56,7 +71,10 @@ mod tests {
     #[test]
     fn rejects_garbage() {
         for bad in ["", "10", "5 minutes", "-1s", "1d", "h"] {
-            assert!(parse_go_duration(bad).is_err(), "{bad:?} should be rejected");
+            assert!(
+                parse_go_duration(bad).is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 }

@@ -1,14 +1,14 @@
 //! tekton-mutex: a Tekton custom task that lets a pipeline say "one at a time here".
 #![forbid(unsafe_code)]
 
+pub mod controller;
 pub mod decide;
 pub mod duration;
 pub mod mutex;
-pub mod params;
-pub mod tekton;
 pub mod observe;
+pub mod params;
 pub mod run_status;
-pub mod controller;
+pub mod tekton;
 
 /// The Mutex CRD as YAML, generated from the Rust types (committed as config/crd.yaml).
 pub fn crd_yaml() -> String {

@@ -38,18 +38,29 @@ async fn main() {
 }
 
 fn parse_run_args(args: &[String]) -> Result<Options, String> {
-    let mut opts = Options { namespace: std::env::var("TEKTON_MUTEX_NAMESPACE").ok().filter(|s| !s.is_empty()), ..Default::default() };
+    let mut opts = Options {
+        namespace: std::env::var("TEKTON_MUTEX_NAMESPACE")
+            .ok()
+            .filter(|s| !s.is_empty()),
+        ..Default::default()
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--namespace" | "-n" => opts.namespace = Some(it.next().ok_or("--namespace needs a value")?.clone()),
+            "--namespace" | "-n" => {
+                opts.namespace = Some(it.next().ok_or("--namespace needs a value")?.clone())
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
     opts.fault = match std::env::var("TEKTON_MUTEX_FAULT").ok().as_deref() {
         None | Some("") => None,
-        Some("exit-before-cancel") => Some(Fault::ExitBeforeCancel),
-        Some(other) => return Err(format!("unknown TEKTON_MUTEX_FAULT {other:?} (known: exit-before-cancel)")),
+        Some("exit-after-lock-write") => Some(Fault::ExitAfterLockWrite),
+        Some(other) => {
+            return Err(format!(
+                "unknown TEKTON_MUTEX_FAULT {other:?} (known: exit-after-lock-write)"
+            ));
+        }
     };
     Ok(opts)
 }
@@ -57,7 +68,8 @@ fn parse_run_args(args: &[String]) -> Result<Options, String> {
 async fn run(opts: Options) -> i32 {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
     let client = match kube::Client::try_default().await {

@@ -37,7 +37,10 @@ pub struct MutexSpec {
 
 impl Default for MutexSpec {
     fn default() -> Self {
-        MutexSpec { capacity: default_capacity(), order: Order::default() }
+        MutexSpec {
+            capacity: default_capacity(),
+            order: Order::default(),
+        }
     }
 }
 
@@ -86,7 +89,9 @@ pub struct RunRef {
     pub uid: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 pub enum RunKind {
     /// `tekton.dev/v1beta1` CustomRun.
     CustomRun,
@@ -96,7 +101,9 @@ pub enum RunKind {
 
 /// How old a run is. Higher is newer: by `sequence` when given, then by the
 /// PipelineRun's creation time, with its name breaking ties.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Age {
     #[serde(default, skip_serializing_if = "Option::is_none")]

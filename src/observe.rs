@@ -5,7 +5,7 @@ use crate::mutex::{RunKind, RunRef};
 use crate::params::{self, RunConfig, RunInput, Target};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::run::Run;
-use crate::tekton::{is_done, Param, RunStatus, RUN_CANCELLED};
+use crate::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use chrono::{DateTime, Utc};
 
 /// Label Tekton copies from the PipelineRun: the Pipeline's name.
@@ -40,7 +40,16 @@ impl<'a> ObservedRun<'a> {
             (None, Some(s)) => Some(Target::Spec(s)),
             (None, None) => None,
         };
-        Self::common(cr, RunKind::CustomRun, target, &cr.spec.params, cr.spec.timeout.as_deref(), cr.spec.retries, cr.spec.status.as_deref(), cr.status.clone())
+        Self::common(
+            cr,
+            RunKind::CustomRun,
+            target,
+            &cr.spec.params,
+            cr.spec.timeout.as_deref(),
+            cr.spec.retries,
+            cr.spec.status.as_deref(),
+            cr.status.clone(),
+        )
     }
 
     pub fn of_run(run: &'a Run) -> Self {
@@ -49,7 +58,16 @@ impl<'a> ObservedRun<'a> {
             (None, Some(s)) => Some(Target::Spec(s)),
             (None, None) => None,
         };
-        Self::common(run, RunKind::Run, target, &run.spec.params, run.spec.timeout.as_deref(), run.spec.retries, run.spec.status.as_deref(), run.status.clone())
+        Self::common(
+            run,
+            RunKind::Run,
+            target,
+            &run.spec.params,
+            run.spec.timeout.as_deref(),
+            run.spec.retries,
+            run.spec.status.as_deref(),
+            run.status.clone(),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -68,7 +86,11 @@ impl<'a> ObservedRun<'a> {
             .owner_references
             .iter()
             .flatten()
-            .find(|o| o.controller == Some(true) && o.kind == "PipelineRun" && o.api_version.starts_with("tekton.dev/"))
+            .find(|o| {
+                o.controller == Some(true)
+                    && o.kind == "PipelineRun"
+                    && o.api_version.starts_with("tekton.dev/")
+            })
             .map(|o| (o.name.clone(), o.uid.clone()));
         ObservedRun {
             kind,
@@ -76,10 +98,17 @@ impl<'a> ObservedRun<'a> {
             namespace: meta.namespace.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone(),
-            created: meta.creation_timestamp.as_ref().map(|t| to_chrono(t.0)).unwrap_or_else(Utc::now),
+            created: meta
+                .creation_timestamp
+                .as_ref()
+                .map(|t| to_chrono(t.0))
+                .unwrap_or_else(Utc::now),
             deleting: meta.deletion_timestamp.is_some(),
             parent,
-            pipeline_label: meta.labels.as_ref().and_then(|l| l.get(PIPELINE_LABEL).cloned()),
+            pipeline_label: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(PIPELINE_LABEL).cloned()),
             target,
             params,
             timeout,
@@ -98,12 +127,19 @@ impl<'a> ObservedRun<'a> {
     }
 
     pub fn run_ref(&self) -> RunRef {
-        RunRef { kind: self.kind, name: self.name.clone(), uid: self.uid.clone() }
+        RunRef {
+            kind: self.kind,
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
     }
 
     /// The run's settings, or the message for an InvalidParams failure.
     pub fn config(&self) -> Result<RunConfig, String> {
-        let target = self.target.clone().ok_or("the run has neither a task reference nor an embedded spec")?;
+        let target = self
+            .target
+            .clone()
+            .ok_or("the run has neither a task reference nor an embedded spec")?;
         params::parse(&RunInput {
             namespace: &self.namespace,
             target,

@@ -12,7 +12,15 @@ pub const API_VERSION: &str = "tekton-mutex.dev/v1alpha1";
 pub const KIND: &str = "Mutex";
 
 /// Params a Mutex task accepts.
-pub const PARAMS: &[&str] = &["key", "supersede", "group", "cancel-mode", "sequence", "priority", "wait"];
+pub const PARAMS: &[&str] = &[
+    "key",
+    "supersede",
+    "group",
+    "cancel-mode",
+    "sequence",
+    "priority",
+    "wait",
+];
 
 /// Tekton's default when a run sets no timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
@@ -118,12 +126,20 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
                     "pending" => Supersede::Pending,
                     "none" => Supersede::None,
                     "running" => Supersede::Running,
-                    _ => return Err(invalid_choice("supersede", value, &["pending", "none", "running"])),
+                    _ => {
+                        return Err(invalid_choice(
+                            "supersede",
+                            value,
+                            &["pending", "none", "running"],
+                        ));
+                    }
                 }
             }
             "group" => {
                 if value.is_empty() || value.len() > 253 {
-                    return Err(format!("param \"group\" must be 1 to 253 characters, got {value:?}"));
+                    return Err(format!(
+                        "param \"group\" must be 1 to 253 characters, got {value:?}"
+                    ));
                 }
                 cfg.group = Some(value.to_string());
             }
@@ -151,7 +167,10 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
                 }
             }
             other => {
-                return Err(format!("unknown param {other:?}: allowed params are {}", PARAMS.join(", ")));
+                return Err(format!(
+                    "unknown param {other:?}: allowed params are {}",
+                    PARAMS.join(", ")
+                ));
             }
         }
     }
@@ -180,11 +199,13 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
     }
 
     if let Some(t) = input.timeout {
-        let d = parse_go_duration(t).map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
+        let d = parse_go_duration(t)
+            .map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
         cfg.timeout = (!d.is_zero()).then_some(d);
     }
     if let Some(r) = input.retries {
-        cfg.retries = u32::try_from(r).map_err(|_| format!("spec.retries must be 0 or more, got {r}"))?;
+        cfg.retries =
+            u32::try_from(r).map_err(|_| format!("spec.retries must be 0 or more, got {r}"))?;
     }
     Ok(cfg)
 }
@@ -221,7 +242,9 @@ pub fn validate_key(key: &str) -> Result<(), String> {
         && key.len() <= 253
         && key.split('.').all(|label| {
             !label.is_empty()
-                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         });
@@ -243,7 +266,10 @@ fn parse_int(name: &str, value: &str) -> Result<i64, String> {
 }
 
 fn invalid_choice(name: &str, value: &str, allowed: &[&str]) -> String {
-    format!("param {name:?} has invalid value {value:?}: allowed values are {}", allowed.join(", "))
+    format!(
+        "param {name:?} has invalid value {value:?}: allowed values are {}",
+        allowed.join(", ")
+    )
 }
 
 fn json_type(v: &serde_json::Value) -> &'static str {
@@ -263,13 +289,28 @@ mod tests {
     use serde_json::json;
 
     fn mutex_ref(name: Option<&str>) -> TaskRef {
-        TaskRef { api_version: API_VERSION.into(), kind: KIND.into(), name: name.map(Into::into) }
+        TaskRef {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            name: name.map(Into::into),
+        }
     }
 
     fn parse_with(params: &[(&str, serde_json::Value)], r: &TaskRef) -> Result<RunConfig, String> {
-        let params: Vec<Param> =
-            params.iter().map(|(n, v)| Param { name: n.to_string(), value: v.clone() }).collect();
-        parse(&RunInput { namespace: "jx-staging", target: Target::Ref(r), params: &params, timeout: None, retries: None })
+        let params: Vec<Param> = params
+            .iter()
+            .map(|(n, v)| Param {
+                name: n.to_string(),
+                value: v.clone(),
+            })
+            .collect();
+        parse(&RunInput {
+            namespace: "jx-staging",
+            target: Target::Ref(r),
+            params: &params,
+            timeout: None,
+            retries: None,
+        })
     }
 
     #[test]
@@ -284,32 +325,69 @@ mod tests {
 
     #[test]
     fn object_name_wins_over_namespace_and_param_must_agree() {
-        assert_eq!(parse_with(&[], &mutex_ref(Some("prod"))).unwrap().key, "prod");
-        assert_eq!(parse_with(&[("key", json!("prod"))], &mutex_ref(Some("prod"))).unwrap().key, "prod");
+        assert_eq!(
+            parse_with(&[], &mutex_ref(Some("prod"))).unwrap().key,
+            "prod"
+        );
+        assert_eq!(
+            parse_with(&[("key", json!("prod"))], &mutex_ref(Some("prod")))
+                .unwrap()
+                .key,
+            "prod"
+        );
         let err = parse_with(&[("key", json!("other"))], &mutex_ref(Some("prod"))).unwrap_err();
         assert!(err.contains("conflicts"), "{err}");
-        assert_eq!(parse_with(&[("key", json!("env-a"))], &mutex_ref(None)).unwrap().key, "env-a");
+        assert_eq!(
+            parse_with(&[("key", json!("env-a"))], &mutex_ref(None))
+                .unwrap()
+                .key,
+            "env-a"
+        );
     }
 
     #[test]
     fn rejects_bad_input_with_allowed_values() {
         let cases: &[(&[(&str, serde_json::Value)], &str)] = &[
-            (&[("colour", json!("red"))], "allowed params are key, supersede"),
+            (
+                &[("colour", json!("red"))],
+                "allowed params are key, supersede",
+            ),
             (&[("key", json!(["a"]))], "must be a string, got an array"),
-            (&[("key", json!({"a": 1}))], "must be a string, got an object"),
+            (
+                &[("key", json!({"a": 1}))],
+                "must be a string, got an object",
+            ),
             (&[("key", json!("Not_Valid"))], "not a valid name"),
             (&[("key", json!("-a"))], "not a valid name"),
-            (&[("supersede", json!("all"))], "allowed values are pending, none, running"),
-            (&[("cancel-mode", json!("Stop"))], "allowed values are CancelledRunFinally, Cancelled, StoppedRunFinally"),
-            (&[("sequence", json!("12a"))], "\"sequence\" must be an integer"),
-            (&[("priority", json!("high"))], "\"priority\" must be an integer"),
+            (
+                &[("supersede", json!("all"))],
+                "allowed values are pending, none, running",
+            ),
+            (
+                &[("cancel-mode", json!("Stop"))],
+                "allowed values are CancelledRunFinally, Cancelled, StoppedRunFinally",
+            ),
+            (
+                &[("sequence", json!("12a"))],
+                "\"sequence\" must be an integer",
+            ),
+            (
+                &[("priority", json!("high"))],
+                "\"priority\" must be an integer",
+            ),
             (&[("wait", json!("yes"))], "allowed values are true, false"),
             (&[("group", json!(""))], "\"group\" must be 1 to 253"),
-            (&[("key", json!("a")), ("key", json!("b"))], "more than once"),
+            (
+                &[("key", json!("a")), ("key", json!("b"))],
+                "more than once",
+            ),
         ];
         for (params, want) in cases {
             let err = parse_with(params, &mutex_ref(None)).unwrap_err();
-            assert!(err.contains(want), "params {params:?}: {err:?} does not mention {want:?}");
+            assert!(
+                err.contains(want),
+                "params {params:?}: {err:?} does not mention {want:?}"
+            );
         }
     }
 
@@ -337,24 +415,51 @@ mod tests {
 
     #[test]
     fn timeout_and_embedded_spec() {
-        let spec = EmbeddedSpec { api_version: API_VERSION.into(), kind: KIND.into(), spec: Some(json!({"capacity": 2})) };
-        let input = RunInput { namespace: "ns", target: Target::Spec(&spec), params: &[], timeout: Some("0s"), retries: Some(2) };
+        let spec = EmbeddedSpec {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            spec: Some(json!({"capacity": 2})),
+        };
+        let input = RunInput {
+            namespace: "ns",
+            target: Target::Spec(&spec),
+            params: &[],
+            timeout: Some("0s"),
+            retries: Some(2),
+        };
         let cfg = parse(&input).unwrap();
         assert_eq!(cfg.spec.capacity, 2);
         assert_eq!(cfg.timeout, None);
         assert_eq!(cfg.retries, 2);
 
-        let bad = EmbeddedSpec { spec: Some(json!({"capacty": 2})), ..spec.clone() };
-        let err = parse(&RunInput { target: Target::Spec(&bad), ..input }).unwrap_err();
+        let bad = EmbeddedSpec {
+            spec: Some(json!({"capacty": 2})),
+            ..spec.clone()
+        };
+        let err = parse(&RunInput {
+            target: Target::Spec(&bad),
+            ..input
+        })
+        .unwrap_err();
         assert!(err.contains("allowed fields are capacity"), "{err}");
-        let input = RunInput { namespace: "ns", target: Target::Spec(&spec), params: &[], timeout: Some("soon"), retries: None };
+        let input = RunInput {
+            namespace: "ns",
+            target: Target::Spec(&spec),
+            params: &[],
+            timeout: Some("soon"),
+            retries: None,
+        };
         assert!(parse(&input).unwrap_err().contains("spec.timeout"));
     }
 
     #[test]
     fn only_mutex_targets_are_ours() {
         assert!(Target::Ref(&mutex_ref(None)).is_mutex());
-        let other = TaskRef { api_version: "example.dev/v1".into(), kind: "Wait".into(), name: None };
+        let other = TaskRef {
+            api_version: "example.dev/v1".into(),
+            kind: "Wait".into(),
+            name: None,
+        };
         assert!(!Target::Ref(&other).is_mutex());
     }
 }

@@ -5,7 +5,7 @@ use crate::decide::Outcome;
 use crate::mutex::RunKind;
 use crate::tekton::{Condition, RunStatus};
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// Reasons this controller writes besides Tekton's own.
 pub mod reason {
@@ -33,12 +33,23 @@ pub fn timed_out_reason(kind: RunKind) -> &'static str {
 /// The Succeeded condition an outcome calls for.
 pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, String, String) {
     match outcome {
-        Outcome::Waiting { position, of, holders, .. } => (
+        Outcome::Waiting {
+            position,
+            of,
+            holders,
+            ..
+        } => (
             "Unknown",
             reason::WAITING.into(),
-            format!("waiting for {key}: held by {} (position {position} of {of})", holders_text(holders)),
+            format!(
+                "waiting for {key}: held by {} (position {position} of {of})",
+                holders_text(holders)
+            ),
         ),
-        Outcome::Acquired { token, waited_seconds } => (
+        Outcome::Acquired {
+            token,
+            waited_seconds,
+        } => (
             "True",
             reason::ACQUIRED.into(),
             format!("acquired {key} with token {token} after waiting {waited_seconds}s"),
@@ -46,18 +57,35 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, 
         Outcome::NotAcquired { holders } => (
             "True",
             reason::NOT_ACQUIRED.into(),
-            format!("{key} is held by {}; not waiting because wait is \"false\"", holders_text(holders)),
+            format!(
+                "{key} is held by {}; not waiting because wait is \"false\"",
+                holders_text(holders)
+            ),
         ),
-        Outcome::Superseded { by } => {
-            ("False", reason::SUPERSEDED.into(), format!("superseded by newer PipelineRun {by} on {key}"))
-        }
-        Outcome::Cancelled { why } => ("False", cancelled_reason(kind).into(), format!("left the queue for {key}: {why}")),
-        Outcome::TimedOut => ("False", timed_out_reason(kind).into(), format!("timed out waiting for {key}")),
+        Outcome::Superseded { by } => (
+            "False",
+            reason::SUPERSEDED.into(),
+            format!("superseded by newer PipelineRun {by} on {key}"),
+        ),
+        Outcome::Cancelled { why } => (
+            "False",
+            cancelled_reason(kind).into(),
+            format!("left the queue for {key}: {why}"),
+        ),
+        Outcome::TimedOut => (
+            "False",
+            timed_out_reason(kind).into(),
+            format!("timed out waiting for {key}"),
+        ),
     }
 }
 
 fn holders_text(holders: &[String]) -> String {
-    if holders.is_empty() { "nobody".into() } else { holders.join(", ") }
+    if holders.is_empty() {
+        "nobody".into()
+    } else {
+        holders.join(", ")
+    }
 }
 
 fn results(key: &str, outcome: &Outcome) -> Option<Value> {
@@ -70,7 +98,10 @@ fn results(key: &str, outcome: &Outcome) -> Option<Value> {
         ])
     };
     match outcome {
-        Outcome::Acquired { token, waited_seconds } => Some(r(token.to_string(), waited_seconds.to_string(), "true")),
+        Outcome::Acquired {
+            token,
+            waited_seconds,
+        } => Some(r(token.to_string(), waited_seconds.to_string(), "true")),
         // Later tasks may reference every result even when skipped by a `when`:
         // give the non-holder harmless values (token 0 is below every real token).
         Outcome::NotAcquired { .. } => Some(r("0".into(), "0".into(), "false")),
@@ -94,7 +125,9 @@ pub fn patch(
     let (status, reason, message) = condition(kind, key, outcome);
     let retry = matches!(outcome, Outcome::Waiting { retry: true, .. });
     let same = current.succeeded().is_some_and(|c| {
-        c.status == status && c.reason.as_deref() == Some(reason.as_str()) && c.message.as_deref() == Some(message.as_str())
+        c.status == status
+            && c.reason.as_deref() == Some(reason.as_str())
+            && c.message.as_deref() == Some(message.as_str())
     });
     if same && !retry {
         return None;
@@ -163,8 +196,21 @@ mod tests {
 
     #[test]
     fn waiting_message_names_key_holder_and_position() {
-        let o = Outcome::Waiting { position: 2, of: 3, holders: vec!["env-staging-81".into()], retry: false };
-        let p = patch(RunKind::CustomRun, "jx-staging", &o, &RunStatus::default(), Some("7"), now()).unwrap();
+        let o = Outcome::Waiting {
+            position: 2,
+            of: 3,
+            holders: vec!["env-staging-81".into()],
+            retry: false,
+        };
+        let p = patch(
+            RunKind::CustomRun,
+            "jx-staging",
+            &o,
+            &RunStatus::default(),
+            Some("7"),
+            now(),
+        )
+        .unwrap();
         assert_eq!(
             p["status"]["conditions"][0]["message"],
             "waiting for jx-staging: held by env-staging-81 (position 2 of 3)"
@@ -176,10 +222,24 @@ mod tests {
 
     #[test]
     fn unchanged_status_is_not_patched_again() {
-        let o = Outcome::Acquired { token: 4, waited_seconds: 9 };
-        let p = patch(RunKind::CustomRun, "k", &o, &RunStatus::default(), None, now()).unwrap();
+        let o = Outcome::Acquired {
+            token: 4,
+            waited_seconds: 9,
+        };
+        let p = patch(
+            RunKind::CustomRun,
+            "k",
+            &o,
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
         let written: RunStatus = serde_json::from_value(p["status"].clone()).unwrap();
-        assert_eq!(patch(RunKind::CustomRun, "k", &o, &written, None, now()), None);
+        assert_eq!(
+            patch(RunKind::CustomRun, "k", &o, &written, None, now()),
+            None
+        );
         let results = &p["status"]["results"];
         assert_eq!(results[2], json!({"name": "token", "value": "4"}));
         assert_eq!(results[0], json!({"name": "acquired", "value": "true"}));
@@ -188,19 +248,39 @@ mod tests {
     #[test]
     fn reasons_follow_the_protocol_of_each_kind() {
         let cancel = Outcome::Cancelled { why: "x".into() };
-        assert_eq!(condition(RunKind::CustomRun, "k", &cancel).1, "CustomRunCancelled");
+        assert_eq!(
+            condition(RunKind::CustomRun, "k", &cancel).1,
+            "CustomRunCancelled"
+        );
         assert_eq!(condition(RunKind::Run, "k", &cancel).1, "RunCancelled");
-        assert_eq!(condition(RunKind::CustomRun, "k", &Outcome::TimedOut).1, "CustomRunTimedOut");
-        assert_eq!(condition(RunKind::Run, "k", &Outcome::TimedOut).1, "RunTimedOut");
+        assert_eq!(
+            condition(RunKind::CustomRun, "k", &Outcome::TimedOut).1,
+            "CustomRunTimedOut"
+        );
+        assert_eq!(
+            condition(RunKind::Run, "k", &Outcome::TimedOut).1,
+            "RunTimedOut"
+        );
     }
 
     #[test]
     fn a_retry_records_the_attempt_and_restarts_the_clock() {
-        let current = RunStatus { start_time: Some("2026-11-30T11:00:00Z".into()), ..Default::default() };
-        let o = Outcome::Waiting { position: 1, of: 1, holders: vec!["a".into()], retry: true };
+        let current = RunStatus {
+            start_time: Some("2026-11-30T11:00:00Z".into()),
+            ..Default::default()
+        };
+        let o = Outcome::Waiting {
+            position: 1,
+            of: 1,
+            holders: vec!["a".into()],
+            retry: true,
+        };
         let p = patch(RunKind::CustomRun, "k", &o, &current, None, now()).unwrap();
         assert_eq!(p["status"]["retriesStatus"].as_array().unwrap().len(), 1);
         assert_eq!(p["status"]["startTime"], "2026-11-30T12:00:00Z");
-        assert_eq!(p["status"]["retriesStatus"][0]["conditions"][0]["reason"], "CustomRunTimedOut");
+        assert_eq!(
+            p["status"]["retriesStatus"][0]["conditions"][0]["reason"],
+            "CustomRunTimedOut"
+        );
     }
 }

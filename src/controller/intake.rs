@@ -1,15 +1,18 @@
 //! Per-run reconcile: reject bad input, make sure the key's Mutex object exists.
 //! Everything about waiting and holding is the Mutex reconcile's job.
 
-use super::{writes, Context, Error};
+use super::{Context, Error, writes};
 use crate::observe::Observe;
+use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::Resource;
 use std::sync::Arc;
 use tracing::{info, warn};
 
-pub async fn reconcile<K: Observe + Resource>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile<K: Observe + Resource>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let o = obj.observe();
     if !o.is_mutex() || o.is_done() || o.deleting {
         return Ok(Action::await_change());
@@ -20,7 +23,10 @@ pub async fn reconcile<K: Observe + Resource>(obj: Arc<K>, ctx: Arc<Context>) ->
             writes::invalid_params(&ctx, &o, &message).await?;
         }
         Ok(cfg) => {
-            if ctx.mutexes.get(&ObjectRef::new(&cfg.key).within(&o.namespace)).is_none()
+            if ctx
+                .mutexes
+                .get(&ObjectRef::new(&cfg.key).within(&o.namespace))
+                .is_none()
                 && writes::ensure_mutex(&ctx, &o.namespace, &cfg.key, &cfg.spec).await?
             {
                 info!(key = %cfg.key, namespace = %o.namespace, run = %o.name, "created Mutex");

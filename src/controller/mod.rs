@@ -20,7 +20,7 @@ use futures::StreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,8 +46,9 @@ pub struct Options {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// Exit after marking a run Superseded, before cancelling its PipelineRun.
-    ExitBeforeCancel,
+    /// Exit after the lock state records a supersede, before the PipelineRun
+    /// is cancelled and the run marked.
+    ExitAfterLockWrite,
 }
 
 pub struct Context {
@@ -99,17 +100,29 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let pipeline_runs: Api<PipelineRun> = scoped(&client, &opts.namespace);
 
     if !served(&mutexes).await? {
-        return Err(Error::MissingCrd("Mutex", "install it with `kubectl apply -f config/`".into()));
+        return Err(Error::MissingCrd(
+            "Mutex",
+            "install it with `kubectl apply -f config/`".into(),
+        ));
     }
     if !served(&custom_runs).await? {
-        return Err(Error::MissingCrd("CustomRun", "install Tekton Pipelines v0.44 or newer".into()));
+        return Err(Error::MissingCrd(
+            "CustomRun",
+            "install Tekton Pipelines v0.44 or newer".into(),
+        ));
     }
     let with_runs = served(&runs).await?;
-    info!(namespace = opts.namespace.as_deref().unwrap_or("<all>"), v1alpha1_runs = with_runs, "starting tekton-mutex");
+    info!(
+        namespace = opts.namespace.as_deref().unwrap_or("<all>"),
+        v1alpha1_runs = with_runs,
+        "starting tekton-mutex"
+    );
 
     let wc = watcher::Config::default();
     let (pr_store, pr_writer) = reflector::store();
-    let pr_stream = reflector::reflector(pr_writer, watcher(pipeline_runs, wc.clone())).default_backoff().touched_objects();
+    let pr_stream = reflector::reflector(pr_writer, watcher(pipeline_runs, wc.clone()))
+        .default_backoff()
+        .touched_objects();
 
     let intake_crs = Controller::new(custom_runs.clone(), wc.clone());
     let cr_store = intake_crs.store();
@@ -122,7 +135,8 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         let runs = run_store.clone();
         move |pr: PipelineRun| {
             let (name, ns) = (pr.name_any(), pr.namespace());
-            let child = |labels: &std::collections::BTreeMap<String, String>, obj_ns: Option<String>| {
+            let child = |labels: &std::collections::BTreeMap<String, String>,
+                         obj_ns: Option<String>| {
                 obj_ns == ns && labels.get(PIPELINE_RUN_LABEL) == Some(&name)
             };
             let mut refs: Vec<ObjectRef<Mutex>> = crs
@@ -132,7 +146,12 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
                 .filter_map(|c| mutex_of(c.as_ref()))
                 .collect();
             if let Some(runs) = &runs {
-                refs.extend(runs.state().iter().filter(|r| child(r.labels(), r.namespace())).filter_map(|r| mutex_of(r.as_ref())));
+                refs.extend(
+                    runs.state()
+                        .iter()
+                        .filter(|r| child(r.labels(), r.namespace()))
+                        .filter_map(|r| mutex_of(r.as_ref())),
+                );
             }
             refs
         }
@@ -147,7 +166,9 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
 
     let reporter = Reporter {
         controller: "tekton-mutex".into(),
-        instance: std::env::var("POD_NAME").ok().or_else(|| std::env::var("HOSTNAME").ok()),
+        instance: std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok()),
     };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),

@@ -14,19 +14,30 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, ResourceExt};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 const MANAGER: &str = "tekton-mutex";
 
 /// Create the Mutex object for a key. Returns whether this call created it.
-pub async fn ensure_mutex(ctx: &Context, ns: &str, key: &str, spec: &MutexSpec) -> Result<bool, Error> {
+pub async fn ensure_mutex(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    spec: &MutexSpec,
+) -> Result<bool, Error> {
     let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
     let mut m = Mutex::new(key, spec.clone());
     m.metadata = ObjectMeta {
         name: Some(key.into()),
         namespace: Some(ns.into()),
-        labels: Some([("app.kubernetes.io/managed-by".to_string(), MANAGER.to_string())].into()),
+        labels: Some(
+            [(
+                "app.kubernetes.io/managed-by".to_string(),
+                MANAGER.to_string(),
+            )]
+            .into(),
+        ),
         ..Default::default()
     };
     match api.create(&PostParams::default(), &m).await {
@@ -38,8 +49,12 @@ pub async fn ensure_mutex(ctx: &Context, ns: &str, key: &str, spec: &MutexSpec) 
 
 /// Write the Mutex status, only if nobody changed the Mutex since we read it.
 pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
-    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
-    match api.replace_status(&mutex.name_any(), &PostParams::default(), mutex).await {
+    let api: Api<Mutex> =
+        Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    match api
+        .replace_status(&mutex.name_any(), &PostParams::default(), mutex)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
         Err(e) => Err(e.into()),
@@ -48,42 +63,74 @@ pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
 
 /// Patch a run's status subresource. A conflict or a vanished run is not an
 /// error: the change that caused it triggers another sync.
-pub async fn run_status(ctx: &Context, kind: RunKind, ns: &str, name: &str, patch: &Value) -> Result<(), Error> {
+pub async fn run_status(
+    ctx: &Context,
+    kind: RunKind,
+    ns: &str,
+    name: &str,
+    patch: &Value,
+) -> Result<(), Error> {
     let pp = PatchParams::default();
     let res = match kind {
-        RunKind::CustomRun => {
-            Api::<CustomRun>::namespaced(ctx.client.clone(), ns).patch_status(name, &pp, &Patch::Merge(patch)).await.map(|_| ())
-        }
-        RunKind::Run => Api::<Run>::namespaced(ctx.client.clone(), ns).patch_status(name, &pp, &Patch::Merge(patch)).await.map(|_| ()),
+        RunKind::CustomRun => Api::<CustomRun>::namespaced(ctx.client.clone(), ns)
+            .patch_status(name, &pp, &Patch::Merge(patch))
+            .await
+            .map(|_| ()),
+        RunKind::Run => Api::<Run>::namespaced(ctx.client.clone(), ns)
+            .patch_status(name, &pp, &Patch::Merge(patch))
+            .await
+            .map(|_| ()),
     };
     match res {
         Ok(()) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
-            debug!(run = name, code = e.code, "run changed under us; the next sync catches up");
+            debug!(
+                run = name,
+                code = e.code,
+                "run changed under us; the next sync catches up"
+            );
             Ok(())
         }
         Err(e) => Err(e.into()),
     }
 }
 
-pub async fn invalid_params(ctx: &Context, o: &ObservedRun<'_>, message: &str) -> Result<(), Error> {
+pub async fn invalid_params(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    message: &str,
+) -> Result<(), Error> {
     let patch = run_status::invalid_params_patch(message, &o.status, Utc::now());
     run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await
 }
 
 /// Cancel a superseded PipelineRun (unless it is already over or stopping),
 /// and record who superseded it as an Event on it.
-pub async fn cancel_pipeline_run(ctx: &Context, ns: &str, key: &str, c: &Cancel) -> Result<(), Error> {
+pub async fn cancel_pipeline_run(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    c: &Cancel,
+) -> Result<(), Error> {
     let api: Api<PipelineRun> = Api::namespaced(ctx.client.clone(), ns);
     // Read it fresh: a done PipelineRun must not be patched.
-    let Some(pr) = api.get_opt(&c.pipeline_run).await? else { return Ok(()) };
+    let Some(pr) = api.get_opt(&c.pipeline_run).await? else {
+        return Ok(());
+    };
     if pr.is_done() || pr.stop_requested() {
         return Ok(());
     }
     // No resourceVersion precondition: Tekton updates a running PipelineRun often,
     // and setting spec.status is idempotent.
     let patch = json!({"spec": {"status": c.mode.as_str()}});
-    match api.patch(&c.pipeline_run, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    match api
+        .patch(
+            &c.pipeline_run,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return Ok(()),
         Err(e) => return Err(e.into()),

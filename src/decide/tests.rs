@@ -12,15 +12,29 @@ fn t(secs: i64) -> DateTime<Utc> {
 /// A live run of PipelineRun `pr<i>`, created at second `i`.
 fn run(i: usize) -> RunView {
     RunView {
-        run: RunRef { kind: RunKind::CustomRun, name: format!("pr{i}-lock"), uid: format!("uid-{i}") },
-        parent: Some(Parent { name: format!("pr{i}"), state: ParentState::Running }),
+        run: RunRef {
+            kind: RunKind::CustomRun,
+            name: format!("pr{i}-lock"),
+            uid: format!("uid-{i}"),
+        },
+        parent: Some(Parent {
+            name: format!("pr{i}"),
+            state: ParentState::Running,
+        }),
         group: "deploy".into(),
-        age: Age { sequence: None, created: t(i as i64), name: format!("pr{i}") },
+        age: Age {
+            sequence: None,
+            created: t(i as i64),
+            name: format!("pr{i}"),
+        },
         priority: 0,
         supersede: Supersede::None,
         cancel_mode: CancelMode::CancelledRunFinally,
         wait: true,
-        phase: Phase::Live { cancel_requested: false, timeout: Timeout::NotYet },
+        phase: Phase::Live {
+            cancel_requested: false,
+            timeout: Timeout::NotYet,
+        },
     }
 }
 
@@ -30,15 +44,26 @@ fn with(mut r: RunView, f: impl FnOnce(&mut RunView)) -> RunView {
 }
 
 fn outcome(d: &Decision, i: usize) -> Option<&Outcome> {
-    d.outcomes.iter().find(|(r, _)| r.uid == format!("uid-{i}")).map(|(_, o)| o)
+    d.outcomes
+        .iter()
+        .find(|(r, _)| r.uid == format!("uid-{i}"))
+        .map(|(_, o)| o)
 }
 
 fn holders(d: &Decision) -> Vec<String> {
-    d.status.holders.iter().map(|h| h.pipeline_run.clone().unwrap()).collect()
+    d.status
+        .holders
+        .iter()
+        .map(|h| h.pipeline_run.clone().unwrap())
+        .collect()
 }
 
 fn queue(d: &Decision) -> Vec<String> {
-    d.status.queue.iter().map(|w| w.pipeline_run.clone().unwrap()).collect()
+    d.status
+        .queue
+        .iter()
+        .map(|w| w.pipeline_run.clone().unwrap())
+        .collect()
 }
 
 /// Mark the runs the decision acquired as done, as the applier would.
@@ -53,9 +78,14 @@ fn apply(runs: &mut [RunView], d: &Decision) {
                 Outcome::Cancelled { .. } => "CustomRunCancelled",
                 Outcome::TimedOut => "CustomRunTimedOut",
             };
-            r.phase = Phase::Done { reason: reason.into() };
+            r.phase = Phase::Done {
+                reason: reason.into(),
+            };
         }
-        if d.cancels.iter().any(|c| Some(&c.pipeline_run) == r.parent.as_ref().map(|p| &p.name)) {
+        if d.cancels
+            .iter()
+            .any(|c| Some(&c.pipeline_run) == r.parent.as_ref().map(|p| &p.name))
+        {
             r.parent.as_mut().unwrap().state = ParentState::StopRequested;
         }
     }
@@ -72,10 +102,21 @@ fn first_run_acquires_token_one_and_others_wait_fifo() {
     let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
     assert_eq!(holders(&d), ["pr0"]);
     assert_eq!(queue(&d), ["pr1", "pr2"]);
-    assert_eq!(outcome(&d, 0), Some(&Outcome::Acquired { token: 1, waited_seconds: 10 }));
+    assert_eq!(
+        outcome(&d, 0),
+        Some(&Outcome::Acquired {
+            token: 1,
+            waited_seconds: 10
+        })
+    );
     assert_eq!(
         outcome(&d, 2),
-        Some(&Outcome::Waiting { position: 2, of: 2, holders: vec!["pr0".into()], retry: false })
+        Some(&Outcome::Waiting {
+            position: 2,
+            of: 2,
+            holders: vec!["pr0".into()],
+            retry: false
+        })
     );
     assert_eq!(d.status.holding, "pr0");
     assert_eq!(d.status.waiting, 2);
@@ -110,7 +151,10 @@ fn holder_stays_while_parent_runs_finally_even_if_run_cancelled() {
     runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
     let d2 = decide(&spec, &d.status, &runs, t(6));
     assert_eq!(holders(&d2), ["pr0"]);
-    assert_eq!(d2.status, d.status, "nothing changes while the holder winds down");
+    assert_eq!(
+        d2.status, d.status,
+        "nothing changes while the holder winds down"
+    );
 }
 
 #[test]
@@ -134,15 +178,29 @@ fn cancelled_and_timed_out_waiters_leave_the_queue() {
     let mut runs = vec![run(0), run(1), run(2), run(3)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     apply(&mut runs, &d);
-    runs[1].phase = Phase::Live { cancel_requested: true, timeout: Timeout::NotYet };
-    runs[2].phase = Phase::Live { cancel_requested: false, timeout: Timeout::Final };
-    runs[3].phase = Phase::Live { cancel_requested: false, timeout: Timeout::Retry };
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[2].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::Final,
+    };
+    runs[3].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::Retry,
+    };
     let d2 = decide(&spec, &d.status, &runs, t(6));
     assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
     assert_eq!(outcome(&d2, 2), Some(&Outcome::TimedOut));
     assert_eq!(
         outcome(&d2, 3),
-        Some(&Outcome::Waiting { position: 1, of: 1, holders: vec!["pr0".into()], retry: true })
+        Some(&Outcome::Waiting {
+            position: 1,
+            of: 1,
+            holders: vec!["pr0".into()],
+            retry: true
+        })
     );
     assert_eq!(queue(&d2), ["pr3"]);
 }
@@ -150,23 +208,36 @@ fn cancelled_and_timed_out_waiters_leave_the_queue() {
 #[test]
 fn supersede_pending_keeps_holder_and_newest_waiter() {
     let spec = MutexSpec::default();
-    let runs: Vec<RunView> = (0..5).map(|i| with(run(i), |r| r.supersede = Supersede::Pending)).collect();
+    let runs: Vec<RunView> = (0..5)
+        .map(|i| with(run(i), |r| r.supersede = Supersede::Pending))
+        .collect();
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(holders(&d), ["pr0"]);
     assert_eq!(queue(&d), ["pr4"]);
     // One batch decides as if they arrived one by one: each is superseded by the next.
     for i in 1..4 {
-        assert_eq!(outcome(&d, i), Some(&Outcome::Superseded { by: format!("pr{}", i + 1) }));
+        assert_eq!(
+            outcome(&d, i),
+            Some(&Outcome::Superseded {
+                by: format!("pr{}", i + 1)
+            })
+        );
     }
     let cancelled: Vec<_> = d.cancels.iter().map(|c| c.pipeline_run.as_str()).collect();
     assert_eq!(cancelled, ["pr1", "pr2", "pr3"]);
-    assert!(d.cancels.iter().all(|c| c.mode == CancelMode::CancelledRunFinally));
+    assert!(
+        d.cancels
+            .iter()
+            .all(|c| c.mode == CancelMode::CancelledRunFinally)
+    );
 }
 
 #[test]
 fn supersede_running_cancels_older_holder_but_waits_for_it() {
     let spec = MutexSpec::default();
-    let mut runs: Vec<RunView> = (0..2).map(|i| with(run(i), |r| r.supersede = Supersede::Running)).collect();
+    let mut runs: Vec<RunView> = (0..2)
+        .map(|i| with(run(i), |r| r.supersede = Supersede::Running))
+        .collect();
     let d = decide(&spec, &MutexStatus::default(), &runs[..1], t(1));
     apply(&mut runs, &d);
     let d2 = decide(&spec, &d.status, &runs, t(2));
@@ -176,7 +247,11 @@ fn supersede_running_cancels_older_holder_but_waits_for_it() {
     apply(&mut runs, &d2);
     let d3 = decide(&spec, &d2.status, &runs, t(3));
     assert!(d3.cancels.is_empty(), "no second cancel while it stops");
-    assert_eq!(holders(&d3), ["pr0"], "the slot stays with the stopping holder");
+    assert_eq!(
+        holders(&d3),
+        ["pr0"],
+        "the slot stays with the stopping holder"
+    );
     finish(&mut runs, 0);
     let d4 = decide(&spec, &d3.status, &runs, t(4));
     assert_eq!(holders(&d4), ["pr1"]);
@@ -185,24 +260,32 @@ fn supersede_running_cancels_older_holder_but_waits_for_it() {
 #[test]
 fn stale_arrival_is_superseded_and_cancelled() {
     let spec = MutexSpec::default();
-    let seq = |i: usize, s: i64| with(run(i), |r| {
-        r.supersede = Supersede::Pending;
-        r.age.sequence = Some(s);
-    });
+    let seq = |i: usize, s: i64| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.age.sequence = Some(s);
+        })
+    };
     // pr0 (seq 80) is granted first; pr1 (seq 79) arrives later but is older.
     let mut runs = vec![seq(0, 80)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
     runs.push(seq(1, 79));
     let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(outcome(&d2, 1), Some(&Outcome::Superseded { by: "pr0".into() }));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Superseded { by: "pr0".into() })
+    );
     assert_eq!(d2.cancels[0].pipeline_run, "pr1");
     // Even after pr0 finished: the group remembers it.
     apply(&mut runs, &d2);
     finish(&mut runs, 0);
     runs.push(seq(2, 78));
     let d3 = decide(&spec, &d2.status, &runs, t(3));
-    assert_eq!(outcome(&d3, 2), Some(&Outcome::Superseded { by: "pr0".into() }));
+    assert_eq!(
+        outcome(&d3, 2),
+        Some(&Outcome::Superseded { by: "pr0".into() })
+    );
 }
 
 #[test]
@@ -210,12 +293,18 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
     let spec = MutexSpec::default();
     let mut runs = vec![with(run(0), |r| {
         r.supersede = Supersede::Pending;
-        r.phase = Phase::Done { reason: SUPERSEDED.into() }
+        r.phase = Phase::Done {
+            reason: SUPERSEDED.into(),
+        }
     })];
     let status = MutexStatus {
         groups: vec![GroupMark {
             group: "deploy".into(),
-            newest: Age { sequence: None, created: t(9), name: "pr9".into() },
+            newest: Age {
+                sequence: None,
+                created: t(9),
+                name: "pr9".into(),
+            },
             pipeline_run: Some("pr9".into()),
         }],
         ..Default::default()
@@ -259,17 +348,39 @@ fn priority_then_order() {
 #[test]
 fn wait_false_takes_a_free_slot_or_gives_up() {
     let spec = MutexSpec::default();
-    let runs = vec![with(run(0), |r| r.wait = false), with(run(1), |r| r.wait = false)];
+    let runs = vec![
+        with(run(0), |r| r.wait = false),
+        with(run(1), |r| r.wait = false),
+    ];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(outcome(&d, 0), Some(&Outcome::Acquired { token: 1, waited_seconds: 5 }));
-    assert_eq!(outcome(&d, 1), Some(&Outcome::NotAcquired { holders: vec!["pr0".into()] }));
+    assert_eq!(
+        outcome(&d, 0),
+        Some(&Outcome::Acquired {
+            token: 1,
+            waited_seconds: 5
+        })
+    );
+    assert_eq!(
+        outcome(&d, 1),
+        Some(&Outcome::NotAcquired {
+            holders: vec!["pr0".into()]
+        })
+    );
     assert!(d.status.queue.is_empty());
 }
 
 #[test]
 fn capacity_two_grants_two() {
-    let spec = MutexSpec { capacity: 2, ..Default::default() };
-    let d = decide(&spec, &MutexStatus::default(), &[run(0), run(1), run(2)], t(5));
+    let spec = MutexSpec {
+        capacity: 2,
+        ..Default::default()
+    };
+    let d = decide(
+        &spec,
+        &MutexStatus::default(),
+        &[run(0), run(1), run(2)],
+        t(5),
+    );
     assert_eq!(holders(&d), ["pr0", "pr1"]);
     assert_eq!(d.status.holding, "pr0,pr1");
 }
@@ -288,7 +399,13 @@ fn decision_is_a_fixed_point() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Arrive { group: u8, sequence: Option<i8>, priority: i8, policy: u8, wait: bool },
+    Arrive {
+        group: u8,
+        sequence: Option<i8>,
+        priority: i8,
+        policy: u8,
+        wait: bool,
+    },
     FinishParent(u8),
     CancelRun(u8),
     DeleteRun(u8),
@@ -321,16 +438,29 @@ impl World {
     fn step(&mut self) {
         self.clock += 1;
         let d = decide(&self.spec, &self.status, &self.runs, t(self.clock));
-        assert!(d.status.holders.len() <= self.spec.capacity as usize, "over capacity: {:?}", d.status.holders);
+        assert!(
+            d.status.holders.len() <= self.spec.capacity as usize,
+            "over capacity: {:?}",
+            d.status.holders
+        );
         for (r, o) in &d.outcomes {
             match o {
                 Outcome::Acquired { token, .. } if !self.grants.iter().any(|g| g.0 == r.uid) => {
-                    assert!(!self.superseded.contains(&r.uid), "granted a superseded run {r:?}");
+                    assert!(
+                        !self.superseded.contains(&r.uid),
+                        "granted a superseded run {r:?}"
+                    );
                     let v = self.runs.iter().find(|v| v.run.uid == r.uid).unwrap();
                     if let Some(last) = self.grants.last() {
                         assert!(*token > last.4, "tokens must strictly increase");
                     }
-                    self.grants.push((r.uid.clone(), v.group.clone(), v.age.clone(), v.supersede, *token));
+                    self.grants.push((
+                        r.uid.clone(),
+                        v.group.clone(),
+                        v.age.clone(),
+                        v.supersede,
+                        *token,
+                    ));
                 }
                 Outcome::Superseded { .. } => {
                     self.superseded.insert(r.uid.clone());
@@ -340,8 +470,17 @@ impl World {
         }
         apply(&mut self.runs, &d);
         self.status = d.status;
-        let holders: HashSet<&str> = self.status.holders.iter().map(|h| h.run.uid.as_str()).collect();
-        assert_eq!(holders.len(), self.status.holders.len(), "a run holds twice");
+        let holders: HashSet<&str> = self
+            .status
+            .holders
+            .iter()
+            .map(|h| h.run.uid.as_str())
+            .collect();
+        assert_eq!(
+            holders.len(),
+            self.status.holders.len(),
+            "a run holds twice"
+        );
     }
 
     fn pick(&self, i: u8, f: impl Fn(&RunView) -> bool) -> Option<usize> {
@@ -351,10 +490,17 @@ impl World {
 
     fn run_op(&mut self, op: &Op) {
         match *op {
-            Op::Arrive { group, sequence, priority, policy, wait } => {
+            Op::Arrive {
+                group,
+                sequence,
+                priority,
+                policy,
+                wait,
+            } => {
                 let i = self.next_id;
                 self.next_id += 1;
-                let policy = [Supersede::None, Supersede::Pending, Supersede::Running][policy as usize];
+                let policy =
+                    [Supersede::None, Supersede::Pending, Supersede::Running][policy as usize];
                 self.runs.push(with(run(i), |r| {
                     r.group = format!("g{group}");
                     r.age.sequence = sequence.map(i64::from);
@@ -372,7 +518,10 @@ impl World {
             }
             Op::CancelRun(i) => {
                 if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
-                    self.runs[k].phase = Phase::Live { cancel_requested: true, timeout: Timeout::NotYet };
+                    self.runs[k].phase = Phase::Live {
+                        cancel_requested: true,
+                        timeout: Timeout::NotYet,
+                    };
                 }
             }
             Op::DeleteRun(i) => {
@@ -382,7 +531,10 @@ impl World {
             }
             Op::TimeOut(i) => {
                 if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
-                    self.runs[k].phase = Phase::Live { cancel_requested: false, timeout: Timeout::Final };
+                    self.runs[k].phase = Phase::Live {
+                        cancel_requested: false,
+                        timeout: Timeout::Final,
+                    };
                 }
             }
         }
@@ -431,4 +583,35 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn superseded_wins_over_the_cancel_it_causes() {
+    // The controller cancels a superseded run's PipelineRun before marking the run;
+    // Tekton then cancels the run itself. It must still end Superseded.
+    let spec = MutexSpec::default();
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(0), pending(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(pending(2));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Superseded { by: "pr2".into() })
+    );
+    // The mark was lost (status write conflicted); Tekton's cancel arrives first.
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[2].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::NotYet,
+    };
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert_eq!(
+        outcome(&d3, 1),
+        Some(&Outcome::Superseded { by: "pr2".into() })
+    );
 }

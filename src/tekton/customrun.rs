@@ -5,7 +5,12 @@ use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[kube(group = "tekton.dev", version = "v1beta1", kind = "CustomRun", namespaced)]
+#[kube(
+    group = "tekton.dev",
+    version = "v1beta1",
+    kind = "CustomRun",
+    namespaced
+)]
 #[kube(status = "RunStatus", schema = "disabled")]
 #[serde(rename_all = "camelCase")]
 pub struct CustomRunSpec {

@@ -61,7 +61,10 @@ impl RunStatus {
     }
 
     pub fn result(&self, name: &str) -> Option<&str> {
-        self.results.iter().find(|r| r.name == name).map(|r| r.value.as_str())
+        self.results
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.value.as_str())
     }
 }
 

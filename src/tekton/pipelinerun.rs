@@ -25,14 +25,20 @@ impl PipelineRun {
     /// Done means the Succeeded condition is final: Tekton sets it only after
     /// finally tasks have finished, so a done PipelineRun runs nothing more.
     pub fn is_done(&self) -> bool {
-        super::is_done(self.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Succeeded")))
+        super::is_done(
+            self.status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Succeeded")),
+        )
     }
 
     /// Has someone asked this PipelineRun to stop (any graceful or hard cancel)?
     pub fn stop_requested(&self) -> bool {
         matches!(
             self.spec.status.as_deref(),
-            Some("Cancelled" | "CancelledRunFinally" | "StoppedRunFinally" | "PipelineRunCancelled")
+            Some(
+                "Cancelled" | "CancelledRunFinally" | "StoppedRunFinally" | "PipelineRunCancelled"
+            )
         )
     }
 }

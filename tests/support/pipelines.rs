@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use serde_json::json;
 use std::time::Duration;
-use tekton_mutex::tekton::customrun::CustomRun;
 use tekton_mutex::tekton::Condition;
+use tekton_mutex::tekton::customrun::CustomRun;
 
 /// Extra settings for [`pipeline`].
 #[derive(Default, Clone)]
@@ -25,12 +25,18 @@ pub struct Opts<'a> {
     pub finally: bool,
     /// Reference a Mutex object by name.
     pub mutex_name: Option<&'a str>,
+    /// Skip deploy unless the lock result `acquired` is "true" (for `wait: "false"`).
+    pub when_acquired: bool,
 }
 
 /// A Pipeline: `lock` (the Mutex), then `deploy`, which waits for the gate
 /// ConfigMap `release-<pipelinerun>` and exits with param `exit-code`.
 pub fn pipeline(name: &str, o: &Opts) -> String {
-    let lock_params: Vec<_> = o.lock_params.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let lock_params: Vec<_> = o
+        .lock_params
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
     let mut task_ref = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
     if let Some(m) = o.mutex_name {
         task_ref["name"] = json!(m);
@@ -65,6 +71,10 @@ pub fn pipeline(name: &str, o: &Opts) -> String {
             "steps": [gate_step("release-$(params.pr)", "echo \"deployed with token $(params.token)\"\nexit $(params.exit-code)")],
         },
     });
+    let mut deploy = deploy;
+    if o.when_acquired {
+        deploy["when"] = json!([{"input": "$(tasks.lock.results.acquired)", "operator": "in", "values": ["true"]}]);
+    }
     let mut spec = json!({
         "params": [{"name": "exit-code", "default": "0"}],
         "tasks": [lock, deploy],
@@ -87,7 +97,10 @@ pub fn pipeline(name: &str, o: &Opts) -> String {
 
 /// A PipelineRun of `pipeline` named `name`.
 pub fn pipeline_run(name: &str, pipeline: &str, params: &[(&str, &str)]) -> String {
-    let params: Vec<_> = params.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let params: Vec<_> = params
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
     json!({
         "apiVersion": "tekton.dev/v1",
         "kind": "PipelineRun",
@@ -109,7 +122,11 @@ pub async fn release_finally(ns: &TestNamespace, pr: &str) -> Result<()> {
 
 async fn create_gate(ns: &TestNamespace, name: &str) -> Result<()> {
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    match ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await {
+    match ns
+        .api::<ConfigMap>()
+        .create(&PostParams::default(), &cm)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
@@ -122,12 +139,19 @@ pub fn lock_run(pr: &str) -> String {
 }
 
 /// Waits until CustomRun `name`'s Succeeded condition has `reason`; returns the condition.
-pub async fn wait_reason(ns: &TestNamespace, name: &str, reason: &str, timeout: Duration) -> Result<Condition> {
+pub async fn wait_reason(
+    ns: &TestNamespace,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Result<Condition> {
     let api = ns.api::<CustomRun>();
     wait_until(&format!("CustomRun {name} to be {reason}"), timeout, || {
         let api = api.clone();
         async move {
-            let Some(cr) = api.get_opt(name).await? else { return Ok(None) };
+            let Some(cr) = api.get_opt(name).await? else {
+                return Ok(None);
+            };
             let cond = cr.status.and_then(|s| s.succeeded().cloned());
             Ok(cond.filter(|c| c.reason.as_deref() == Some(reason)))
         }
@@ -137,12 +161,22 @@ pub async fn wait_reason(ns: &TestNamespace, name: &str, reason: &str, timeout: 
 
 /// The Succeeded condition of CustomRun `name`, if any.
 pub async fn condition_of(ns: &TestNamespace, name: &str) -> Result<Option<Condition>> {
-    Ok(ns.api::<CustomRun>().get_opt(name).await?.and_then(|cr| cr.status).and_then(|s| s.succeeded().cloned()))
+    Ok(ns
+        .api::<CustomRun>()
+        .get_opt(name)
+        .await?
+        .and_then(|cr| cr.status)
+        .and_then(|s| s.succeeded().cloned()))
 }
 
 /// A result of CustomRun `name`.
 pub async fn result_of(ns: &TestNamespace, name: &str, result: &str) -> Result<Option<String>> {
-    Ok(ns.api::<CustomRun>().get_opt(name).await?.and_then(|cr| cr.status).and_then(|s| s.result(result).map(String::from)))
+    Ok(ns
+        .api::<CustomRun>()
+        .get_opt(name)
+        .await?
+        .and_then(|cr| cr.status)
+        .and_then(|s| s.result(result).map(String::from)))
 }
 
 /// A generous bound for anything that involves Tekton starting pods.
