@@ -2,7 +2,8 @@
 
 #[test]
 fn committed_crd_matches_the_rust_types() {
-    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/crd.yaml")).unwrap();
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/crd.yaml")).unwrap();
     assert!(
         committed == tekton_mutex::crd_yaml(),
         "config/crd.yaml is stale: regenerate it with `cargo run -- crd > config/crd.yaml`"

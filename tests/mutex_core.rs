@@ -16,12 +16,19 @@ use tekton_mutex::tekton::customrun::CustomRun;
 use tekton_mutex::tekton::pipelinerun::PipelineRun;
 
 async fn mutex_status(ns: &TestNamespace, key: &str) -> Result<tekton_mutex::mutex::MutexStatus> {
-    Ok(ns.api::<Mutex>().get_opt(key).await?.and_then(|m| m.status).unwrap_or_default())
+    Ok(ns
+        .api::<Mutex>()
+        .get_opt(key)
+        .await?
+        .and_then(|m| m.status)
+        .unwrap_or_default())
 }
 
 async fn cancel_pipeline_run(ns: &TestNamespace, pr: &str, mode: &str) -> Result<()> {
     let patch = json!({"spec": {"status": mode}});
-    ns.api::<PipelineRun>().patch(pr, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    ns.api::<PipelineRun>()
+        .patch(pr, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 
@@ -56,23 +63,48 @@ async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result
     let _a = ControllerProcess::start(ns.name()).await?;
     let _b = ControllerProcess::start(ns.name()).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
-    ns.apply(&pipeline("deploy", &Opts { lock_params: &[("supersede", "none")], ..Default::default() })).await?;
+    ns.apply(&pipeline(
+        "deploy",
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            ..Default::default()
+        },
+    ))
+    .await?;
     let prs: Vec<String> = (0..8).map(|i| format!("run-{i}")).collect();
-    let runs: Vec<String> = prs.iter().map(|pr| pipeline_run(pr, "deploy", &[])).collect();
+    let runs: Vec<String> = prs
+        .iter()
+        .map(|pr| pipeline_run(pr, "deploy", &[]))
+        .collect();
     try_join_all(runs.iter().map(|y| ns.apply(y))).await?;
 
     let order = drive_grants(&ns, &prs, 8).await?;
     for pr in &prs {
-        let c = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow()).await?;
+        let c = ns
+            .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow())
+            .await?;
         ensure!(c.status == "True", "{pr} did not succeed: {c:?}");
     }
     let grants = timeline.check_exclusion(1)?;
     ensure!(grants.len() == 8, "expected 8 grants, saw {grants:?}");
-    ensure!(grants.iter().map(|g| &g.pipeline_run).eq(order.iter()), "grant order {grants:?} vs {order:?}");
-    ensure!(grants.windows(2).all(|w| w[0].token < w[1].token), "tokens must strictly increase: {grants:?}");
+    ensure!(
+        grants.iter().map(|g| &g.pipeline_run).eq(order.iter()),
+        "grant order {grants:?} vs {order:?}"
+    );
+    ensure!(
+        grants.windows(2).all(|w| w[0].token < w[1].token),
+        "tokens must strictly increase: {grants:?}"
+    );
     let status = mutex_status(&ns, ns.name()).await?;
-    ensure!(status.holders.is_empty() && status.queue.is_empty(), "lock not empty at the end: {status:?}");
-    ensure!(status.last_token == grants.last().unwrap().token, "lastToken {} vs grants {grants:?}", status.last_token);
+    ensure!(
+        status.holders.is_empty() && status.queue.is_empty(),
+        "lock not empty at the end: {status:?}"
+    );
+    ensure!(
+        status.last_token == grants.last().unwrap().token,
+        "lastToken {} vs grants {grants:?}",
+        status.last_token
+    );
     report_latencies("8 runs, 2 replicas", &timeline.handover_latencies());
     Ok(())
 }
@@ -81,8 +113,17 @@ async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result
 async fn waiters_are_served_in_creation_order() -> Result<()> {
     let ns = TestNamespace::create("fifo").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
-    ns.apply(&pipeline("deploy", &Opts { lock_params: &[("supersede", "none")], ..Default::default() })).await?;
-    let prs: Vec<String> = ["fifo-a", "fifo-b", "fifo-c", "fifo-d", "fifo-e"].map(String::from).to_vec();
+    ns.apply(&pipeline(
+        "deploy",
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            ..Default::default()
+        },
+    ))
+    .await?;
+    let prs: Vec<String> = ["fifo-a", "fifo-b", "fifo-c", "fifo-d", "fifo-e"]
+        .map(String::from)
+        .to_vec();
     ns.apply(&pipeline_run(&prs[0], "deploy", &[])).await?;
     wait_reason(&ns, &lock_run(&prs[0]), "Acquired", slow()).await?;
     // Created one after another: creation time (then name) orders them.
@@ -91,12 +132,23 @@ async fn waiters_are_served_in_creation_order() -> Result<()> {
     }
     let last = wait_reason(&ns, &lock_run("fifo-e"), "Waiting", slow()).await?;
     wait_until("all four to wait", slow(), || async {
-        Ok(mutex_status(&ns, ns.name()).await?.queue.len().eq(&4).then_some(()))
+        Ok(mutex_status(&ns, ns.name())
+            .await?
+            .queue
+            .len()
+            .eq(&4)
+            .then_some(()))
     })
     .await?;
-    let last = condition_of(&ns, &lock_run("fifo-e")).await?.unwrap_or(last);
+    let last = condition_of(&ns, &lock_run("fifo-e"))
+        .await?
+        .unwrap_or(last);
     ensure!(
-        last.message.as_deref() == Some(&format!("waiting for {}: held by fifo-a (position 4 of 4)", ns.name())),
+        last.message.as_deref()
+            == Some(&format!(
+                "waiting for {}: held by fifo-a (position 4 of 4)",
+                ns.name()
+            )),
         "waiting message: {last:?}"
     );
     let order = drive_grants(&ns, &prs, 5).await?;
@@ -120,10 +172,22 @@ async fn release_case(ending: Ending) -> Result<()> {
     let _c = ControllerProcess::start(ns.name()).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     let finally = matches!(ending, Ending::CancelledRunFinally);
-    ns.apply(&pipeline("deploy", &Opts { lock_params: &[("supersede", "none")], finally, ..Default::default() }))
+    ns.apply(&pipeline(
+        "deploy",
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            finally,
+            ..Default::default()
+        },
+    ))
+    .await?;
+    let exit = if matches!(ending, Ending::Fails) {
+        "1"
+    } else {
+        "0"
+    };
+    ns.apply(&pipeline_run("a", "deploy", &[("exit-code", exit)]))
         .await?;
-    let exit = if matches!(ending, Ending::Fails) { "1" } else { "0" };
-    ns.apply(&pipeline_run("a", "deploy", &[("exit-code", exit)])).await?;
     wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
     ns.apply(&pipeline_run("b", "deploy", &[])).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
@@ -140,22 +204,36 @@ async fn release_case(ending: Ending) -> Result<()> {
             })
             .await?;
             ensure!(
-                condition_of(&ns, &lock_run("b")).await?.and_then(|c| c.reason).as_deref() == Some("Waiting"),
+                condition_of(&ns, &lock_run("b"))
+                    .await?
+                    .and_then(|c| c.reason)
+                    .as_deref()
+                    == Some("Waiting"),
                 "b must wait while a's finally runs"
             );
-            ensure!(mutex_status(&ns, ns.name()).await?.holding == "a", "a keeps the slot during finally");
+            ensure!(
+                mutex_status(&ns, ns.name()).await?.holding == "a",
+                "a keeps the slot during finally"
+            );
             release_finally(&ns, "a").await?;
         }
         Ending::PipelineRunDeleted => {
-            ns.api::<PipelineRun>().delete("a", &DeleteParams::default()).await?;
+            ns.api::<PipelineRun>()
+                .delete("a", &DeleteParams::default())
+                .await?;
         }
         Ending::CustomRunDeleted => {
-            ns.api::<CustomRun>().delete(&lock_run("a"), &DeleteParams::default()).await?;
+            ns.api::<CustomRun>()
+                .delete(&lock_run("a"), &DeleteParams::default())
+                .await?;
         }
     }
     wait_reason(&ns, &lock_run("b"), "Acquired", slow()).await?;
     if finally {
-        ensure!(ns.kubectl(&["get", "configmap", "finally-ran-a"]).is_ok(), "a's finally task ran");
+        ensure!(
+            ns.kubectl(&["get", "configmap", "finally-ran-a"]).is_ok(),
+            "a's finally task ran"
+        );
     }
     if !matches!(ending, Ending::CustomRunDeleted) {
         timeline.check_exclusion(1)?;
@@ -166,7 +244,8 @@ async fn release_case(ending: Ending) -> Result<()> {
     if finally {
         release_finally(&ns, "b").await?;
     }
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "b", slow()).await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "b", slow())
+        .await?;
     Ok(())
 }
 
@@ -199,7 +278,14 @@ async fn released_when_holder_customrun_is_deleted() -> Result<()> {
 async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<()> {
     let ns = TestNamespace::create("cancel-waiter").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
-    ns.apply(&pipeline("deploy", &Opts { lock_params: &[("supersede", "none")], ..Default::default() })).await?;
+    ns.apply(&pipeline(
+        "deploy",
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            ..Default::default()
+        },
+    ))
+    .await?;
     ns.apply(&pipeline_run("a", "deploy", &[])).await?;
     wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
     ns.apply(&pipeline_run("b", "deploy", &[])).await?;
@@ -210,19 +296,38 @@ async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<
     let c = wait_reason(&ns, &lock_run("b"), "CustomRunCancelled", slow()).await?;
     ensure!(c.status == "False", "{c:?}");
     let status = mutex_status(&ns, ns.name()).await?;
-    ensure!(status.queue.iter().all(|w| w.pipeline_run.as_deref() != Some("b")), "b left the queue: {status:?}");
+    ensure!(
+        status
+            .queue
+            .iter()
+            .all(|w| w.pipeline_run.as_deref() != Some("b")),
+        "b left the queue: {status:?}"
+    );
     wait_until("c to move up to position 1", slow(), || async {
-        let m = condition_of(&ns, &lock_run("c")).await?.and_then(|c| c.message).unwrap_or_default();
+        let m = condition_of(&ns, &lock_run("c"))
+            .await?
+            .and_then(|c| c.message)
+            .unwrap_or_default();
         Ok(m.contains("(position 1 of 1)").then_some(()))
     })
     .await?;
 
     let list = ns.tkn(&["customrun", "list"])?;
-    for want in ["Succeeded(Acquired)", "Running(Waiting)", "Failed(CustomRunCancelled)"] {
-        ensure!(list.contains(want), "tkn customrun list lacks {want}:\n{list}");
+    for want in [
+        "Succeeded(Acquired)",
+        "Running(Waiting)",
+        "Failed(CustomRunCancelled)",
+    ] {
+        ensure!(
+            list.contains(want),
+            "tkn customrun list lacks {want}:\n{list}"
+        );
     }
     let describe = ns.tkn(&["customrun", "describe", &lock_run("a")])?;
-    ensure!(describe.contains("token"), "tkn customrun describe shows results:\n{describe}");
+    ensure!(
+        describe.contains("token"),
+        "tkn customrun describe shows results:\n{describe}"
+    );
     release(&ns, "a").await?;
     wait_reason(&ns, &lock_run("c"), "Acquired", slow()).await?;
     Ok(())
@@ -232,10 +337,22 @@ async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<
 async fn waiting_times_out_after_its_retries() -> Result<()> {
     let ns = TestNamespace::create("timeout").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
-    ns.apply(&pipeline("hold", &Opts { lock_params: &[("supersede", "none")], ..Default::default() })).await?;
+    ns.apply(&pipeline(
+        "hold",
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            ..Default::default()
+        },
+    ))
+    .await?;
     ns.apply(&pipeline(
         "impatient",
-        &Opts { lock_params: &[("supersede", "none")], lock_timeout: Some("2s"), lock_retries: Some(1), ..Default::default() },
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            lock_timeout: Some("2s"),
+            lock_retries: Some(1),
+            ..Default::default()
+        },
     ))
     .await?;
     ns.apply(&pipeline_run("a", "hold", &[])).await?;
@@ -244,10 +361,18 @@ async fn waiting_times_out_after_its_retries() -> Result<()> {
     let c = wait_reason(&ns, &lock_run("b"), "CustomRunTimedOut", slow()).await?;
     ensure!(c.status == "False", "{c:?}");
     let cr = ns.api::<CustomRun>().get(&lock_run("b")).await?;
-    ensure!(cr.status.unwrap_or_default().retries_status.len() == 1, "one retry was recorded before the final timeout");
+    ensure!(
+        cr.status.unwrap_or_default().retries_status.len() == 1,
+        "one retry was recorded before the final timeout"
+    );
     let status = mutex_status(&ns, ns.name()).await?;
-    ensure!(status.queue.is_empty() && status.holding == "a", "b left the queue: {status:?}");
-    let pr = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "b", slow()).await?;
+    ensure!(
+        status.queue.is_empty() && status.holding == "a",
+        "b left the queue: {status:?}"
+    );
+    let pr = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "b", slow())
+        .await?;
     ensure!(pr.status == "False", "b's PipelineRun fails: {pr:?}");
     Ok(())
 }
@@ -257,7 +382,14 @@ async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     let ns = TestNamespace::create("restart").await?;
     let mut c = ControllerProcess::start(ns.name()).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
-    ns.apply(&pipeline("deploy", &Opts { lock_params: &[("supersede", "none")], ..Default::default() })).await?;
+    ns.apply(&pipeline(
+        "deploy",
+        &Opts {
+            lock_params: &[("supersede", "none")],
+            ..Default::default()
+        },
+    ))
+    .await?;
     let prs: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
     for pr in &prs {
         ns.apply(&pipeline_run(pr, "deploy", &[])).await?;
@@ -271,20 +403,36 @@ async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     c.kill();
     // While it is down: the holder finishes, and a new run arrives.
     release(&ns, &first).await?;
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", &first, slow()).await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", &first, slow())
+        .await?;
     ns.apply(&pipeline_run("r4", "deploy", &[])).await?;
     let mut all = prs.clone();
     all.push("r4".into());
     let _c2 = ControllerProcess::start(ns.name()).await?;
     let mut order = vec![first.clone()];
-    order.extend(drive_grants(&ns, &all.iter().filter(|p| **p != first).cloned().collect::<Vec<_>>(), 4).await?);
+    order.extend(
+        drive_grants(
+            &ns,
+            &all.iter()
+                .filter(|p| **p != first)
+                .cloned()
+                .collect::<Vec<_>>(),
+            4,
+        )
+        .await?,
+    );
     for pr in &all {
-        let c = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow()).await?;
+        let c = ns
+            .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow())
+            .await?;
         ensure!(c.status == "True", "{pr}: {c:?}");
     }
     let grants = timeline.check_exclusion(1)?;
     let tokens: Vec<i64> = grants.iter().map(|g| g.token).collect();
-    ensure!(tokens == vec![1, 2, 3, 4, 5], "no token lost or reused across the restart: {grants:?}");
+    ensure!(
+        tokens == vec![1, 2, 3, 4, 5],
+        "no token lost or reused across the restart: {grants:?}"
+    );
     Ok(())
 }
 
@@ -304,14 +452,49 @@ async fn bad_input_fails_with_invalid_params() -> Result<()> {
     let _c = ControllerProcess::start(ns.name()).await?;
     let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
     // Not ours: must never be touched.
-    ns.apply(&standalone("other-kind", json!({"apiVersion": "example.dev/v1", "kind": "Wait"}), json!([]))).await?;
+    ns.apply(&standalone(
+        "other-kind",
+        json!({"apiVersion": "example.dev/v1", "kind": "Wait"}),
+        json!([]),
+    ))
+    .await?;
     let cases = [
-        ("unknown-param", mutex.clone(), json!([{"name": "colour", "value": "red"}]), "unknown param \"colour\""),
-        ("array-value", mutex.clone(), json!([{"name": "key", "value": ["a", "b"]}]), "must be a string, got an array"),
-        ("bad-key", mutex.clone(), json!([{"name": "key", "value": "Not A Name"}]), "is not a valid name"),
-        ("bad-supersede", mutex.clone(), json!([{"name": "supersede", "value": "everything"}]), "allowed values are pending, none, running"),
-        ("bad-sequence", mutex.clone(), json!([{"name": "sequence", "value": "12a"}]), "must be an integer"),
-        ("bad-cancel-mode", mutex.clone(), json!([{"name": "cancel-mode", "value": "Stop"}]), "allowed values are CancelledRunFinally"),
+        (
+            "unknown-param",
+            mutex.clone(),
+            json!([{"name": "colour", "value": "red"}]),
+            "unknown param \"colour\"",
+        ),
+        (
+            "array-value",
+            mutex.clone(),
+            json!([{"name": "key", "value": ["a", "b"]}]),
+            "must be a string, got an array",
+        ),
+        (
+            "bad-key",
+            mutex.clone(),
+            json!([{"name": "key", "value": "Not A Name"}]),
+            "is not a valid name",
+        ),
+        (
+            "bad-supersede",
+            mutex.clone(),
+            json!([{"name": "supersede", "value": "everything"}]),
+            "allowed values are pending, none, running",
+        ),
+        (
+            "bad-sequence",
+            mutex.clone(),
+            json!([{"name": "sequence", "value": "12a"}]),
+            "must be an integer",
+        ),
+        (
+            "bad-cancel-mode",
+            mutex.clone(),
+            json!([{"name": "cancel-mode", "value": "Stop"}]),
+            "allowed values are CancelledRunFinally",
+        ),
         (
             "bad-custom-spec",
             json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "spec": {"capacity": "two"}}),
@@ -320,16 +503,30 @@ async fn bad_input_fails_with_invalid_params() -> Result<()> {
         ),
     ];
     for (name, target, params, _) in &cases {
-        ns.apply(&standalone(name, target.clone(), params.clone())).await?;
+        ns.apply(&standalone(name, target.clone(), params.clone()))
+            .await?;
     }
     for (name, _, _, want) in &cases {
         let c = wait_reason(&ns, name, "InvalidParams", secs(30)).await?;
         ensure!(c.status == "False", "{name}: {c:?}");
         let msg = c.message.unwrap_or_default();
-        ensure!(msg.contains(want), "{name}: message {msg:?} should contain {want:?}");
+        ensure!(
+            msg.contains(want),
+            "{name}: message {msg:?} should contain {want:?}"
+        );
     }
-    ensure!(condition_of(&ns, "other-kind").await?.is_none(), "a CustomRun of another kind was touched");
-    ensure!(ns.api::<Mutex>().list(&Default::default()).await?.items.is_empty(), "no Mutex is created for bad input");
+    ensure!(
+        condition_of(&ns, "other-kind").await?.is_none(),
+        "a CustomRun of another kind was touched"
+    );
+    ensure!(
+        ns.api::<Mutex>()
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty(),
+        "no Mutex is created for bad input"
+    );
     Ok(())
 }
 
@@ -337,17 +534,33 @@ async fn bad_input_fails_with_invalid_params() -> Result<()> {
 async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
     let ns = TestNamespace::create("standalone").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
-    let by_name = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "name": "prod"});
-    ns.apply(&standalone("s1", by_name.clone(), json!([]))).await?;
+    let by_name =
+        json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "name": "prod"});
+    ns.apply(&standalone("s1", by_name.clone(), json!([])))
+        .await?;
     wait_reason(&ns, "s1", "Acquired", secs(30)).await?;
-    ensure!(result_of(&ns, "s1", "key").await?.as_deref() == Some("prod"), "key result");
-    ensure!(result_of(&ns, "s1", "token").await?.as_deref() == Some("1"), "token result");
+    ensure!(
+        result_of(&ns, "s1", "key").await?.as_deref() == Some("prod"),
+        "key result"
+    );
+    ensure!(
+        result_of(&ns, "s1", "token").await?.as_deref() == Some("1"),
+        "token result"
+    );
     ns.apply(&standalone("s2", by_name, json!([]))).await?;
     let c = wait_reason(&ns, "s2", "Waiting", secs(30)).await?;
-    ensure!(c.message.as_deref() == Some("waiting for prod: held by s1 (position 1 of 1)"), "{c:?}");
+    ensure!(
+        c.message.as_deref() == Some("waiting for prod: held by s1 (position 1 of 1)"),
+        "{c:?}"
+    );
     // A standalone holder holds until it is deleted.
-    ns.api::<CustomRun>().delete("s1", &DeleteParams::default()).await?;
+    ns.api::<CustomRun>()
+        .delete("s1", &DeleteParams::default())
+        .await?;
     wait_reason(&ns, "s2", "Acquired", secs(30)).await?;
-    ensure!(result_of(&ns, "s2", "token").await?.as_deref() == Some("2"), "token 2");
+    ensure!(
+        result_of(&ns, "s2", "token").await?.as_deref() == Some("2"),
+        "token 2"
+    );
     Ok(())
 }

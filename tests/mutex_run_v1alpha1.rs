@@ -14,12 +14,20 @@ fn run(name: &str, spec: serde_json::Value) -> String {
     json!({"apiVersion": "tekton.dev/v1alpha1", "kind": "Run", "metadata": {"name": name}, "spec": spec}).to_string()
 }
 
-async fn wait_run_reason(ns: &TestNamespace, name: &str, reason: &str) -> Result<tekton_mutex::tekton::Condition> {
+async fn wait_run_reason(
+    ns: &TestNamespace,
+    name: &str,
+    reason: &str,
+) -> Result<tekton_mutex::tekton::Condition> {
     let api = ns.api::<Run>();
     wait_until(&format!("Run {name} to be {reason}"), secs(30), || {
         let api = api.clone();
         async move {
-            let cond = api.get_opt(name).await?.and_then(|r| r.status).and_then(|s| s.succeeded().cloned());
+            let cond = api
+                .get_opt(name)
+                .await?
+                .and_then(|r| r.status)
+                .and_then(|s| s.succeeded().cloned());
             Ok(cond.filter(|c| c.reason.as_deref() == Some(reason)))
         }
     })
@@ -35,32 +43,60 @@ async fn runs_get_the_same_semantics() -> Result<()> {
     let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
     let params = json!([{"name": "key", "value": "env"}]);
 
-    ns.apply(&run("r1", json!({"ref": mutex, "params": params}))).await?;
+    ns.apply(&run("r1", json!({"ref": mutex, "params": params})))
+        .await?;
     let c = wait_run_reason(&ns, "r1", "Acquired").await?;
     ensure!(c.status == "True", "{c:?}");
     let r1 = ns.api::<Run>().get("r1").await?.status.unwrap_or_default();
-    ensure!(r1.result("token") == Some("1") && r1.result("key") == Some("env"), "results: {r1:?}");
+    ensure!(
+        r1.result("token") == Some("1") && r1.result("key") == Some("env"),
+        "results: {r1:?}"
+    );
 
-    ns.apply(&run("r2", json!({"ref": mutex, "params": params}))).await?;
-    ns.apply(&run("r3", json!({"ref": mutex, "params": params}))).await?;
-    ns.apply(&run("r4", json!({"ref": mutex, "params": params, "timeout": "1s"}))).await?;
+    ns.apply(&run("r2", json!({"ref": mutex, "params": params})))
+        .await?;
+    ns.apply(&run("r3", json!({"ref": mutex, "params": params})))
+        .await?;
+    ns.apply(&run(
+        "r4",
+        json!({"ref": mutex, "params": params, "timeout": "1s"}),
+    ))
+    .await?;
     let c = wait_run_reason(&ns, "r2", "Waiting").await?;
-    ensure!(c.message.as_deref().is_some_and(|m| m.starts_with("waiting for env: held by r1 (position 1 of ")), "{c:?}");
+    ensure!(
+        c.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("waiting for env: held by r1 (position 1 of ")),
+        "{c:?}"
+    );
 
     // Cancel, as Tekton does: spec.status RunCancelled.
     let cancel = json!({"spec": {"status": "RunCancelled"}});
-    ns.api::<Run>().patch("r3", &PatchParams::default(), &Patch::Merge(&cancel)).await?;
+    ns.api::<Run>()
+        .patch("r3", &PatchParams::default(), &Patch::Merge(&cancel))
+        .await?;
     let c = wait_run_reason(&ns, "r3", "RunCancelled").await?;
     ensure!(c.status == "False", "{c:?}");
     let c = wait_run_reason(&ns, "r4", "RunTimedOut").await?;
     ensure!(c.status == "False", "{c:?}");
 
     // An embedded spec is read too; bad input is refused the same way.
-    ns.apply(&run("bad", json!({"ref": mutex, "params": [{"name": "wait", "value": "maybe"}]}))).await?;
+    ns.apply(&run(
+        "bad",
+        json!({"ref": mutex, "params": [{"name": "wait", "value": "maybe"}]}),
+    ))
+    .await?;
     let c = wait_run_reason(&ns, "bad", "InvalidParams").await?;
-    ensure!(c.message.as_deref().is_some_and(|m| m.contains("allowed values are true, false")), "{c:?}");
+    ensure!(
+        c.message
+            .as_deref()
+            .is_some_and(|m| m.contains("allowed values are true, false")),
+        "{c:?}"
+    );
 
-    ns.api::<Run>().delete("r1", &DeleteParams::default()).await?;
+    ns.api::<Run>()
+        .delete("r1", &DeleteParams::default())
+        .await?;
     wait_run_reason(&ns, "r2", "Acquired").await?;
     let r2 = ns.api::<Run>().get("r2").await?.status.unwrap_or_default();
     ensure!(r2.result("token") == Some("2"), "the next token: {r2:?}");

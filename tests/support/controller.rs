@@ -25,7 +25,9 @@ impl ControllerProcess {
         install_crd(&repo_root().join("config/crd.yaml")).await?;
         let dir = repo_root().join("target/test-logs");
         std::fs::create_dir_all(&dir)?;
-        let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos();
         let log = dir.join(format!("controller-{namespace}-{n}.log"));
         let out = std::fs::File::create(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
@@ -75,7 +77,8 @@ impl Drop for ControllerProcess {
 /// Applies a CRD file and waits until the API server serves it.
 pub async fn install_crd(path: &std::path::Path) -> Result<()> {
     let client = client().await?;
-    let yaml = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let yaml =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let objs = apply_yaml(&client, None, &yaml).await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client);
     for o in objs {
@@ -101,9 +104,14 @@ pub async fn install_crd(path: &std::path::Path) -> Result<()> {
 
 /// The Run (v1alpha1) CRD from an older Tekton module, via hack/run-crd.sh.
 pub async fn install_run_crd() -> Result<()> {
-    let out = Command::new(repo_root().join("hack/run-crd.sh")).output().context("running hack/run-crd.sh")?;
+    let out = Command::new(repo_root().join("hack/run-crd.sh"))
+        .output()
+        .context("running hack/run-crd.sh")?;
     if !out.status.success() {
-        bail!("hack/run-crd.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "hack/run-crd.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let path = PathBuf::from(String::from_utf8(out.stdout)?.trim());
     install_crd(&path).await

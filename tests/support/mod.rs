@@ -86,7 +86,10 @@ where
 {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(v) = condition().await.with_context(|| format!("while waiting for {desc}"))? {
+        if let Some(v) = condition()
+            .await
+            .with_context(|| format!("while waiting for {desc}"))?
+        {
             return Ok(v);
         }
         if Instant::now() >= deadline {
@@ -120,7 +123,11 @@ pub fn condition(obj: &DynamicObject, type_: &str) -> Option<Condition> {
 }
 
 /// Resolves `apiVersion` + `kind` to an API resource through discovery.
-pub async fn resolve(client: &Client, api_version: &str, kind: &str) -> Result<(ApiResource, ApiCapabilities)> {
+pub async fn resolve(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, ApiCapabilities)> {
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", api_version),
@@ -150,31 +157,51 @@ pub async fn dynamic_api(
 /// (overriding what the YAML says). Objects with a `metadata.name` are server-side applied
 /// (create or update); objects with only `metadata.generateName` are created. Returns the
 /// objects as the server stored them, in order.
-pub async fn apply_yaml(client: &Client, namespace: Option<&str>, yaml: &str) -> Result<Vec<DynamicObject>> {
+pub async fn apply_yaml(
+    client: &Client,
+    namespace: Option<&str>,
+    yaml: &str,
+) -> Result<Vec<DynamicObject>> {
     let mut out = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(yaml) {
         let mut value = Value::deserialize(doc).context("parsing YAML")?;
         if value.is_null() {
             continue;
         }
-        let api_version = value["apiVersion"].as_str().context("a document has no apiVersion")?.to_string();
-        let kind = value["kind"].as_str().context("a document has no kind")?.to_string();
+        let api_version = value["apiVersion"]
+            .as_str()
+            .context("a document has no apiVersion")?
+            .to_string();
+        let kind = value["kind"]
+            .as_str()
+            .context("a document has no kind")?
+            .to_string();
         let (ar, caps) = resolve(client, &api_version, &kind).await?;
         let api: Api<DynamicObject> = match caps.scope {
             Scope::Namespaced => {
                 let ns = namespace
                     .map(str::to_string)
-                    .or_else(|| value.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from))
+                    .or_else(|| {
+                        value
+                            .pointer("/metadata/namespace")
+                            .and_then(Value::as_str)
+                            .map(String::from)
+                    })
                     .unwrap_or_else(|| "default".into());
                 value["metadata"]["namespace"] = json!(ns);
                 Api::namespaced_with(client.clone(), &ns, &ar)
             }
             Scope::Cluster => Api::all_with(client.clone(), &ar),
         };
-        let obj: DynamicObject = serde_json::from_value(value.clone()).context("not a Kubernetes object")?;
+        let obj: DynamicObject =
+            serde_json::from_value(value.clone()).context("not a Kubernetes object")?;
         let stored = match value.pointer("/metadata/name").and_then(Value::as_str) {
             Some(name) => api
-                .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&obj))
+                .patch(
+                    name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&obj),
+                )
                 .await
                 .with_context(|| format!("applying {kind} {name}"))?,
             None => api
@@ -213,16 +240,27 @@ impl TestNamespace {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .take(40)
             .collect();
-        let name = format!("{}-{}-{n}-{:x}", prefix.trim_matches('-'), std::process::id(), nanos & 0xfffff);
+        let name = format!(
+            "{}-{}-{n}-{:x}",
+            prefix.trim_matches('-'),
+            std::process::id(),
+            nanos & 0xfffff
+        );
         let namespaces: Api<Namespace> = Api::all(client.clone());
         namespaces
-            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}}))?)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+            )
             .await
             .with_context(|| format!("creating namespace {name}"))?;
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-        sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "default"}}))?)
-            .await
-            .with_context(|| format!("creating ServiceAccount {name}/default"))?;
+        sas.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
+        )
+        .await
+        .with_context(|| format!("creating ServiceAccount {name}/default"))?;
         Ok(Self { name, client })
     }
 
@@ -254,7 +292,12 @@ impl TestNamespace {
     }
 
     /// Gets one object, `None` if it does not exist.
-    pub async fn get_opt(&self, api_version: &str, kind: &str, name: &str) -> Result<Option<DynamicObject>> {
+    pub async fn get_opt(
+        &self,
+        api_version: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<DynamicObject>> {
         Ok(self.dynamic(api_version, kind).await?.get_opt(name).await?)
     }
 
@@ -272,8 +315,11 @@ impl TestNamespace {
         let result = wait_until(&desc, timeout, || {
             let api = api.clone();
             async move {
-                let Some(obj) = api.get_opt(name).await? else { return Ok(None) };
-                Ok(condition(&obj, "Succeeded").filter(|c| c.status == "True" || c.status == "False"))
+                let Some(obj) = api.get_opt(name).await? else {
+                    return Ok(None);
+                };
+                Ok(condition(&obj, "Succeeded")
+                    .filter(|c| c.status == "True" || c.status == "False"))
             }
         })
         .await;
@@ -305,13 +351,18 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if std::env::var_os("TEKTON_MUTEX_KEEP_NAMESPACES").is_some() {
-            eprintln!("keeping namespace {} (TEKTON_MUTEX_KEEP_NAMESPACES)", self.name);
+            eprintln!(
+                "keeping namespace {} (TEKTON_MUTEX_KEEP_NAMESPACES)",
+                self.name
+            );
             return;
         }
         let name = self.name.clone();
         // Drop cannot await; clean up on a thread with its own runtime and client.
         let cleanup = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(delete_namespace(&name))
         });
         match cleanup.join() {
@@ -333,7 +384,9 @@ pub async fn delete_namespace(name: &str) -> Result<()> {
         ("v1", "Pod"),
     ] {
         if let Ok(api) = dynamic_api(&client, Some(name), api_version, kind).await {
-            let _ = api.delete_collection(&DeleteParams::background(), &ListParams::default()).await;
+            let _ = api
+                .delete_collection(&DeleteParams::background(), &ListParams::default())
+                .await;
         }
     }
     let namespaces: Api<Namespace> = Api::all(client);
@@ -404,6 +457,9 @@ pub fn step_log_path(namespace: &str, pod: &str, step_container: &str) -> PathBu
     let cluster = std::env::var_os("TEKTON_MUTEX_CLUSTER_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".cluster"));
-    cluster.join("pods").join(namespace).join(pod).join(format!("{step_container}.log"))
+    cluster
+        .join("pods")
+        .join(namespace)
+        .join(pod)
+        .join(format!("{step_container}.log"))
 }
-

@@ -16,9 +16,18 @@ use tekton_mutex::tekton::pipelinerun::PipelineRun;
 #[derive(Clone, Debug)]
 pub enum Change {
     /// A lock CustomRun of PipelineRun `pipeline_run` now has this Succeeded reason.
-    Run { name: String, pipeline_run: String, reason: Option<String>, token: Option<i64> },
+    Run {
+        name: String,
+        pipeline_run: String,
+        reason: Option<String>,
+        token: Option<i64>,
+    },
     /// A PipelineRun finished (done = true) or was deleted.
-    Parent { name: String, done: bool, deleted: bool },
+    Parent {
+        name: String,
+        done: bool,
+        deleted: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -55,7 +64,11 @@ impl Timeline {
                     let st = cr.status.clone().unwrap_or_default();
                     let change = Change::Run {
                         name: cr.name_any(),
-                        pipeline_run: cr.labels().get("tekton.dev/pipelineRun").cloned().unwrap_or_else(|| cr.name_any()),
+                        pipeline_run: cr
+                            .labels()
+                            .get("tekton.dev/pipelineRun")
+                            .cloned()
+                            .unwrap_or_else(|| cr.name_any()),
                         reason: st.succeeded().and_then(|c| c.reason.clone()),
                         token: st.result("token").and_then(|t| t.parse().ok()),
                     };
@@ -69,18 +82,29 @@ impl Timeline {
             while let Some(ev) = s.next().await {
                 match ev {
                     Ok(Event::Apply(pr) | Event::InitApply(pr)) => {
-                        let change = Change::Parent { name: pr.name_any(), done: pr.is_done(), deleted: false };
+                        let change = Change::Parent {
+                            name: pr.name_any(),
+                            done: pr.is_done(),
+                            deleted: false,
+                        };
                         push(&e2, &pr, change);
                     }
                     Ok(Event::Delete(pr)) => {
-                        let change = Change::Parent { name: pr.name_any(), done: true, deleted: true };
+                        let change = Change::Parent {
+                            name: pr.name_any(),
+                            done: true,
+                            deleted: true,
+                        };
                         push(&e2, &pr, change);
                     }
                     _ => {}
                 }
             }
         });
-        Timeline { entries, tasks: vec![t1, t2] }
+        Timeline {
+            entries,
+            tasks: vec![t1, t2],
+        }
     }
 
     pub fn entries(&self) -> Vec<Entry> {
@@ -99,17 +123,35 @@ impl Timeline {
         let mut grants = Vec::new();
         for e in self.entries() {
             match &e.change {
-                Change::Run { pipeline_run, reason: Some(r), token, .. } if r == "Acquired" => {
+                Change::Run {
+                    pipeline_run,
+                    reason: Some(r),
+                    token,
+                    ..
+                } if r == "Acquired" => {
                     if granted.insert(pipeline_run.clone()) {
                         holding.insert(pipeline_run.clone());
-                        let Some(token) = *token else { bail!("{pipeline_run} acquired without a token") };
-                        grants.push(Grant { pipeline_run: pipeline_run.clone(), token, rv: e.rv, at: e.at });
+                        let Some(token) = *token else {
+                            bail!("{pipeline_run} acquired without a token")
+                        };
+                        grants.push(Grant {
+                            pipeline_run: pipeline_run.clone(),
+                            token,
+                            rv: e.rv,
+                            at: e.at,
+                        });
                         if holding.len() > capacity {
-                            bail!("{} PipelineRuns held the slot at once at rv {}: {holding:?}", holding.len(), e.rv);
+                            bail!(
+                                "{} PipelineRuns held the slot at once at rv {}: {holding:?}",
+                                holding.len(),
+                                e.rv
+                            );
                         }
                     }
                 }
-                Change::Parent { name, done: true, .. } => {
+                Change::Parent {
+                    name, done: true, ..
+                } => {
                     holding.remove(name);
                 }
                 _ => {}
@@ -127,10 +169,16 @@ impl Timeline {
         let mut out = Vec::new();
         for e in &entries {
             match &e.change {
-                Change::Parent { done: true, name, .. } if granted.contains(name) => {
+                Change::Parent {
+                    done: true, name, ..
+                } if granted.contains(name) => {
                     last_release.get_or_insert((e.rv, e.at));
                 }
-                Change::Run { pipeline_run, reason: Some(r), .. } if r == "Acquired" => {
+                Change::Run {
+                    pipeline_run,
+                    reason: Some(r),
+                    ..
+                } if r == "Acquired" => {
                     if granted.insert(pipeline_run.clone()) {
                         if let Some((_, at)) = last_release.take() {
                             out.push(e.at.saturating_duration_since(at));
@@ -147,7 +195,12 @@ impl Timeline {
     pub fn final_reasons(&self) -> std::collections::BTreeMap<String, Option<String>> {
         let mut out = std::collections::BTreeMap::new();
         for e in self.entries() {
-            if let Change::Run { pipeline_run, reason, .. } = e.change {
+            if let Change::Run {
+                pipeline_run,
+                reason,
+                ..
+            } = e.change
+            {
                 out.insert(pipeline_run, reason);
             }
         }
@@ -164,8 +217,15 @@ impl Drop for Timeline {
 }
 
 fn push<K: ResourceExt>(entries: &Arc<Mutex<Vec<Entry>>>, obj: &K, change: Change) {
-    let rv = obj.resource_version().and_then(|v| v.parse().ok()).unwrap_or(0);
-    entries.lock().unwrap().push(Entry { rv, at: Instant::now(), change });
+    let rv = obj
+        .resource_version()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    entries.lock().unwrap().push(Entry {
+        rv,
+        at: Instant::now(),
+        change,
+    });
 }
 
 /// Prints latency figures (a measurement to report, never an assertion).
