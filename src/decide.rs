@@ -149,8 +149,7 @@ pub fn decide(
             continue;
         };
         match d.leaving(r) {
-            Some(Some(outcome)) => d.outcomes.push((w.run.clone(), outcome)),
-            Some(None) => {}
+            Some(outcome) => d.depart(r, outcome),
             None => d.st.queue.push(w),
         }
     }
@@ -169,10 +168,7 @@ pub fn decide(
     arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));
     for r in arrivals {
         if let Some(outcome) = d.leaving(r) {
-            if let Some(Outcome::Superseded { by }) = &outcome {
-                d.cancels.extend(cancel_of(r, by));
-            }
-            d.outcomes.extend(outcome.map(|o| (r.run.clone(), o)));
+            d.depart(r, outcome);
             continue;
         }
         d.arrive(r);
@@ -296,9 +292,22 @@ impl Decider<'_> {
                 Some(p) if p.state.ended() => Some(Some(Outcome::Cancelled {
                     why: format!("PipelineRun {} ended while waiting", p.name),
                 })),
+                // Never grant a slot to a PipelineRun that is being stopped.
+                Some(p) if p.state == ParentState::StopRequested => Some(Some(Outcome::Cancelled {
+                    why: format!("PipelineRun {} is being stopped", p.name),
+                })),
                 _ => None,
             },
         }
+    }
+
+    /// Record why a run left (or never joined) the queue; a superseded run's
+    /// PipelineRun is cancelled.
+    fn depart(&mut self, r: &RunView, outcome: Option<Outcome>) {
+        if let Some(Outcome::Superseded { by }) = &outcome {
+            self.cancels.extend(cancel_of(r, by));
+        }
+        self.outcomes.extend(outcome.map(|o| (r.run.clone(), o)));
     }
 
     fn mark(&self, group: &str) -> Option<&GroupMark> {

@@ -615,3 +615,16 @@ fn superseded_wins_over_the_cancel_it_causes() {
         Some(&Outcome::Superseded { by: "pr2".into() })
     );
 }
+
+#[test]
+fn a_stopping_pipelinerun_is_never_granted() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), run(2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
+    assert_eq!(holders(&d2), ["pr2"]);
+}
