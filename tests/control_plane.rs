@@ -68,16 +68,30 @@ async fn pipelinerun_scripts_act_on_the_real_api_server() -> Result<()> {
     ns.apply(&pipelinerun("good", "made-by-good", 0)).await?;
     ns.apply(&pipelinerun("bad", "made-by-bad", 1)).await?;
 
-    let good = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "good", secs(120)).await?;
-    ensure!(good.status == "True", "PipelineRun good did not succeed: {good:?}");
+    let good = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "good", secs(120))
+        .await?;
+    ensure!(
+        good.status == "True",
+        "PipelineRun good did not succeed: {good:?}"
+    );
     let cm = ns.api::<ConfigMap>().get("made-by-good").await?;
     ensure!(
-        cm.data.unwrap_or_default().get("made-by").map(String::as_str) == Some("pod-runner"),
+        cm.data
+            .unwrap_or_default()
+            .get("made-by")
+            .map(String::as_str)
+            == Some("pod-runner"),
         "the step's kubectl did not create the ConfigMap as scripted"
     );
 
-    let bad = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "bad", secs(120)).await?;
-    ensure!(bad.status == "False" && bad.reason == "Failed", "PipelineRun bad should fail: {bad:?}");
+    let bad = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "bad", secs(120))
+        .await?;
+    ensure!(
+        bad.status == "False" && bad.reason == "Failed",
+        "PipelineRun bad should fail: {bad:?}"
+    );
     // The script ran up to its `exit 1`, so its ConfigMap exists too.
     ns.api::<ConfigMap>().get("made-by-bad").await?;
 
@@ -93,13 +107,23 @@ async fn pipelinerun_scripts_act_on_the_real_api_server() -> Result<()> {
         .data
         .pointer("/status/steps/0/terminated/exitCode")
         .and_then(|v| v.as_i64());
-    ensure!(step_seconds == Some(1), "step exit code in TaskRun status: {step_seconds:?}");
+    ensure!(
+        step_seconds == Some(1),
+        "step exit code in TaskRun status: {step_seconds:?}"
+    );
 
     let list = ns.tkn(&["pipelinerun", "list"])?;
-    let line = |name: &str| list.lines().find(|l| l.split_whitespace().next() == Some(name)).map(str::to_string);
+    let line = |name: &str| {
+        list.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .map(str::to_string)
+    };
     let good_line = line("good").unwrap_or_default();
     let bad_line = line("bad").unwrap_or_default();
-    ensure!(good_line.contains("Succeeded"), "tkn pipelinerun list:\n{list}");
+    ensure!(
+        good_line.contains("Succeeded"),
+        "tkn pipelinerun list:\n{list}"
+    );
     ensure!(bad_line.contains("Failed"), "tkn pipelinerun list:\n{list}");
     Ok(())
 }

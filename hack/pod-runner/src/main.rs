@@ -15,10 +15,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::api::DeleteParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config, ResourceExt};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -39,7 +39,9 @@ fn parse_args() -> Result<Host> {
             "--work-dir" => work_dir = Some(PathBuf::from(value()?)),
             "--path-prefix" => path_prefix.push(PathBuf::from(value()?)),
             "-h" | "--help" => {
-                println!("usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]...");
+                println!(
+                    "usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]..."
+                );
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other:?} (try --help)"),
@@ -58,7 +60,9 @@ fn parse_args() -> Result<Host> {
 }
 
 fn owned_by_taskrun(pod: &Pod) -> bool {
-    pod.owner_references().iter().any(|o| o.kind == "TaskRun" && o.api_version.starts_with("tekton.dev/"))
+    pod.owner_references()
+        .iter()
+        .any(|o| o.kind == "TaskRun" && o.api_version.starts_with("tekton.dev/"))
 }
 
 fn key(pod: &Pod) -> String {
@@ -88,9 +92,12 @@ async fn main() -> Result<()> {
     let client = Client::try_from(config)?;
 
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut events = watcher::watcher(pods, watcher::Config::default().labels("tekton.dev/taskRun"))
-        .default_backoff()
-        .boxed();
+    let mut events = watcher::watcher(
+        pods,
+        watcher::Config::default().labels("tekton.dev/taskRun"),
+    )
+    .default_backoff()
+    .boxed();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
     let mut running: HashMap<String, CancellationToken> = HashMap::new();
     let mut done: HashSet<String> = HashSet::new();

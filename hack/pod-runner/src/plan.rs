@@ -82,8 +82,8 @@ pub fn parse_place_scripts(text: &str) -> Result<HashMap<String, String>> {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(encoded.as_bytes())
                 .with_context(|| format!("script {file} is not valid base64"))?;
-            let body = String::from_utf8(bytes)
-                .with_context(|| format!("script {file} is not UTF-8"))?;
+            let body =
+                String::from_utf8(bytes).with_context(|| format!("script {file} is not UTF-8"))?;
             scripts.insert(file, body);
         }
     }
@@ -121,7 +121,10 @@ pub fn parse_entrypoint_args(
         }
         if let Some(name) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) {
             // Boolean flags Tekton passes without a value.
-            let boolean = matches!(name, "breakpoint_on_failure" | "debug_before_step" | "wait_file_content");
+            let boolean = matches!(
+                name,
+                "breakpoint_on_failure" | "debug_before_step" | "wait_file_content"
+            );
             if boolean || i + 1 >= args.len() {
                 flags.insert(name.to_string(), String::new());
                 i += 1;
@@ -153,7 +156,11 @@ pub fn plan_step(container: &Container, scripts: &HashMap<String, String>) -> Re
     } else {
         // Not rewritten by Tekton (should not happen): run command + args as given.
         let mut cmd = container.command.clone().unwrap_or_default();
-        let first = if cmd.is_empty() { None } else { Some(cmd.remove(0)) };
+        let first = if cmd.is_empty() {
+            None
+        } else {
+            Some(cmd.remove(0))
+        };
         cmd.extend(args);
         (first, BTreeMap::new(), cmd)
     };
@@ -165,11 +172,19 @@ pub fn plan_step(container: &Container, scripts: &HashMap<String, String>) -> Re
         )
     })?;
     let program = match scripts.get(&entrypoint) {
-        Some(body) => Program::Script { path_in_pod: entrypoint.clone(), body: body.clone() },
+        Some(body) => Program::Script {
+            path_in_pod: entrypoint.clone(),
+            body: body.clone(),
+        },
         None if entrypoint.starts_with("/tekton/scripts/") => {
-            bail!("step {} runs {entrypoint}, which place-scripts does not define", container.name)
+            bail!(
+                "step {} runs {entrypoint}, which place-scripts does not define",
+                container.name
+            )
         }
-        None => Program::Command { program: entrypoint },
+        None => Program::Command {
+            program: entrypoint,
+        },
     };
     Ok(StepPlan {
         container: container.name.clone(),
@@ -187,7 +202,10 @@ pub fn plan_pod(pod: &Pod) -> Result<Vec<StepPlan>> {
         Some(text) => parse_place_scripts(text)?,
         None => HashMap::new(),
     };
-    let spec = pod.spec.as_ref().ok_or_else(|| anyhow!("pod has no spec"))?;
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| anyhow!("pod has no spec"))?;
     spec.containers
         .iter()
         .filter(|c| c.name.starts_with(STEP_PREFIX))
@@ -212,7 +230,11 @@ mod tests {
         let mut bodies: Vec<_> = scripts.values().cloned().collect();
         bodies.sort();
         // A script without shebang gets Tekton's preamble; one with a shebang is kept verbatim.
-        assert!(bodies.iter().any(|b| b.starts_with("#!/bin/sh\nset -e\n") && b.contains("kubectl")));
+        assert!(
+            bodies
+                .iter()
+                .any(|b| b.starts_with("#!/bin/sh\nset -e\n") && b.contains("kubectl"))
+        );
         assert!(bodies.iter().any(|b| b.starts_with("#!/usr/bin/env bash")));
     }
 
@@ -237,7 +259,12 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert_eq!(plans[2].program, Program::Command { program: "echo".into() });
+        assert_eq!(
+            plans[2].program,
+            Program::Command {
+                program: "echo".into()
+            }
+        );
         assert_eq!(plans[2].args, ["hello", "from", "command"]);
         assert!(plans[0].env.iter().any(|e| e.name == "GREETING"));
     }
@@ -262,9 +289,20 @@ mod tests {
     #[test]
     fn entrypoint_args_split_at_double_dash() {
         let args: Vec<String> = [
-            "-post_file", "/tekton/run/0/out", "-termination_path", "/tekton/termination",
-            "-step_metadata_dir", "/tekton/run/0/status", "-breakpoint_on_failure",
-            "-on_error", "continue", "-entrypoint", "/tekton/scripts/script-0-abc", "--", "a", "-b",
+            "-post_file",
+            "/tekton/run/0/out",
+            "-termination_path",
+            "/tekton/termination",
+            "-step_metadata_dir",
+            "/tekton/run/0/status",
+            "-breakpoint_on_failure",
+            "-on_error",
+            "continue",
+            "-entrypoint",
+            "/tekton/scripts/script-0-abc",
+            "--",
+            "a",
+            "-b",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -280,7 +318,11 @@ mod tests {
         let c = Container {
             name: "step-x".into(),
             command: Some(vec!["/tekton/bin/entrypoint".into()]),
-            args: Some(vec!["-post_file".into(), "/tekton/run/0/out".into(), "--".into()]),
+            args: Some(vec![
+                "-post_file".into(),
+                "/tekton/run/0/out".into(),
+                "--".into(),
+            ]),
             ..Default::default()
         };
         let err = plan_step(&c, &HashMap::new()).unwrap_err().to_string();

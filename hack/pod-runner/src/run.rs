@@ -88,7 +88,11 @@ impl StatusWriter {
             status["message"] = json!(m);
         }
         self.api
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .patch_status(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
             .await
             .with_context(|| format!("patching status of pod {} to {phase}", self.name))?;
         Ok(())
@@ -106,11 +110,19 @@ fn terminated(r: &StepResult) -> Value {
 
 /// Runs a pod to completion. Returns early (without touching the status) when cancelled, which
 /// happens when the pod is deleted.
-pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationToken) -> Result<()> {
+pub async fn run_pod(
+    client: Client,
+    pod: Pod,
+    host: Host,
+    cancel: CancellationToken,
+) -> Result<()> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let spec = pod.spec.clone().ok_or_else(|| anyhow!("pod {ns}/{name} has no spec"))?;
+    let spec = pod
+        .spec
+        .clone()
+        .ok_or_else(|| anyhow!("pod {ns}/{name} has no spec"))?;
     let pod_dir = host.work_dir.join(&ns).join(&name);
     std::fs::create_dir_all(pod_dir.join("root"))?;
     std::fs::create_dir_all(pod_dir.join("scripts"))?;
@@ -122,17 +134,30 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
         api,
         name: name.clone(),
         start_time: now(),
-        init_names: spec.init_containers.iter().flatten().map(|c| c.name.clone()).collect(),
+        init_names: spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| c.name.clone())
+            .collect(),
         containers: spec
             .containers
             .iter()
-            .map(|c| (c.name.clone(), json!({"waiting": {"reason": "PodInitializing"}})))
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    json!({"waiting": {"reason": "PodInitializing"}}),
+                )
+            })
             .collect(),
     };
     // Sidecars are not run; report them running until the steps end.
     for c in &spec.containers {
         if !c.name.starts_with(crate::plan::STEP_PREFIX) {
-            writer.set(&c.name, json!({"running": {"startedAt": writer.start_time}}));
+            writer.set(
+                &c.name,
+                json!({"running": {"startedAt": writer.start_time}}),
+            );
         }
     }
 
@@ -143,10 +168,16 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
             warn!(pod = %format!("{ns}/{name}"), "{msg}");
             let t = now();
             for c in &spec.containers {
-                writer.set(&c.name, terminated(&StepResult {
-                    exit_code: 1, reason: "PodRunnerError", started: t.clone(), finished: t.clone(),
-                    message: String::new(),
-                }));
+                writer.set(
+                    &c.name,
+                    terminated(&StepResult {
+                        exit_code: 1,
+                        reason: "PodRunnerError",
+                        started: t.clone(),
+                        finished: t.clone(),
+                        message: String::new(),
+                    }),
+                );
             }
             return writer.write("Failed", Some(&msg)).await;
         }
@@ -159,10 +190,16 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
         let started = now();
         if failed {
             // Tekton's entrypoint skips the steps after a failure and exits 1.
-            writer.set(&plan.container, terminated(&StepResult {
-                exit_code: 1, reason: "Error", started: started.clone(), finished: started,
-                message: internal_message("Reason", "Skipped"),
-            }));
+            writer.set(
+                &plan.container,
+                terminated(&StepResult {
+                    exit_code: 1,
+                    reason: "Error",
+                    started: started.clone(),
+                    finished: started,
+                    message: internal_message("Reason", "Skipped"),
+                }),
+            );
             continue;
         }
         writer.set(&plan.container, json!({"running": {"startedAt": started}}));
@@ -190,7 +227,10 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
         if code != 0 {
             if plan.on_error.as_deref() == Some("continue") {
                 // Like Tekton's entrypoint: exit 0, and report the real code in the message.
-                result.message = merge_messages(&result.message, &internal_message("ExitCode", &code.to_string()));
+                result.message = merge_messages(
+                    &result.message,
+                    &internal_message("ExitCode", &code.to_string()),
+                );
                 result.exit_code = 0;
                 result.reason = "Completed";
             } else {
@@ -202,10 +242,16 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, cancel: CancellationT
     let end = now();
     for c in &spec.containers {
         if !c.name.starts_with(crate::plan::STEP_PREFIX) {
-            writer.set(&c.name, terminated(&StepResult {
-                exit_code: 0, reason: "Completed", started: writer.start_time.clone(),
-                finished: end.clone(), message: String::new(),
-            }));
+            writer.set(
+                &c.name,
+                terminated(&StepResult {
+                    exit_code: 0,
+                    reason: "Completed",
+                    started: writer.start_time.clone(),
+                    finished: end.clone(),
+                    message: String::new(),
+                }),
+            );
         }
     }
     let phase = if failed { "Failed" } else { "Succeeded" };
@@ -221,7 +267,11 @@ fn internal_message(key: &str, value: &str) -> String {
 fn merge_messages(a: &str, b: &str) -> String {
     let mut all: Vec<Value> = serde_json::from_str(a).unwrap_or_default();
     all.extend(serde_json::from_str::<Vec<Value>>(b).unwrap_or_default());
-    if all.is_empty() { String::new() } else { Value::Array(all).to_string() }
+    if all.is_empty() {
+        String::new()
+    } else {
+        Value::Array(all).to_string()
+    }
 }
 
 /// Task results written so far (`$(results.x.path)` is rewritten into the pod directory), as a
@@ -233,11 +283,17 @@ fn results_message(pod_dir: &Path) -> String {
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             if let Ok(value) = std::fs::read_to_string(e.path()) {
-                results.push(json!({"key": e.file_name().to_string_lossy(), "value": value, "type": 1}));
+                results.push(
+                    json!({"key": e.file_name().to_string_lossy(), "value": value, "type": 1}),
+                );
             }
         }
     }
-    if results.is_empty() { String::new() } else { Value::Array(results).to_string() }
+    if results.is_empty() {
+        String::new()
+    } else {
+        Value::Array(results).to_string()
+    }
 }
 
 fn append_log(pod_dir: &Path, container: &str, text: &str) {
@@ -286,7 +342,11 @@ fn rewrite(s: &str, pod_dir: &Path) -> String {
 }
 
 /// Resolves a container's env into plain values.
-async fn resolve_env(client: &Client, pod: &Pod, plan: &StepPlan) -> Result<BTreeMap<String, String>> {
+async fn resolve_env(
+    client: &Client,
+    pod: &Pod,
+    plan: &StepPlan,
+) -> Result<BTreeMap<String, String>> {
     let ns = pod.namespace().unwrap_or_default();
     let mut out = BTreeMap::new();
     for e in &plan.env {
@@ -294,21 +354,46 @@ async fn resolve_env(client: &Client, pod: &Pod, plan: &StepPlan) -> Result<BTre
             v.clone()
         } else if let Some(from) = &e.value_from {
             if let Some(f) = &from.field_ref {
-                field_value(pod, &f.field_path)
-                    .ok_or_else(|| anyhow!("env {}: unsupported fieldRef {}", e.name, f.field_path))?
+                field_value(pod, &f.field_path).ok_or_else(|| {
+                    anyhow!("env {}: unsupported fieldRef {}", e.name, f.field_path)
+                })?
             } else if let Some(r) = &from.config_map_key_ref {
-                let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns).get(&r.name).await;
-                match cm.ok().and_then(|cm| cm.data.and_then(|d| d.get(&r.key).cloned())) {
+                let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                    .get(&r.name)
+                    .await;
+                match cm
+                    .ok()
+                    .and_then(|cm| cm.data.and_then(|d| d.get(&r.key).cloned()))
+                {
                     Some(v) => v,
                     None if r.optional == Some(true) => continue,
-                    None => return Err(anyhow!("env {}: configmap key {}/{} not found", e.name, r.name, r.key)),
+                    None => {
+                        return Err(anyhow!(
+                            "env {}: configmap key {}/{} not found",
+                            e.name,
+                            r.name,
+                            r.key
+                        ));
+                    }
                 }
             } else if let Some(r) = &from.secret_key_ref {
-                let s = Api::<Secret>::namespaced(client.clone(), &ns).get(&r.name).await;
-                match s.ok().and_then(|s| s.data.and_then(|d| d.get(&r.key).cloned())) {
+                let s = Api::<Secret>::namespaced(client.clone(), &ns)
+                    .get(&r.name)
+                    .await;
+                match s
+                    .ok()
+                    .and_then(|s| s.data.and_then(|d| d.get(&r.key).cloned()))
+                {
                     Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
                     None if r.optional == Some(true) => continue,
-                    None => return Err(anyhow!("env {}: secret key {}/{} not found", e.name, r.name, r.key)),
+                    None => {
+                        return Err(anyhow!(
+                            "env {}: secret key {}/{} not found",
+                            e.name,
+                            r.name,
+                            r.key
+                        ));
+                    }
                 }
             } else {
                 return Err(anyhow!("env {}: unsupported valueFrom", e.name));
@@ -324,7 +409,8 @@ async fn resolve_env(client: &Client, pod: &Pod, plan: &StepPlan) -> Result<BTre
 fn field_value(pod: &Pod, path: &str) -> Option<String> {
     let meta = &pod.metadata;
     let lookup = |m: &Option<BTreeMap<String, String>>, key: &str| {
-        m.as_ref().and_then(|m| m.get(key.trim_matches(|c| c == '\'' || c == '"')).cloned())
+        m.as_ref()
+            .and_then(|m| m.get(key.trim_matches(|c| c == '\'' || c == '"')).cloned())
     };
     match path {
         "metadata.name" => meta.name.clone(),
@@ -334,7 +420,9 @@ fn field_value(pod: &Pod, path: &str) -> Option<String> {
         "spec.nodeName" => Some(pod.spec.as_ref()?.node_name.clone().unwrap_or_default()),
         "status.podIP" | "status.hostIP" => Some("127.0.0.1".into()),
         p if p.starts_with("metadata.labels[") => lookup(&meta.labels, &p[16..p.len() - 1]),
-        p if p.starts_with("metadata.annotations[") => lookup(&meta.annotations, &p[21..p.len() - 1]),
+        p if p.starts_with("metadata.annotations[") => {
+            lookup(&meta.annotations, &p[21..p.len() - 1])
+        }
         _ => None,
     }
 }
@@ -353,7 +441,9 @@ async fn run_step(
     let program: PathBuf = match &plan.program {
         Program::Script { path_in_pod, body } => {
             let file = pod_dir.join("scripts").join(
-                Path::new(path_in_pod).file_name().ok_or_else(|| anyhow!("bad script path {path_in_pod}"))?,
+                Path::new(path_in_pod)
+                    .file_name()
+                    .ok_or_else(|| anyhow!("bad script path {path_in_pod}"))?,
             );
             std::fs::write(&file, rewrite(body, pod_dir))
                 .with_context(|| format!("writing {}", file.display()))?;
@@ -369,7 +459,11 @@ async fn run_step(
     std::fs::create_dir_all(&cwd)?;
 
     let host_path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
-    let mut path: Vec<String> = host.path_prefix.iter().map(|p| p.display().to_string()).collect();
+    let mut path: Vec<String> = host
+        .path_prefix
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     path.push(env.get("PATH").cloned().unwrap_or(host_path));
     let path = path.join(":");
 
@@ -384,7 +478,10 @@ async fn run_step(
     };
 
     let log_path = pod_dir.join(format!("{}.log", plan.container));
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(plan.args.iter().map(|a| rewrite(a, pod_dir)))
         .current_dir(&cwd)
@@ -410,5 +507,9 @@ async fn run_step(
         }
     };
     use std::os::unix::process::ExitStatusExt;
-    Ok(Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))))
+    Ok(Some(
+        status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+    ))
 }
