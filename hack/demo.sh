@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# The founding scenario (jenkins-x/jx#6167), end to end on the local control plane:
+# five promotions of one environment started within a second, first without the Mutex (the
+# environment is wiped out), then with it (one at a time; the newest version wins).
+#
+#   hack/demo.sh                  build what is missing, start the cluster and the controller,
+#                                 run both scenarios, print the story
+#
+# Environment:
+#   DEMO_ROUNDS=N     run each scenario N times (default 1); the first round is shown in full
+#   DEMO_WINDOW=S     the deploy's race window in seconds, between apply and prune (default 6)
+#   DEMO_DOWN=1       take the local cluster down at the end (default: leave it up to look around)
+#   TEKTON_MUTEX_CLUSTER_DIR   where the cluster lives (default .cluster, as hack/cluster.sh)
+#
+# Exits 0 only when every guarded round left the environment intact at the newest version.
+# Whether the unguarded rounds wiped the environment is reported, not judged.
+# The controller it starts is always stopped on exit; the cluster stays up unless DEMO_DOWN=1.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/lib.sh
+source "$here/lib.sh"
+
+ROUNDS=${DEMO_ROUNDS:-1}
+WINDOW=${DEMO_WINDOW:-6}
+PIPELINES_NS=jx           # where the environment pipelines run (the Mutex objects live here)
+ENV_NS=jx-staging         # the environment they promote to (and the Mutex key)
+VERSIONS=(77 78 79 80 81) # the five builds of the report
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "DEMO_ROUNDS must be a positive integer, got '$ROUNDS'"
+[[ $WINDOW =~ ^[0-9]+$ ]] || die "DEMO_WINDOW must be a whole number of seconds, got '$WINDOW'"
+
+require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
+require_tool python3 "python3 (apt-get install python3)"
+
+t_start=$(date +%s)
+bold() { if [[ -t 1 ]]; then printf '\033[1m%s\033[0m\n' "$*"; else printf '%s\n' "$*"; fi; }
+banner() { echo; bold "== $* =="; }
+
+CONTROLLER_PID=
+WORK=$(mktemp -d)
+cleanup() {
+  local rc=$?
+  if [[ -n $CONTROLLER_PID ]] && kill -0 "$CONTROLLER_PID" 2>/dev/null; then
+    log "demo: stopping the controller (pid $CONTROLLER_PID)"
+    kill -TERM "$CONTROLLER_PID" 2>/dev/null || true
+    wait_for "the controller to exit" 10 not_running "$CONTROLLER_PID" || kill -KILL "$CONTROLLER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+  if [[ ${DEMO_DOWN:-} == 1 ]]; then
+    "$here/cluster.sh" down || true
+  elif [[ -f $CLUSTER_DIR/kubeconfig ]]; then
+    log "demo: the local cluster is still up: eval \"\$(hack/cluster.sh env)\" to look around; hack/cluster.sh down to stop it"
+  fi
+  log "demo: finished in $(( $(date +%s) - t_start ))s"
+  exit "$rc"
+}
+not_running() { ! kill -0 "$1" 2>/dev/null; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ------------------------------------------------------------------ build and start everything
+
+banner "1. Build and start the local control plane and the controller"
+"$here/build.sh" # etcd, kube-apiserver, kubectl, the Tekton controller and tkn (cached after the first time)
+log "demo: building the controller and the pod-runner (cargo build; the first build takes a few minutes)"
+(cd "$REPO_ROOT" && cargo build -p tekton-mutex -p pod-runner)
+TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
+CONTROLLER_BIN=$TARGET_DIR/debug/tekton-mutex
+[[ -x $CONTROLLER_BIN ]] || die "cargo build did not produce $CONTROLLER_BIN"
+TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
+
+export KUBECONFIG=$CLUSTER_DIR/kubeconfig
+KUBECTL=$(component_bin kubectl)
+TKN=$(component_bin tkn)
+k() { "$KUBECTL" "$@"; }
+
+log "demo: installing the Mutex CRD (config/crd.yaml) and the example pipelines into namespace $PIPELINES_NS"
+k apply -f "$REPO_ROOT/config/crd.yaml" >/dev/null
+k wait --for=condition=Established crd/mutexes.tekton-mutex.dev --timeout=60s >/dev/null
+for ns in "$PIPELINES_NS" "$ENV_NS"; do
+  k get namespace "$ns" >/dev/null 2>&1 || k create namespace "$ns" >/dev/null
+  # no controller-manager here to create it
+  k -n "$ns" get serviceaccount default >/dev/null 2>&1 || k -n "$ns" create serviceaccount default >/dev/null
+done
+for f in promote-task promote-fenced-task promote-unguarded promote-guarded promote-fenced; do
+  k -n "$PIPELINES_NS" apply -f "$REPO_ROOT/examples/$f.yaml" >/dev/null
+done
+
+# reset: what an earlier demo left in the two namespaces (runs, pods, their step logs, the Mutex).
+reset_namespaces() {
+  k -n "$PIPELINES_NS" delete pipelinerun,taskrun,customrun --all --wait=true >/dev/null
+  k -n "$PIPELINES_NS" delete pod --all --grace-period=0 --force --wait=true >/dev/null 2>&1 || true
+  k -n "$PIPELINES_NS" delete mutexes --all --wait=true >/dev/null
+  rm -rf "${CLUSTER_DIR:?}/pods/$PIPELINES_NS"
+  k -n "$ENV_NS" delete configmap,service,serviceaccount -l chart-release=jx --wait=true >/dev/null
+  k annotate namespace "$ENV_NS" tekton-mutex.dev/deploy-token- >/dev/null 2>&1 || true
+}
+reset_namespaces
+
+CONTROLLER_LOG=$CLUSTER_DIR/logs/tekton-mutex-demo.log
+log "demo: starting the controller: $CONTROLLER_BIN run --namespace $PIPELINES_NS (log: $CONTROLLER_LOG)"
+RUST_LOG=${RUST_LOG:-info,kube=warn} NO_COLOR=1 setsid "$CONTROLLER_BIN" run --namespace "$PIPELINES_NS" \
+  >"$CONTROLLER_LOG" 2>&1 </dev/null &
+CONTROLLER_PID=$!
+wait_for "the controller to start" 30 grep -q "starting tekton-mutex" "$CONTROLLER_LOG" ||
+  { tail -n 20 "$CONTROLLER_LOG" >&2; die "the controller did not start"; }
+kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -n 20 "$CONTROLLER_LOG" >&2; die "the controller exited"; }
+
+# ------------------------------------------------------------------ one round of a scenario
+
+now_ms() { local us=${EPOCHREALTIME/[.,]/}; echo $(( us / 1000 )); }
+
+all_done() {
+  local states
+  states=$(k -n "$PIPELINES_NS" get pipelinerun -l "demo-scenario=$1" \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Succeeded")].status}{"\n"}{end}')
+  [[ $(grep -cE '^(True|False)$' <<<"$states") -eq ${#VERSIONS[@]} ]]
+}
+
+# run_round SCENARIO PIPELINE ROUND: start the five PipelineRuns at once, wait, report.
+# Sets RESULT_LINE to the report's machine-readable last line.
+run_round() {
+  local scenario=$1 pipeline=$2 round=$3 verbose=0 v t0 t1 pids=()
+  (( round == 1 )) && verbose=1
+  reset_namespaces
+  t0=$(now_ms)
+  for v in "${VERSIONS[@]}"; do # like five `jx start pipeline` at once
+    k -n "$PIPELINES_NS" create -f - >/dev/null <<EOF &
+apiVersion: tekton.dev/v1
+kind: PipelineRun
+metadata:
+  name: $scenario-$v
+  labels: {demo-scenario: $scenario}
+spec:
+  pipelineRef: {name: $pipeline}
+  params:
+    - {name: environment, value: $ENV_NS}
+    - {name: version, value: "$v"}
+    - {name: race-window, value: "$WINDOW"}
+EOF
+    pids+=($!)
+  done
+  wait "${pids[@]}" # (not a bare `wait`: the controller is a child too)
+  t1=$(now_ms)
+  log "demo: $scenario round $round: created PipelineRuns $scenario-${VERSIONS[0]}..${VERSIONS[-1]} within $(( t1 - t0 ))ms (pipeline $pipeline, race window ${WINDOW}s); waiting for them to finish"
+  if ! wait_for "the $scenario PipelineRuns to finish" $(( 4 * WINDOW + 120 )) all_done "$scenario"; then
+    k -n "$PIPELINES_NS" get pipelinerun -l "demo-scenario=$scenario" >&2 || true
+    die "the $scenario PipelineRuns did not finish; controller log: $CONTROLLER_LOG"
+  fi
+  {
+    printf '{"created_ms": %s, "environment_namespace": "%s", "versions": [%s],\n' "$t0" "$ENV_NS" "$(IFS=,; echo "${VERSIONS[*]}")"
+    printf '"pipelineruns": '; k -n "$PIPELINES_NS" get pipelinerun -l "demo-scenario=$scenario" -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
+    printf ', "taskruns": '; k -n "$PIPELINES_NS" get taskrun -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
+    printf ', "customruns": '; k -n "$PIPELINES_NS" get customrun -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
+    printf ', "environment": '; k -n "$ENV_NS" get configmap,service,serviceaccount -l chart-release=jx -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
+    printf '}\n'
+  } >"$WORK/state.json"
+  local out
+  out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS")
+  grep -v '^RESULT ' <<<"$out" || true
+  RESULT_LINE=$(grep '^RESULT ' <<<"$out")
+}
+
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
+summary_of() {
+  local left="$(field present "$1")/$(field expected "$1") resources left"
+  [[ $(field present "$1") == 0 ]] || left+=" (version $(field versions "$1"))"
+  echo "$left, max $(field max_overlap "$1") deploying at once"
+}
+
+# ------------------------------------------------------------------ the two scenarios
+
+banner "2. Unguarded: five promotions of $ENV_NS at once, nothing in the way (pipeline promote-unguarded)"
+echo "   Each deploy applies the chart with version=N, waits ${WINDOW}s, then deletes -l chart-release=jx,version!=N."
+wiped=0 damaged=0
+unguarded_summary=()
+for (( r = 1; r <= ROUNDS; r++ )); do
+  run_round unguarded promote-unguarded "$r"
+  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
+  (( present == 0 )) && wiped=$(( wiped + 1 ))
+  (( present < expected )) && damaged=$(( damaged + 1 ))
+  unguarded_summary+=("$(summary_of "$RESULT_LINE")")
+done
+
+banner "3. Guarded: the same five, with the Mutex as the first task (pipeline promote-guarded, key $ENV_NS)"
+echo "   The Mutex lets one deploy in at a time; newer arrivals supersede older waiting ones."
+intact=0
+guarded_summary=()
+for (( r = 1; r <= ROUNDS; r++ )); do
+  run_round guarded promote-guarded "$r"
+  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
+  if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
+    (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
+    intact=$(( intact + 1 ))
+  fi
+  guarded_summary+=("$(summary_of "$RESULT_LINE")")
+done
+
+echo
+bold "tkn customrun list -n $PIPELINES_NS   (the guarded round's locks)"
+"$TKN" customrun list -n "$PIPELINES_NS"
+echo
+bold "kubectl get mutexes -n $PIPELINES_NS"
+k get mutexes -n "$PIPELINES_NS"
+
+# ------------------------------------------------------------------ side by side
+
+banner "Summary: five promotions of $ENV_NS within one second, race window ${WINDOW}s"
+for (( r = 0; r < ROUNDS; r++ )); do
+  printf '  round %d   unguarded: %-52s | guarded: %s\n' "$(( r + 1 ))" "${unguarded_summary[$r]}" "${guarded_summary[$r]}"
+done
+echo
+echo "  unguarded: the environment was wiped out in $wiped of $ROUNDS round(s) (damaged in $damaged of $ROUNDS)"
+echo "  guarded:   the environment was left intact at the newest version in $intact of $ROUNDS round(s)"
+if (( intact == ROUNDS )); then
+  bold "  OK: with the Mutex, the promotions ran one at a time and the newest version won."
+  exit 0
+fi
+bold "  FAILED: a guarded round did not leave $ENV_NS intact at the newest version (controller log: $CONTROLLER_LOG)"
+exit 1
