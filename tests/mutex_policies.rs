@@ -195,38 +195,39 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         },
     ))
     .await?;
-    ns.apply(&pipeline_run("old", "promote", &[])).await?;
-    wait_reason(&ns, &lock_run("old"), "Acquired", slow()).await?;
-    ns.apply(&pipeline_run("new", "promote", &[])).await?;
+    // Created within the same second, age falls back to the name: v1 < v2.
+    ns.apply(&pipeline_run("v1", "promote", &[])).await?;
+    wait_reason(&ns, &lock_run("v1"), "Acquired", slow()).await?;
+    ns.apply(&pipeline_run("v2", "promote", &[])).await?;
     // The holder is asked to stop gracefully; its finally task starts and blocks on its gate.
     wait_until("the holder to be cancelled", slow(), || async {
-        let pr = ns.api::<PipelineRun>().get("old").await?;
+        let pr = ns.api::<PipelineRun>().get("v1").await?;
         Ok((pr.spec.status.as_deref() == Some("CancelledRunFinally")).then_some(()))
     })
     .await?;
-    wait_until("old's finally task to start", slow(), || async {
+    wait_until("v1's finally task to start", slow(), || async {
         Ok(ns
             .kubectl(&["get", "taskruns", "-o", "name"])?
-            .contains("old-cleanup")
+            .contains("v1-cleanup")
             .then_some(()))
     })
     .await?;
     ensure!(
-        reason(&ns, "new").await?.as_deref() == Some("Waiting"),
-        "new waits while old's finally runs"
+        reason(&ns, "v2").await?.as_deref() == Some("Waiting"),
+        "v2 waits while v1's finally runs"
     );
     ensure!(
-        status(&ns, ns.name()).await?.holding == "old",
-        "old keeps the slot during its finally"
+        status(&ns, ns.name()).await?.holding == "v1",
+        "v1 keeps the slot during its finally"
     );
-    release_finally(&ns, "old").await?;
-    wait_reason(&ns, &lock_run("new"), "Acquired", slow()).await?;
-    let old = ns.api::<PipelineRun>().get("old").await?;
+    release_finally(&ns, "v1").await?;
+    wait_reason(&ns, &lock_run("v2"), "Acquired", slow()).await?;
+    let old = ns.api::<PipelineRun>().get("v1").await?;
     ensure!(
         old.is_done(),
-        "old is done, finally included, when new acquires"
+        "v1 is done, finally included, when v2 acquires"
     );
-    // In API-server order: old's completion strictly precedes new's grant.
+    // In API-server order: v1's completion strictly precedes v2's grant.
     timeline.check_exclusion(1)?;
     let events = ns.kubectl(&[
         "get",
@@ -237,14 +238,14 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         "wide",
     ])?;
     ensure!(
-        events.contains("superseded by newer PipelineRun new"),
+        events.contains("superseded by newer PipelineRun v2"),
         "{events}"
     );
-    release(&ns, "new").await?;
-    release_finally(&ns, "new").await?;
+    release(&ns, "v2").await?;
+    release_finally(&ns, "v2").await?;
     ensure!(
-        pipeline_run_reason(&ns, "new").await?.0 == "True",
-        "new deploys"
+        pipeline_run_reason(&ns, "v2").await?.0 == "True",
+        "v2 deploys"
     );
     Ok(())
 }
