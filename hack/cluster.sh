@@ -97,8 +97,12 @@ start() {
 healthy_or_fail() {
   local name=$1 desc=$2 timeout=$3; shift 3
   local deadline=$(( $(date +%s) + timeout ))
+  # Check the pid itself, not pid_of: right after the fork, before exec, the
+  # child's command line is still this script's and would not match.
+  local pid
+  pid=$(<"$PIDS/$name.pid")
   until "$@" >/dev/null 2>&1; do
-    alive "$name" || fail_component "$name" "the process exited"
+    not_alive "$pid" && fail_component "$name" "the process exited"
     (( $(date +%s) < deadline )) || fail_component "$name" "timed out after ${timeout}s waiting for $desc"
     sleep 0.2 # poll interval of a bounded condition wait, not synchronization
   done

@@ -51,7 +51,7 @@ export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
 
 cd "$REPO_ROOT"
 status=0
-cargo test --workspace "$@" || status=$?
+cargo test --workspace --no-fail-fast "$@" || status=$?
 phase "cargo test --workspace"
 if (( status != 0 )); then
   log "test: FAILED (cargo test exit code $status)"

@@ -228,6 +228,30 @@ fn push<K: ResourceExt>(entries: &Arc<Mutex<Vec<Entry>>>, obj: &K, change: Chang
     });
 }
 
+impl Timeline {
+    /// For each lock run, the time from its creation being seen to its first
+    /// status (any reason) being seen.
+    pub fn first_status_latencies(&self) -> Vec<std::time::Duration> {
+        let mut created = std::collections::BTreeMap::new();
+        let mut out = Vec::new();
+        for e in self.entries() {
+            if let Change::Run { name, reason, .. } = &e.change {
+                match reason {
+                    None => {
+                        created.entry(name.clone()).or_insert(e.at);
+                    }
+                    Some(_) => {
+                        if let Some(t) = created.remove(name) {
+                            out.push(e.at.saturating_duration_since(t));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Prints latency figures (a measurement to report, never an assertion).
 pub fn report_latencies(what: &str, lat: &[std::time::Duration]) {
     if lat.is_empty() {
@@ -237,7 +261,7 @@ pub fn report_latencies(what: &str, lat: &[std::time::Duration]) {
     ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let mean = ms.iter().sum::<f64>() / ms.len() as f64;
     eprintln!(
-        "MEASUREMENT {what}: handover latency over {} hand-overs: mean {:.0} ms, median {:.0} ms, max {:.0} ms",
+        "MEASUREMENT {what}: over {} samples: mean {:.0} ms, median {:.0} ms, max {:.0} ms",
         ms.len(),
         mean,
         ms[ms.len() / 2],
