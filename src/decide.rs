@@ -293,9 +293,11 @@ impl Decider<'_> {
                     why: format!("PipelineRun {} ended while waiting", p.name),
                 })),
                 // Never grant a slot to a PipelineRun that is being stopped.
-                Some(p) if p.state == ParentState::StopRequested => Some(Some(Outcome::Cancelled {
-                    why: format!("PipelineRun {} is being stopped", p.name),
-                })),
+                Some(p) if p.state == ParentState::StopRequested => {
+                    Some(Some(Outcome::Cancelled {
+                        why: format!("PipelineRun {} is being stopped", p.name),
+                    }))
+                }
                 _ => None,
             },
         }

@@ -10,14 +10,41 @@ use support::*;
 
 /// A kubeconfig for the tekton-mutex ServiceAccount, using a token from the TokenRequest API.
 fn service_account_kubeconfig() -> Result<std::path::PathBuf> {
-    let token = kubectl(&["-n", "tekton-mutex", "create", "token", "tekton-mutex", "--duration=1h"])?;
-    let server = kubectl(&["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"])?;
-    let ca = kubectl(&["config", "view", "--minify", "--raw", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}"])?;
+    let token = kubectl(&[
+        "-n",
+        "tekton-mutex",
+        "create",
+        "token",
+        "tekton-mutex",
+        "--duration=1h",
+    ])?;
+    let server = kubectl(&[
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ])?;
+    let ca = kubectl(&[
+        "config",
+        "view",
+        "--minify",
+        "--raw",
+        "-o",
+        "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+    ])?;
     let insecure = ca.trim().is_empty();
     let cluster = if insecure {
-        format!("server: {}\n    insecure-skip-tls-verify: true", server.trim())
+        format!(
+            "server: {}\n    insecure-skip-tls-verify: true",
+            server.trim()
+        )
     } else {
-        format!("server: {}\n    certificate-authority-data: {}", server.trim(), ca.trim())
+        format!(
+            "server: {}\n    certificate-authority-data: {}",
+            server.trim(),
+            ca.trim()
+        )
     };
     let yaml = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    {cluster}\nusers:\n- name: sa\n  user:\n    token: {}\ncontexts:\n- name: sa\n  context: {{cluster: local, user: sa}}\ncurrent-context: sa\n",
@@ -35,11 +62,17 @@ async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
     let client = client().await?;
     for file in ["crd.yaml", "rbac.yaml", "deployment.yaml"] {
         let yaml = std::fs::read_to_string(repo_root().join("config").join(file))?;
-        apply_yaml(&client, None, &yaml).await.with_context(|| format!("applying config/{file}"))?;
+        apply_yaml(&client, None, &yaml)
+            .await
+            .with_context(|| format!("applying config/{file}"))?;
     }
     let ns = TestNamespace::create("rbac").await?;
     let kubeconfig = service_account_kubeconfig()?;
-    let c = ControllerProcess::start_with_env(ns.name(), &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await?;
+    let c = ControllerProcess::start_with_env(
+        ns.name(),
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    )
+    .await?;
 
     // Exercise every kind of write: create the Mutex, write its status, patch run
     // statuses, cancel a superseded PipelineRun and record an Event.
@@ -51,12 +84,22 @@ async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
     ns.apply(&pipeline_run("c", "promote", &[])).await?;
     wait_reason(&ns, &lock_run("b"), "Superseded", slow()).await?;
     wait_until("the Superseded event on b", slow(), || async {
-        let events = ns.kubectl(&["get", "events", "--field-selector", "reason=Superseded", "-o", "name"])?;
+        let events = ns.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "reason=Superseded",
+            "-o",
+            "name",
+        ])?;
         Ok((!events.trim().is_empty()).then_some(()))
     })
     .await?;
     let log = c.log_text();
-    ensure!(!log.contains("forbidden"), "the controller hit a permission error:\n{log}");
+    ensure!(
+        !log.contains("forbidden"),
+        "the controller hit a permission error:\n{log}"
+    );
     release(&ns, "a").await?;
     wait_reason(&ns, &lock_run("c"), "Acquired", slow()).await?;
     Ok(())

@@ -15,45 +15,12 @@ use tekton_mutex::mutex::Mutex;
 use tekton_mutex::tekton::customrun::CustomRun;
 use tekton_mutex::tekton::pipelinerun::PipelineRun;
 
-async fn mutex_status(ns: &TestNamespace, key: &str) -> Result<tekton_mutex::mutex::MutexStatus> {
-    Ok(ns
-        .api::<Mutex>()
-        .get_opt(key)
-        .await?
-        .and_then(|m| m.status)
-        .unwrap_or_default())
-}
-
 async fn cancel_pipeline_run(ns: &TestNamespace, pr: &str, mode: &str) -> Result<()> {
     let patch = json!({"spec": {"status": mode}});
     ns.api::<PipelineRun>()
         .patch(pr, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
-}
-
-/// Releases whichever PipelineRun acquires next, `n` times, and returns them in grant order.
-async fn drive_grants(ns: &TestNamespace, prs: &[String], n: usize) -> Result<Vec<String>> {
-    let mut order = Vec::new();
-    for _ in 0..n {
-        let next = wait_until("the next grant", slow(), || {
-            let order = &order;
-            async move {
-                for pr in prs.iter().filter(|p| !order.contains(*p)) {
-                    if let Some(c) = condition_of(ns, &lock_run(pr)).await?
-                        && c.reason.as_deref() == Some("Acquired")
-                    {
-                        return Ok(Some(pr.clone()));
-                    }
-                }
-                Ok(None)
-            }
-        })
-        .await?;
-        release(ns, &next).await?;
-        order.push(next);
-    }
-    Ok(order)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,8 +73,14 @@ async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result
         "lastToken {} vs grants {grants:?}",
         status.last_token
     );
-    report_latencies("handover, 8 runs, 2 replicas", &timeline.handover_latencies());
-    report_latencies("creation to first status, 8 runs", &timeline.first_status_latencies());
+    report_latencies(
+        "handover, 8 runs, 2 replicas",
+        &timeline.handover_latencies(),
+    );
+    report_latencies(
+        "creation to first status, 8 runs",
+        &timeline.first_status_latencies(),
+    );
     Ok(())
 }
 

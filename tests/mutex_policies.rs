@@ -10,17 +10,7 @@ use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::timeline::Timeline;
 use support::*;
-use tekton_mutex::mutex::{Mutex, MutexStatus};
 use tekton_mutex::tekton::pipelinerun::PipelineRun;
-
-async fn status(ns: &TestNamespace, key: &str) -> Result<MutexStatus> {
-    Ok(ns
-        .api::<Mutex>()
-        .get_opt(key)
-        .await?
-        .and_then(|m| m.status)
-        .unwrap_or_default())
-}
 
 async fn reason(ns: &TestNamespace, pr: &str) -> Result<Option<String>> {
     Ok(condition_of(ns, &lock_run(pr))
@@ -60,28 +50,6 @@ async fn create_at_once(
         .collect();
     try_join_all(yamls.iter().map(|y| ns.apply(y))).await?;
     Ok(())
-}
-
-/// Releases whichever of `prs` acquires next, until `n` have; returns the grant order.
-async fn drive_grants(ns: &TestNamespace, prs: &[&str], n: usize) -> Result<Vec<String>> {
-    let mut order: Vec<String> = Vec::new();
-    for _ in 0..n {
-        let next = wait_until("the next grant", slow(), || {
-            let order = &order;
-            async move {
-                for pr in prs.iter().filter(|p| !order.iter().any(|o| o == **p)) {
-                    if reason(ns, pr).await?.as_deref() == Some("Acquired") {
-                        return Ok(Some(pr.to_string()));
-                    }
-                }
-                Ok(None)
-            }
-        })
-        .await?;
-        release(ns, &next).await?;
-        order.push(next);
-    }
-    Ok(order)
 }
 
 /// PipelineRuns whose creation order is also their name order, then the newest.
@@ -217,7 +185,7 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         "v2 waits while v1's finally runs"
     );
     ensure!(
-        status(&ns, ns.name()).await?.holding == "v1",
+        mutex_status(&ns, ns.name()).await?.holding == "v1",
         "v1 keeps the slot during its finally"
     );
     release_finally(&ns, "v1").await?;
@@ -325,7 +293,7 @@ async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
             .await?;
     }
     wait_until("three waiters", slow(), || async {
-        Ok((status(&ns, "queue").await?.queue.len() == 3).then_some(()))
+        Ok((mutex_status(&ns, "queue").await?.queue.len() == 3).then_some(()))
     })
     .await?;
     let order = drive_grants(&ns, &["q5", "q7", "q8", "q9"], 4).await?;
@@ -400,7 +368,7 @@ async fn priority_goes_first_and_newest_first_reverses_the_queue() -> Result<()>
         ns.apply(&pipeline_run(pr, "lifo", &[])).await?;
     }
     wait_until("three waiters", slow(), || async {
-        Ok((status(&ns, "lifo").await?.queue.len() == 3).then_some(()))
+        Ok((mutex_status(&ns, "lifo").await?.queue.len() == 3).then_some(()))
     })
     .await?;
     let order = drive_grants(&ns, &["n0", "n1", "n2", "n3"], 4).await?;
@@ -428,7 +396,7 @@ async fn capacity_two_never_has_more_than_two_holders() -> Result<()> {
     let runs: Vec<(&str, &[(&str, &str)])> = prs.iter().map(|p| (p.as_str(), &[][..])).collect();
     create_at_once(&ns, "work", &runs).await?;
     wait_until("two holders and four waiters", slow(), || async {
-        let s = status(&ns, "pool").await?;
+        let s = mutex_status(&ns, "pool").await?;
         Ok((s.holders.len() == 2 && s.queue.len() == 4).then_some(()))
     })
     .await?;
@@ -492,7 +460,7 @@ async fn wait_false_skips_instead_of_queueing() -> Result<()> {
         "deploy was skipped: {skipped:?}"
     );
     ensure!(
-        status(&ns, ns.name()).await?.holding == "t0",
+        mutex_status(&ns, ns.name()).await?.holding == "t0",
         "t1 holds nothing"
     );
     release(&ns, "t0").await?;
@@ -522,7 +490,7 @@ async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
         faulty.log_text()
     );
     ensure!(
-        status(&ns, ns.name())
+        mutex_status(&ns, ns.name())
             .await?
             .queue
             .iter()

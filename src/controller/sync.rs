@@ -5,18 +5,17 @@
 
 use super::{Context, Error, Fault, writes};
 use crate::decide::{self, Outcome, Parent, ParentState, Phase, RunView, Timeout};
-use crate::mutex::{Age, Mutex, RunKind};
+use crate::mutex::{Age, Mutex, RunKind, RunRef};
 use crate::observe::{Observe, ObservedRun, PIPELINE_LABEL, to_chrono};
+use crate::params::RunConfig;
 use crate::run_status;
 use crate::tekton::RunStatus;
-use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
-use crate::tekton::run::Run;
 use chrono::{DateTime, Utc};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
-use std::collections::HashSet;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info};
@@ -52,7 +51,7 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
         return Ok(Action::await_change());
     };
     let now = Utc::now();
-    let members = gather(ctx, ns, key, &mutex).await?;
+    let members = gather(ctx, ns, key, &mutex, now).await?;
     let views: Vec<RunView> = members.iter().map(|m| m.view.clone()).collect();
     let current = mutex.status.clone().unwrap_or_default();
     let decision = decide::decide(&mutex.spec, &current, &views, now);
@@ -136,68 +135,88 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
 
 /// Every live or done run of this key, plus any run the status names that the
 /// cache does not show (read from the API: absence in a cache proves nothing).
-async fn gather(ctx: &Context, ns: &str, key: &str, mutex: &Mutex) -> Result<Vec<Member>, Error> {
-    let now = Utc::now();
-    let mut members = Vec::new();
-    let in_key = |o: &ObservedRun| {
-        o.namespace == ns && o.is_mutex() && !o.deleting && o.config().is_ok_and(|c| c.key == key)
-    };
-
-    let crs = ctx.custom_runs.state();
-    for cr in crs.iter() {
-        let o = cr.observe();
-        if in_key(&o) {
-            members.push(member(ctx, &o, now).await?);
-        }
-    }
-    if let Some(store) = &ctx.runs {
-        let runs = store.state();
-        for r in runs.iter() {
-            let o = r.observe();
-            if in_key(&o) {
-                members.push(member(ctx, &o, now).await?);
-            }
-        }
-    }
-
-    let seen: HashSet<String> = members.iter().map(|m| m.view.run.uid.clone()).collect();
+async fn gather(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    mutex: &Mutex,
+    now: DateTime<Utc>,
+) -> Result<Vec<Member>, Error> {
     let status = mutex.status.clone().unwrap_or_default();
-    let named = status
+    let named: Vec<&RunRef> = status
         .holders
         .iter()
         .map(|h| &h.run)
-        .chain(status.queue.iter().map(|w| &w.run));
-    for r in named.filter(|r| !seen.contains(&r.uid)) {
-        match r.kind {
-            RunKind::CustomRun => {
-                let fresh = Api::<CustomRun>::namespaced(ctx.client.clone(), ns)
-                    .get_opt(&r.name)
-                    .await?;
-                if let Some(cr) = fresh.filter(|c| c.uid().as_deref() == Some(&r.uid)) {
-                    let o = cr.observe();
-                    if in_key(&o) {
-                        members.push(member(ctx, &o, now).await?);
-                    }
-                }
-            }
-            RunKind::Run => {
-                let fresh = Api::<Run>::namespaced(ctx.client.clone(), ns)
-                    .get_opt(&r.name)
-                    .await?;
-                if let Some(run) = fresh.filter(|c| c.uid().as_deref() == Some(&r.uid)) {
-                    let o = run.observe();
-                    if in_key(&o) {
-                        members.push(member(ctx, &o, now).await?);
-                    }
-                }
-            }
+        .chain(status.queue.iter().map(|w| &w.run))
+        .collect();
+    let mut members = members_of(
+        ctx,
+        &ctx.custom_runs,
+        RunKind::CustomRun,
+        ns,
+        key,
+        &named,
+        now,
+    )
+    .await?;
+    if let Some(runs) = &ctx.runs {
+        members.extend(members_of(ctx, runs, RunKind::Run, ns, key, &named, now).await?);
+    }
+    Ok(members)
+}
+
+/// The runs of one kind that belong to this key.
+async fn members_of<K>(
+    ctx: &Context,
+    store: &Store<K>,
+    kind: RunKind,
+    ns: &str,
+    key: &str,
+    named: &[&RunRef],
+    now: DateTime<Utc>,
+) -> Result<Vec<Member>, Error>
+where
+    K: Observe + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut members = Vec::new();
+    let add = async |obj: &K, members: &mut Vec<Member>| -> Result<(), Error> {
+        let o = obj.observe();
+        if o.namespace == ns
+            && o.is_mutex()
+            && !o.deleting
+            && let Ok(cfg) = o.config()
+            && cfg.key == key
+        {
+            members.push(member(ctx, &o, cfg, now).await?);
+        }
+        Ok(())
+    };
+    for obj in store.state() {
+        add(&obj, &mut members).await?;
+    }
+    let missing = named
+        .iter()
+        .filter(|r| r.kind == kind && !members.iter().any(|m| m.view.run.uid == r.uid));
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    for r in missing.collect::<Vec<_>>() {
+        if let Some(obj) = api
+            .get_opt(&r.name)
+            .await?
+            .filter(|o| o.uid().as_deref() == Some(&r.uid))
+        {
+            add(&obj, &mut members).await?;
         }
     }
     Ok(members)
 }
 
-async fn member(ctx: &Context, o: &ObservedRun<'_>, now: DateTime<Utc>) -> Result<Member, Error> {
-    let cfg = o.config().expect("members are valid runs");
+async fn member(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    cfg: RunConfig,
+    now: DateTime<Utc>,
+) -> Result<Member, Error> {
     let pr = match &o.parent {
         Some((name, uid)) => Some((name.clone(), parent(ctx, &o.namespace, name, uid).await?)),
         None => None,

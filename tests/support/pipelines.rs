@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use serde_json::json;
 use std::time::Duration;
+use tekton_mutex::mutex::{Mutex, MutexStatus};
 use tekton_mutex::tekton::Condition;
 use tekton_mutex::tekton::customrun::CustomRun;
 
@@ -182,4 +183,49 @@ pub async fn result_of(ns: &TestNamespace, name: &str, result: &str) -> Result<O
 /// A generous bound for anything that involves Tekton starting pods.
 pub fn slow() -> Duration {
     secs(120)
+}
+
+/// The status of Mutex `key` (empty while it does not exist yet).
+pub async fn mutex_status(ns: &TestNamespace, key: &str) -> Result<MutexStatus> {
+    Ok(ns
+        .api::<Mutex>()
+        .get_opt(key)
+        .await?
+        .and_then(|m| m.status)
+        .unwrap_or_default())
+}
+
+/// Lets whichever of `prs` acquires next finish, `n` times; returns the grant order.
+pub async fn drive_grants<S: AsRef<str>>(
+    ns: &TestNamespace,
+    prs: &[S],
+    n: usize,
+) -> Result<Vec<String>> {
+    let mut order: Vec<String> = Vec::new();
+    for _ in 0..n {
+        let next = wait_until("the next grant", slow(), || {
+            let order = &order;
+            async move {
+                for pr in prs
+                    .iter()
+                    .map(AsRef::as_ref)
+                    .filter(|p| !order.iter().any(|o| o == p))
+                {
+                    if condition_of(ns, &lock_run(pr))
+                        .await?
+                        .and_then(|c| c.reason)
+                        .as_deref()
+                        == Some("Acquired")
+                    {
+                        return Ok(Some(pr.to_string()));
+                    }
+                }
+                Ok(None)
+            }
+        })
+        .await?;
+        release(ns, &next).await?;
+        order.push(next);
+    }
+    Ok(order)
 }
