@@ -19,3 +19,4 @@ pub fn crd_yaml() -> String {
         serde_yaml::to_string(&crd).expect("a CRD always serializes")
     )
 }
+pub mod metrics;

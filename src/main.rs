@@ -3,7 +3,9 @@
 use tekton_mutex::controller::{self, Fault, Options};
 
 const USAGE: &str = "usage:
-  tekton-mutex run [--namespace NS]   start the controller (in-cluster config, else KUBECONFIG)
+  tekton-mutex run [--namespace NS] [--http-addr ADDR]
+                                      start the controller (in-cluster config, else KUBECONFIG);
+                                      ADDR (e.g. 0.0.0.0:8080) serves /healthz, /readyz, /metrics
   tekton-mutex crd                    print the Mutex CustomResourceDefinition
 
 environment:
@@ -49,6 +51,14 @@ fn parse_run_args(args: &[String]) -> Result<Options, String> {
         match a.as_str() {
             "--namespace" | "-n" => {
                 opts.namespace = Some(it.next().ok_or("--namespace needs a value")?.clone())
+            }
+            "--http-addr" => {
+                let v = it
+                    .next()
+                    .ok_or("--http-addr needs a value, e.g. 0.0.0.0:8080")?;
+                opts.http_addr = Some(v.parse().map_err(|_| {
+                    format!("--http-addr {v:?} is not an address like 0.0.0.0:8080")
+                })?);
             }
             other => return Err(format!("unknown argument {other:?}")),
         }

@@ -104,3 +104,53 @@ async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
     wait_reason(&ns, &lock_run("c"), "Acquired", slow()).await?;
     Ok(())
 }
+
+/// GET a path from the controller's http server.
+fn http_get(addr: &str, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes())?;
+    let mut out = String::new();
+    conn.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics_are_served() -> Result<()> {
+    let ns = TestNamespace::create("metrics").await?;
+    let c = ControllerProcess::start_with(ns.name(), &["--http-addr", "127.0.0.1:0"], &[]).await?;
+    let addr = wait_until(
+        "the controller to say where it serves",
+        secs(30),
+        || async {
+            let log = c.log_text();
+            let addr = log
+                .lines()
+                .find(|l| l.contains("serving /healthz"))
+                .and_then(|l| l.split("addr=").nth(1))
+                .map(|a| a.split_whitespace().next().unwrap_or_default().to_string());
+            Ok(addr)
+        },
+    )
+    .await?;
+    ensure!(
+        http_get(&addr, "/healthz")?.starts_with("HTTP/1.1 200"),
+        "healthz"
+    );
+    wait_until("readyz", secs(30), || async {
+        Ok(http_get(&addr, "/readyz")?
+            .starts_with("HTTP/1.1 200")
+            .then_some(()))
+    })
+    .await?;
+    ns.apply(&pipeline("promote", &Opts::default())).await?;
+    ns.apply(&pipeline_run("a", "promote", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    let metrics = http_get(&addr, "/metrics")?;
+    ensure!(
+        metrics.contains("\ntekton_mutex_grants_total 1\n"),
+        "one grant counted:\n{metrics}"
+    );
+    release(&ns, "a").await?;
+    Ok(())
+}

@@ -2,6 +2,7 @@
 //! Everything about waiting and holding is the Mutex reconcile's job.
 
 use super::{Context, Error, writes};
+use crate::metrics::Metrics;
 use crate::observe::Observe;
 use kube::Resource;
 use kube::runtime::controller::Action;
@@ -21,6 +22,7 @@ pub async fn reconcile<K: Observe + Resource>(
         Err(message) => {
             warn!(run = %o.name, namespace = %o.namespace, %message, "invalid Mutex run");
             writes::invalid_params(&ctx, &o, &message).await?;
+            Metrics::inc(&ctx.metrics.invalid);
         }
         Ok(cfg) => {
             if ctx

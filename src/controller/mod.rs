@@ -11,6 +11,7 @@ mod intake;
 mod sync;
 mod writes;
 
+use crate::metrics::{self, Metrics};
 use crate::mutex::Mutex;
 use crate::observe::{Observe, PIPELINE_RUN_LABEL};
 use crate::tekton::customrun::CustomRun;
@@ -34,6 +35,8 @@ pub enum Error {
     Conflict,
     #[error("the {0} CRD is not installed: {1}")]
     MissingCrd(&'static str, String),
+    #[error("cannot serve http: {0}")]
+    Http(#[from] std::io::Error),
 }
 
 /// Where the controller acts: the whole cluster or one namespace.
@@ -42,6 +45,8 @@ pub struct Options {
     pub namespace: Option<String>,
     /// Test hook: exit between the two writes of a supersede.
     pub fault: Option<Fault>,
+    /// Where to serve /healthz, /readyz and /metrics; None serves nothing.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +64,7 @@ pub struct Context {
     mutexes: Store<Mutex>,
     recorder: Recorder,
     fault: Option<Fault>,
+    metrics: Arc<Metrics>,
 }
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -112,6 +118,10 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         ));
     }
     let with_runs = served(&runs).await?;
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = opts.http_addr {
+        tokio::spawn(metrics::serve(metrics::bind(addr).await?, metrics.clone()));
+    }
     info!(
         namespace = opts.namespace.as_deref().unwrap_or("<all>"),
         v1alpha1_runs = with_runs,
@@ -178,7 +188,11 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         pipeline_runs: pr_store,
         mutexes: sync.store(),
         fault: opts.fault,
+        metrics: metrics.clone(),
     });
+    metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
 
     let sync = sync
         .shutdown_on_signal()
@@ -219,7 +233,8 @@ fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
     }
 }
 
-fn error_policy<K>(_obj: Arc<K>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
+    Metrics::inc(&ctx.metrics.reconcile_errors);
     match err {
         Error::Conflict => Action::requeue(Duration::from_millis(50)),
         _ => Action::requeue(Duration::from_secs(2)),

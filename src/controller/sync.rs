@@ -5,6 +5,7 @@
 
 use super::{Context, Error, Fault, writes};
 use crate::decide::{self, Outcome, Parent, ParentState, Phase, RunView, Timeout};
+use crate::metrics::Metrics;
 use crate::mutex::{Age, Mutex, RunKind, RunRef};
 use crate::observe::{Observe, ObservedRun, PIPELINE_LABEL, to_chrono};
 use crate::params::RunConfig;
@@ -66,6 +67,7 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
         mutex.status = Some(decision.status.clone());
         writes::mutex_status(ctx, &mutex).await?;
         for h in granted {
+            Metrics::inc(&ctx.metrics.grants);
             info!(
                 key,
                 namespace = ns,
@@ -109,6 +111,11 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
             now,
         ) {
             debug!(key, run = %run.name, ?outcome, "updating run status");
+            match outcome {
+                Outcome::Superseded { .. } => Metrics::inc(&ctx.metrics.superseded),
+                Outcome::TimedOut => Metrics::inc(&ctx.metrics.timed_out),
+                _ => {}
+            }
             writes::run_status(ctx, run.kind, ns, &run.name, &patch).await?;
         }
     }

@@ -3,6 +3,7 @@
 
 use super::{Context, Error};
 use crate::decide::Cancel;
+use crate::metrics::Metrics;
 use crate::mutex::{Mutex, MutexSpec, RunKind};
 use crate::observe::ObservedRun;
 use crate::run_status;
@@ -135,6 +136,7 @@ pub async fn cancel_pipeline_run(
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return Ok(()),
         Err(e) => return Err(e.into()),
     }
+    Metrics::inc(&ctx.metrics.pipeline_runs_cancelled);
     info!(key, group = %c.group, pipeline_run = %c.pipeline_run, superseded_by = %c.superseded_by, mode = c.mode.as_str(), "cancelled superseded PipelineRun");
     let reference = ObjectReference {
         api_version: Some("tekton.dev/v1".into()),

@@ -22,6 +22,11 @@ impl ControllerProcess {
     /// Starts the controller with extra environment (e.g. fault injection).
     /// Installs the Mutex CRD first, as `kubectl apply -f config/crd.yaml` would.
     pub async fn start_with_env(namespace: &str, env: &[(&str, &str)]) -> Result<Self> {
+        Self::start_with(namespace, &[], env).await
+    }
+
+    /// Starts the controller with extra arguments and environment.
+    pub async fn start_with(namespace: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         install_crd(&repo_root().join("config/crd.yaml")).await?;
         let dir = repo_root().join("target/test-logs");
         std::fs::create_dir_all(&dir)?;
@@ -32,6 +37,7 @@ impl ControllerProcess {
         let out = std::fs::File::create(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
             .args(["run", "--namespace", namespace])
+            .args(args)
             .env("KUBECONFIG", kubeconfig_path())
             .env("RUST_LOG", "info,tekton_mutex=debug,kube=warn")
             .env("NO_COLOR", "1")
