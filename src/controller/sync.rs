@@ -1,7 +1,7 @@
 //! Per-key reconcile: read the key's runs and their PipelineRuns, decide, then
-//! write the Mutex status (compare-and-swap), the runs' statuses and cancels,
-//! in that order. The Mutex status is written first so that a crash never
-//! leaves a run told something the lock state does not back.
+//! write the Mutex status (compare-and-swap), cancel superseded PipelineRuns and
+//! patch the runs' statuses, in that order. The Mutex status is written first so
+//! that a crash never leaves a run told something the lock state does not back.
 
 use super::{Context, Error, Fault, writes};
 use crate::decide::{self, Outcome, Parent, ParentState, Phase, RunView, Timeout};
@@ -90,8 +90,9 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
         );
         std::process::exit(86);
     }
-    // Cancel before marking: a PipelineRun whose lock task already failed would end
-    // Failed instead of Cancelled. Both steps are re-derived from state on every sync.
+    // Cancel before marking the run: once its lock task has failed, the PipelineRun
+    // may finish before the cancel lands, and tasks running beside the lock would
+    // never get the cancel-mode. Both steps are re-derived from state on every sync.
     for c in &decision.cancels {
         writes::cancel_pipeline_run(ctx, ns, key, c).await?;
     }
