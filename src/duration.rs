@@ -42,7 +42,7 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
         rest = &rest[unit_len..];
         total += number * seconds_per_unit;
     }
-    Ok(Duration::from_secs_f64(total))
+    Duration::try_from_secs_f64(total).map_err(|_| format!("{s:?} is too long"))
 }
 
 #[cfg(test)]
@@ -70,7 +70,7 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "10", "5 minutes", "-1s", "1d", "h"] {
+        for bad in ["", "10", "5 minutes", "-1s", "1d", "h", "99999999999999999999999h"] {
             assert!(
                 parse_go_duration(bad).is_err(),
                 "{bad:?} should be rejected"

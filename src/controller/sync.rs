@@ -256,7 +256,11 @@ async fn member(
         .or_else(|| o.pipeline_label.clone())
         .or_else(|| pr_obj.and_then(|p| p.labels().get(PIPELINE_LABEL).cloned()))
         .unwrap_or_else(|| age.name.clone());
-    let deadline = cfg.timeout.map(|t| o.attempt_start() + t);
+    // A timeout too large for a date is no timeout at all.
+    let deadline = cfg
+        .timeout
+        .and_then(|t| chrono::TimeDelta::from_std(t).ok())
+        .and_then(|t| o.attempt_start().checked_add_signed(t));
     let phase = if o.is_done() {
         Phase::Done {
             reason: o
