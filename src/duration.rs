@@ -70,7 +70,15 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "10", "5 minutes", "-1s", "1d", "h", "99999999999999999999999h"] {
+        for bad in [
+            "",
+            "10",
+            "5 minutes",
+            "-1s",
+            "1d",
+            "h",
+            "99999999999999999999999h",
+        ] {
             assert!(
                 parse_go_duration(bad).is_err(),
                 "{bad:?} should be rejected"

@@ -462,4 +462,19 @@ mod tests {
         };
         assert!(!Target::Ref(&other).is_mutex());
     }
+
+    proptest::proptest! {
+        /// Whatever a user writes, parsing answers with a config or a message: never a panic.
+        #[test]
+        fn parsing_never_panics(
+            name in proptest::sample::select(vec!["key", "supersede", "group", "cancel-mode", "sequence", "priority", "wait", "other"]),
+            value in ".{0,300}",
+            timeout in proptest::option::of(".{0,30}"),
+            retries in proptest::option::of(proptest::num::i64::ANY),
+        ) {
+            let params = vec![Param { name: name.to_string(), value: json!(value) }];
+            let r = mutex_ref(None);
+            let _ = parse(&RunInput { namespace: "ns", target: Target::Ref(&r), params: &params, timeout: timeout.as_deref(), retries });
+        }
+    }
 }
