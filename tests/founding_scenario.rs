@@ -469,7 +469,7 @@ async fn unguarded_promotions_wipe_out_the_environment() -> Result<()> {
     let versions = [77, 78, 79, 80, 81];
     // A wide race window: every apply lands before the first prune, so each prune but the last
     // applier's deletes everything.
-    let names = promote_at_once(&ns, "promote-unguarded", env.name(), &versions, 10).await?;
+    let names = promote_at_once(&ns, "promote-unguarded", env.name(), &versions, 15).await?;
     let deploys = deploys(&ns, &names).await?;
     let story = render(&deploys);
     ensure!(
