@@ -167,6 +167,9 @@ pub fn decide(
         .collect();
     arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));
     for r in arrivals {
+        if d.reenter(r) {
+            continue;
+        }
         if let Some(outcome) = d.leaving(r) {
             d.depart(r, outcome);
             continue;
@@ -330,6 +333,36 @@ impl Decider<'_> {
         )
     }
 
+    /// A second Mutex task of a PipelineRun that already holds this key (a
+    /// matrix, or two lock tasks) passes at once with the same token: waiting
+    /// for itself would only end at its timeout.
+    fn reenter(&mut self, r: &RunView) -> bool {
+        let Phase::Live {
+            cancel_requested: false,
+            timeout: Timeout::NotYet | Timeout::Retry,
+        } = r.phase
+        else {
+            return false;
+        };
+        let Some(parent) = &r.parent else {
+            return false;
+        };
+        let Some(h) = self
+            .st
+            .holders
+            .iter()
+            .find(|h| h.pipeline_run.as_ref() == Some(&parent.name))
+        else {
+            return false;
+        };
+        let outcome = Outcome::Acquired {
+            token: h.token,
+            waited_seconds: (self.now - r.age.created).num_seconds().max(0),
+        };
+        self.outcomes.push((r.run.clone(), outcome));
+        true
+    }
+
     fn arrive(&mut self, r: &RunView) {
         if !r.wait && self.st.holders.len() >= self.spec.capacity as usize {
             self.outcomes.push((
@@ -392,6 +425,20 @@ impl Decider<'_> {
             let w = self.st.queue.remove(0);
             self.st.last_token += 1;
             let waited = (self.now - w.age.created).num_seconds().max(0);
+            // Other lock runs of the same PipelineRun share the grant.
+            if w.pipeline_run.is_some() {
+                let (same, rest): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
+                    .into_iter()
+                    .partition(|o| o.pipeline_run == w.pipeline_run);
+                self.st.queue = rest;
+                for o in same {
+                    let outcome = Outcome::Acquired {
+                        token: self.st.last_token,
+                        waited_seconds: waited,
+                    };
+                    self.outcomes.push((o.run, outcome));
+                }
+            }
             self.st.holders.push(Holder {
                 run: w.run,
                 pipeline_run: w.pipeline_run,

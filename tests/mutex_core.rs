@@ -539,3 +539,25 @@ async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelinerun_holding_the_key_passes_its_second_lock() -> Result<()> {
+    let ns = TestNamespace::create("reentry").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+    let pipeline = json!({
+        "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": "twice"},
+        "spec": {"tasks": [
+            {"name": "lock", "taskRef": mutex},
+            {"name": "lock-again", "runAfter": ["lock"], "taskRef": mutex},
+        ]},
+    });
+    ns.apply(&pipeline.to_string()).await?;
+    ns.apply(&pipeline_run("p", "twice", &[])).await?;
+    let pr = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "p", slow()).await?;
+    ensure!(pr.status == "True", "{pr:?}");
+    let first = result_of(&ns, "p-lock", "token").await?;
+    let second = result_of(&ns, "p-lock-again", "token").await?;
+    ensure!(first.is_some() && first == second, "one grant, one token: {first:?} {second:?}");
+    Ok(())
+}

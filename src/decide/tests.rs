@@ -628,3 +628,58 @@ fn a_stopping_pipelinerun_is_never_granted() {
     assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
     assert_eq!(holders(&d2), ["pr2"]);
 }
+
+/// A second lock run of the same PipelineRun (a matrix, or two lock tasks).
+fn sibling(i: usize, n: usize) -> RunView {
+    with(run(i), |r| {
+        r.run.name = format!("pr{i}-lock-{n}");
+        r.run.uid = format!("uid-{i}-{n}");
+    })
+}
+
+#[test]
+fn a_pipelinerun_that_holds_the_key_reenters_at_once() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(with(sibling(0, 2), |r| r.supersede = Supersede::Pending));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    let got = d2
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-0-2")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(got, Some(Outcome::Acquired { token: 1, .. })),
+        "{got:?}"
+    );
+    assert_eq!(
+        holders(&d2),
+        ["pr0"],
+        "one holder entry, capacity unchanged"
+    );
+    assert_eq!(queue(&d2), ["pr1"]);
+}
+
+#[test]
+fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), sibling(1, 2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    assert_eq!(d.status.queue.len(), 2, "both of pr1's runs wait");
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr1"]);
+    assert!(d2.status.queue.is_empty());
+    let tokens: Vec<_> = d2
+        .outcomes
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Outcome::Acquired { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens, [2, 2], "one grant, one token, both runs told");
+}
