@@ -17,7 +17,7 @@ use crate::observe::{Observe, PIPELINE_RUN_LABEL};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -58,7 +58,7 @@ pub enum Fault {
 
 pub struct Context {
     client: Client,
-    custom_runs: Store<CustomRun>,
+    custom_runs: Option<Store<CustomRun>>,
     runs: Option<Store<Run>>,
     pipeline_runs: Store<PipelineRun>,
     mutexes: Store<Mutex>,
@@ -89,6 +89,20 @@ where
     }
 }
 
+/// The Mutexes that the runs of this PipelineRun belong to.
+fn mutexes_of_children<K>(store: &Store<K>, pr: &PipelineRun) -> Vec<ObjectRef<Mutex>>
+where
+    K: Observe + Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (name, ns) = (pr.name_any(), pr.namespace());
+    store
+        .state()
+        .iter()
+        .filter(|c| c.namespace() == ns && c.labels().get(PIPELINE_RUN_LABEL) == Some(&name))
+        .filter_map(|c| mutex_of(c.as_ref()))
+        .collect()
+}
+
 /// The Mutex object a run belongs to, if it is a valid Mutex run.
 fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
     let o = obj.observe();
@@ -111,19 +125,22 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
             "install it with `kubectl apply -f config/`".into(),
         ));
     }
-    if !served(&custom_runs).await? {
+    // Tekton v0.43 to v0.46 serve both kinds; newer ones only CustomRun, older ones only Run.
+    let with_custom_runs = served(&custom_runs).await?;
+    let with_runs = served(&runs).await?;
+    if !with_custom_runs && !with_runs {
         return Err(Error::MissingCrd(
             "CustomRun",
-            "install Tekton Pipelines v0.44 or newer".into(),
+            "install Tekton Pipelines (CustomRun, or Run before v0.47)".into(),
         ));
     }
-    let with_runs = served(&runs).await?;
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = opts.http_addr {
         tokio::spawn(metrics::serve(metrics::bind(addr).await?, metrics.clone()));
     }
     info!(
         namespace = opts.namespace.as_deref().unwrap_or("<all>"),
+        v1beta1_customruns = with_custom_runs,
         v1alpha1_runs = with_runs,
         "starting tekton-mutex"
     );
@@ -134,42 +151,32 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         .default_backoff()
         .touched_objects();
 
-    let intake_crs = Controller::new(custom_runs.clone(), wc.clone());
-    let cr_store = intake_crs.store();
+    let intake_crs = with_custom_runs.then(|| Controller::new(custom_runs.clone(), wc.clone()));
+    let cr_store = intake_crs.as_ref().map(|c| c.store());
     let intake_runs = with_runs.then(|| Controller::new(runs.clone(), wc.clone()));
     let run_store = intake_runs.as_ref().map(|c| c.store());
 
     // A PipelineRun event concerns the Mutexes its runs belong to.
     let pr_to_mutexes = {
-        let crs = cr_store.clone();
-        let runs = run_store.clone();
+        let (crs, runs) = (cr_store.clone(), run_store.clone());
         move |pr: PipelineRun| {
-            let (name, ns) = (pr.name_any(), pr.namespace());
-            let child = |labels: &std::collections::BTreeMap<String, String>,
-                         obj_ns: Option<String>| {
-                obj_ns == ns && labels.get(PIPELINE_RUN_LABEL) == Some(&name)
-            };
-            let mut refs: Vec<ObjectRef<Mutex>> = crs
-                .state()
-                .iter()
-                .filter(|c| child(c.labels(), c.namespace()))
-                .filter_map(|c| mutex_of(c.as_ref()))
-                .collect();
-            if let Some(runs) = &runs {
-                refs.extend(
-                    runs.state()
-                        .iter()
-                        .filter(|r| child(r.labels(), r.namespace()))
-                        .filter_map(|r| mutex_of(r.as_ref())),
-                );
-            }
+            let mut refs = crs
+                .as_ref()
+                .map(|s| mutexes_of_children(s, &pr))
+                .unwrap_or_default();
+            refs.extend(
+                runs.as_ref()
+                    .map(|s| mutexes_of_children(s, &pr))
+                    .unwrap_or_default(),
+            );
             refs
         }
     };
 
-    let mut sync = Controller::new(mutexes, wc.clone())
-        .watches(custom_runs, wc.clone(), |cr| mutex_of(&cr))
-        .watches_stream(pr_stream, pr_to_mutexes);
+    let mut sync = Controller::new(mutexes, wc.clone()).watches_stream(pr_stream, pr_to_mutexes);
+    if with_custom_runs {
+        sync = sync.watches(custom_runs, wc.clone(), |cr| mutex_of(&cr));
+    }
     if with_runs {
         sync = sync.watches(runs, wc.clone(), |r| mutex_of(&r));
     }
@@ -194,26 +201,29 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
 
-    let sync = sync
-        .shutdown_on_signal()
-        .run(sync::reconcile, error_policy, ctx.clone())
-        .for_each(|res| async move { log_result("mutex", res) });
-    let intake_crs = intake_crs
-        .shutdown_on_signal()
-        .run(intake::reconcile::<CustomRun>, error_policy, ctx.clone())
-        .for_each(|res| async move { log_result("customrun", res) });
-    match intake_runs {
-        Some(c) => {
-            let intake_runs = c
-                .shutdown_on_signal()
-                .run(intake::reconcile::<Run>, error_policy, ctx.clone())
-                .for_each(|res| async move { log_result("run", res) });
-            futures::join!(sync, intake_crs, intake_runs);
-        }
-        None => {
-            futures::join!(sync, intake_crs);
-        }
+    let mut loops = vec![
+        sync.shutdown_on_signal()
+            .run(sync::reconcile, error_policy, ctx.clone())
+            .for_each(|res| async move { log_result("mutex", res) })
+            .boxed(),
+    ];
+    if let Some(c) = intake_crs {
+        loops.push(
+            c.shutdown_on_signal()
+                .run(intake::reconcile::<CustomRun>, error_policy, ctx.clone())
+                .for_each(|res| async move { log_result("customrun", res) })
+                .boxed(),
+        );
     }
+    if let Some(c) = intake_runs {
+        loops.push(
+            c.shutdown_on_signal()
+                .run(intake::reconcile::<Run>, error_policy, ctx.clone())
+                .for_each(|res| async move { log_result("run", res) })
+                .boxed(),
+        );
+    }
+    futures::future::join_all(loops).await;
     info!("stopped");
     Ok(())
 }

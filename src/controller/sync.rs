@@ -157,16 +157,10 @@ async fn gather(
         .map(|h| &h.run)
         .chain(status.queue.iter().map(|w| &w.run))
         .collect();
-    let mut members = members_of(
-        ctx,
-        &ctx.custom_runs,
-        RunKind::CustomRun,
-        ns,
-        key,
-        &named,
-        now,
-    )
-    .await?;
+    let mut members = Vec::new();
+    if let Some(crs) = &ctx.custom_runs {
+        members.extend(members_of(ctx, crs, RunKind::CustomRun, ns, key, &named, now).await?);
+    }
     if let Some(runs) = &ctx.runs {
         members.extend(members_of(ctx, runs, RunKind::Run, ns, key, &named, now).await?);
     }
