@@ -554,10 +554,15 @@ async fn a_pipelinerun_holding_the_key_passes_its_second_lock() -> Result<()> {
     });
     ns.apply(&pipeline.to_string()).await?;
     ns.apply(&pipeline_run("p", "twice", &[])).await?;
-    let pr = ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "p", slow()).await?;
+    let pr = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "p", slow())
+        .await?;
     ensure!(pr.status == "True", "{pr:?}");
     let first = result_of(&ns, "p-lock", "token").await?;
     let second = result_of(&ns, "p-lock-again", "token").await?;
-    ensure!(first.is_some() && first == second, "one grant, one token: {first:?} {second:?}");
+    ensure!(
+        first.is_some() && first == second,
+        "one grant, one token: {first:?} {second:?}"
+    );
     Ok(())
 }
