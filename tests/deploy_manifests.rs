@@ -58,6 +58,7 @@ fn service_account_kubeconfig() -> Result<std::path::PathBuf> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
     let client = client().await?;
     for file in ["crd.yaml", "rbac.yaml", "deployment.yaml"] {
@@ -116,6 +117,7 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn health_and_metrics_are_served() -> Result<()> {
     let ns = TestNamespace::create("metrics").await?;
     let c = ControllerProcess::start_with(ns.name(), &["--http-addr", "127.0.0.1:0"], &[]).await?;

@@ -58,6 +58,7 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Result<()> {
     let ns = TestNamespace::create("supersede-pending").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -123,6 +124,7 @@ async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Resu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn supersede_none_runs_all_in_order() -> Result<()> {
     let ns = TestNamespace::create("supersede-none").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -150,6 +152,7 @@ async fn supersede_none_runs_all_in_order() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<()> {
     let ns = TestNamespace::create("supersede-running").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -219,6 +222,7 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn two_pipelines_sharing_a_key_never_supersede_each_other() -> Result<()> {
     let ns = TestNamespace::create("two-pipelines").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -257,6 +261,7 @@ async fn two_pipelines_sharing_a_key_never_supersede_each_other() -> Result<()> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
     let ns = TestNamespace::create("sequence").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -324,6 +329,7 @@ async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn priority_goes_first_and_newest_first_reverses_the_queue() -> Result<()> {
     let ns = TestNamespace::create("priority").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -377,6 +383,7 @@ async fn priority_goes_first_and_newest_first_reverses_the_queue() -> Result<()>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn capacity_two_never_has_more_than_two_holders() -> Result<()> {
     let ns = TestNamespace::create("capacity").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -415,6 +422,7 @@ async fn capacity_two_never_has_more_than_two_holders() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn wait_false_skips_instead_of_queueing() -> Result<()> {
     let ns = TestNamespace::create("wait-false").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -468,6 +476,7 @@ async fn wait_false_skips_instead_of_queueing() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
     let ns = TestNamespace::create("crash-supersede").await?;
     let mut faulty = ControllerProcess::start_with_env(
@@ -522,6 +531,7 @@ async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn every_invalid_policy_value_is_refused() -> Result<()> {
     let ns = TestNamespace::create("invalid-policy").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
