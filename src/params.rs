@@ -4,12 +4,10 @@
 //! actionable message for an `InvalidParams` failure. Nothing is silently ignored.
 
 use crate::duration::parse_go_duration;
-use crate::mutex::{MutexSpec, Supersede};
+use crate::mutex::{Mutex, MutexSpec, Supersede};
 use crate::tekton::{EmbeddedSpec, Param, TaskRef};
+use kube::Resource;
 use std::time::Duration;
-
-pub const API_VERSION: &str = "tekton-mutex.dev/v1alpha1";
-pub const KIND: &str = "Mutex";
 
 /// Params a Mutex task accepts.
 pub const PARAMS: &[&str] = &[
@@ -39,7 +37,7 @@ impl Target<'_> {
             Target::Ref(r) => (&r.api_version, &r.kind),
             Target::Spec(s) => (&s.api_version, &s.kind),
         };
-        api_version == API_VERSION && kind == KIND
+        *api_version == Mutex::api_version(&()) && *kind == Mutex::kind(&())
     }
 }
 
@@ -102,9 +100,17 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
         timeout: Some(DEFAULT_TIMEOUT),
         retries: 0,
     };
+    let key_param = read_params(&mut cfg, input.params)?;
+    read_target(&mut cfg, &input.target, key_param)?;
+    read_run_spec(&mut cfg, input.timeout, input.retries)?;
+    Ok(cfg)
+}
+
+/// Every param, each at most once and a string. Returns the `key` param, if given.
+fn read_params(cfg: &mut RunConfig, params: &[Param]) -> Result<Option<String>, String> {
     let mut key_param = None;
     let mut seen = Vec::new();
-    for p in input.params {
+    for p in params {
         if seen.contains(&p.name.as_str()) {
             return Err(format!("param {:?} is given more than once", p.name));
         }
@@ -119,63 +125,71 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
                 ));
             }
         };
-        match p.name.as_str() {
-            "key" => key_param = Some(value.to_string()),
-            "supersede" => {
-                cfg.supersede = match value {
-                    "pending" => Supersede::Pending,
-                    "none" => Supersede::None,
-                    "running" => Supersede::Running,
-                    _ => {
-                        return Err(invalid_choice(
-                            "supersede",
-                            value,
-                            &["pending", "none", "running"],
-                        ));
-                    }
-                }
-            }
-            "group" => {
-                if value.is_empty() || value.len() > 253 {
-                    return Err(format!(
-                        "param \"group\" must be 1 to 253 characters, got {value:?}"
-                    ));
-                }
-                cfg.group = Some(value.to_string());
-            }
-            "cancel-mode" => {
-                cfg.cancel_mode = match value {
-                    "CancelledRunFinally" => CancelMode::CancelledRunFinally,
-                    "Cancelled" => CancelMode::Cancelled,
-                    "StoppedRunFinally" => CancelMode::StoppedRunFinally,
-                    _ => {
-                        return Err(invalid_choice(
-                            "cancel-mode",
-                            value,
-                            &["CancelledRunFinally", "Cancelled", "StoppedRunFinally"],
-                        ));
-                    }
-                }
-            }
-            "sequence" => cfg.sequence = Some(parse_int("sequence", value)?),
-            "priority" => cfg.priority = parse_int("priority", value)?,
-            "wait" => {
-                cfg.wait = match value {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(invalid_choice("wait", value, &["true", "false"])),
-                }
-            }
-            other => {
-                return Err(format!(
-                    "unknown param {other:?}: allowed params are {}",
-                    PARAMS.join(", ")
-                ));
-            }
+        if p.name == "key" {
+            key_param = Some(value.to_string());
+        } else {
+            read_policy_param(cfg, &p.name, value)?;
         }
     }
+    Ok(key_param)
+}
 
-    match input.target {
+fn read_policy_param(cfg: &mut RunConfig, name: &str, value: &str) -> Result<(), String> {
+    match name {
+        "supersede" => {
+            cfg.supersede = match value {
+                "pending" => Supersede::Pending,
+                "none" => Supersede::None,
+                "running" => Supersede::Running,
+                _ => return Err(invalid_choice(name, value, &["pending", "none", "running"])),
+            }
+        }
+        "group" => {
+            if value.is_empty() || value.len() > 253 {
+                return Err(format!(
+                    "param \"group\" must be 1 to 253 characters, got {value:?}"
+                ));
+            }
+            cfg.group = Some(value.to_string());
+        }
+        "cancel-mode" => {
+            cfg.cancel_mode = match value {
+                "CancelledRunFinally" => CancelMode::CancelledRunFinally,
+                "Cancelled" => CancelMode::Cancelled,
+                "StoppedRunFinally" => CancelMode::StoppedRunFinally,
+                _ => {
+                    let allowed = ["CancelledRunFinally", "Cancelled", "StoppedRunFinally"];
+                    return Err(invalid_choice(name, value, &allowed));
+                }
+            }
+        }
+        "sequence" => cfg.sequence = Some(parse_int(name, value)?),
+        "priority" => cfg.priority = parse_int(name, value)?,
+        "wait" => {
+            cfg.wait = match value {
+                "true" => true,
+                "false" => false,
+                _ => return Err(invalid_choice(name, value, &["true", "false"])),
+            }
+        }
+        other => {
+            return Err(format!(
+                "unknown param {other:?}: allowed params are {}",
+                PARAMS.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The key (the referenced object's name, else the `key` param, else the
+/// namespace) and, for an embedded spec, the spec a new Mutex gets.
+fn read_target(
+    cfg: &mut RunConfig,
+    target: &Target,
+    mut key_param: Option<String>,
+) -> Result<(), String> {
+    match target {
         Target::Ref(r) => {
             if let Some(name) = r.name.as_deref().filter(|n| !n.is_empty()) {
                 if let Some(k) = key_param.as_deref().filter(|k| *k != name) {
@@ -197,17 +211,25 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
         validate_key(&k)?;
         cfg.key = k;
     }
+    Ok(())
+}
 
-    if let Some(t) = input.timeout {
+/// The run's own `timeout` and `retries`.
+fn read_run_spec(
+    cfg: &mut RunConfig,
+    timeout: Option<&str>,
+    retries: Option<i64>,
+) -> Result<(), String> {
+    if let Some(t) = timeout {
         let d = parse_go_duration(t)
             .map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
         cfg.timeout = (!d.is_zero()).then_some(d);
     }
-    if let Some(r) = input.retries {
+    if let Some(r) = retries {
         cfg.retries =
             u32::try_from(r).map_err(|_| format!("spec.retries must be 0 or more, got {r}"))?;
     }
-    Ok(cfg)
+    Ok(())
 }
 
 fn parse_embedded_spec(spec: &serde_json::Value) -> Result<MutexSpec, String> {
@@ -290,8 +312,8 @@ mod tests {
 
     fn mutex_ref(name: Option<&str>) -> TaskRef {
         TaskRef {
-            api_version: API_VERSION.into(),
-            kind: KIND.into(),
+            api_version: Mutex::api_version(&()).into(),
+            kind: Mutex::kind(&()).into(),
             name: name.map(Into::into),
         }
     }
@@ -416,8 +438,8 @@ mod tests {
     #[test]
     fn timeout_and_embedded_spec() {
         let spec = EmbeddedSpec {
-            api_version: API_VERSION.into(),
-            kind: KIND.into(),
+            api_version: Mutex::api_version(&()).into(),
+            kind: Mutex::kind(&()).into(),
             spec: Some(json!({"capacity": 2})),
         };
         let input = RunInput {
