@@ -7,31 +7,50 @@ use crate::tekton::{Condition, RunStatus};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 
-/// Reasons this controller writes besides Tekton's own.
-pub mod reason {
-    pub const WAITING: &str = "Waiting";
-    pub const ACQUIRED: &str = "Acquired";
-    pub const NOT_ACQUIRED: &str = "NotAcquired";
-    pub const INVALID_PARAMS: &str = "InvalidParams";
-    pub use crate::decide::SUPERSEDED;
+/// Every reason this controller writes on a run's `Succeeded` condition. The
+/// cancel and timeout reasons are Tekton's own, which Tekton reads back: a
+/// PipelineRun counts a custom task as cancelled only with the cancel reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Waiting,
+    Acquired,
+    NotAcquired,
+    InvalidParams,
+    Superseded,
+    Cancelled(RunKind),
+    TimedOut(RunKind),
 }
 
-pub fn cancelled_reason(kind: RunKind) -> &'static str {
-    match kind {
-        RunKind::CustomRun => "CustomRunCancelled",
-        RunKind::Run => "RunCancelled",
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Waiting => "Waiting",
+            Reason::Acquired => "Acquired",
+            Reason::NotAcquired => "NotAcquired",
+            Reason::InvalidParams => "InvalidParams",
+            Reason::Superseded => "Superseded",
+            Reason::Cancelled(RunKind::CustomRun) => "CustomRunCancelled",
+            Reason::Cancelled(RunKind::Run) => "RunCancelled",
+            Reason::TimedOut(RunKind::CustomRun) => "CustomRunTimedOut",
+            Reason::TimedOut(RunKind::Run) => "RunTimedOut",
+        }
+    }
+
+    /// The condition status this reason goes with.
+    pub fn status(self) -> &'static str {
+        match self {
+            Reason::Waiting => "Unknown",
+            Reason::Acquired | Reason::NotAcquired => "True",
+            Reason::InvalidParams
+            | Reason::Superseded
+            | Reason::Cancelled(_)
+            | Reason::TimedOut(_) => "False",
+        }
     }
 }
 
-pub fn timed_out_reason(kind: RunKind) -> &'static str {
-    match kind {
-        RunKind::CustomRun => "CustomRunTimedOut",
-        RunKind::Run => "RunTimedOut",
-    }
-}
-
-/// The Succeeded condition an outcome calls for.
-pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, String, String) {
+/// The Succeeded condition an outcome calls for: its reason and message.
+pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String) {
     match outcome {
         Outcome::Waiting {
             position,
@@ -39,8 +58,7 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, 
             holders,
             ..
         } => (
-            "Unknown",
-            reason::WAITING.into(),
+            Reason::Waiting,
             format!(
                 "waiting for {key}: held by {} (position {position} of {of})",
                 holders_text(holders)
@@ -50,31 +68,26 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, 
             token,
             waited_seconds,
         } => (
-            "True",
-            reason::ACQUIRED.into(),
+            Reason::Acquired,
             format!("acquired {key} with token {token} after waiting {waited_seconds}s"),
         ),
         Outcome::NotAcquired { holders } => (
-            "True",
-            reason::NOT_ACQUIRED.into(),
+            Reason::NotAcquired,
             format!(
                 "{key} is held by {}; not waiting because wait is \"false\"",
                 holders_text(holders)
             ),
         ),
         Outcome::Superseded { by } => (
-            "False",
-            reason::SUPERSEDED.into(),
+            Reason::Superseded,
             format!("superseded by newer PipelineRun {by} on {key}"),
         ),
         Outcome::Cancelled { why } => (
-            "False",
-            cancelled_reason(kind).into(),
+            Reason::Cancelled(kind),
             format!("left the queue for {key}: {why}"),
         ),
         Outcome::TimedOut => (
-            "False",
-            timed_out_reason(kind).into(),
+            Reason::TimedOut(kind),
             format!("timed out waiting for {key}"),
         ),
     }
@@ -122,7 +135,8 @@ pub fn patch(
     resource_version: Option<&str>,
     now: DateTime<Utc>,
 ) -> Option<Value> {
-    let (status, reason, message) = condition(kind, key, outcome);
+    let (reason, message) = condition(kind, key, outcome);
+    let status = reason.status();
     let retry = matches!(outcome, Outcome::Waiting { retry: true, .. });
     let same = current.succeeded().is_some_and(|c| {
         c.status == status
@@ -135,7 +149,7 @@ pub fn patch(
     let cond = Condition {
         type_: "Succeeded".into(),
         status: status.into(),
-        reason: Some(reason),
+        reason: Some(reason.as_str().into()),
         message: Some(message),
         last_transition_time: Some(rfc3339(now)),
     };
@@ -157,7 +171,7 @@ pub fn patch(
             "conditions": [Condition {
                 type_: "Succeeded".into(),
                 status: "False".into(),
-                reason: Some(timed_out_reason(kind).into()),
+                reason: Some(Reason::TimedOut(kind).as_str().into()),
                 message: Some(format!("attempt {} timed out waiting for {key}", attempts.len() + 1)),
                 last_transition_time: Some(rfc3339(now)),
             }],
@@ -176,7 +190,7 @@ pub fn invalid_params_patch(message: &str, current: &RunStatus, now: DateTime<Ut
         "conditions": [Condition {
             type_: "Succeeded".into(),
             status: "False".into(),
-            reason: Some(reason::INVALID_PARAMS.into()),
+            reason: Some(Reason::InvalidParams.as_str().into()),
             message: Some(message.into()),
             last_transition_time: Some(rfc3339(now)),
         }],
@@ -248,19 +262,14 @@ mod tests {
     #[test]
     fn reasons_follow_the_protocol_of_each_kind() {
         let cancel = Outcome::Cancelled { why: "x".into() };
+        let reason = |kind, o| condition(kind, "k", o).0.as_str();
+        assert_eq!(reason(RunKind::CustomRun, &cancel), "CustomRunCancelled");
+        assert_eq!(reason(RunKind::Run, &cancel), "RunCancelled");
         assert_eq!(
-            condition(RunKind::CustomRun, "k", &cancel).1,
-            "CustomRunCancelled"
-        );
-        assert_eq!(condition(RunKind::Run, "k", &cancel).1, "RunCancelled");
-        assert_eq!(
-            condition(RunKind::CustomRun, "k", &Outcome::TimedOut).1,
+            reason(RunKind::CustomRun, &Outcome::TimedOut),
             "CustomRunTimedOut"
         );
-        assert_eq!(
-            condition(RunKind::Run, "k", &Outcome::TimedOut).1,
-            "RunTimedOut"
-        );
+        assert_eq!(reason(RunKind::Run, &Outcome::TimedOut), "RunTimedOut");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::decide::Cancel;
 use crate::metrics::Metrics;
 use crate::mutex::{Mutex, MutexSpec, RunKind};
 use crate::observe::ObservedRun;
-use crate::run_status;
+use crate::run_status::{self, Reason};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
@@ -14,7 +14,7 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
@@ -139,8 +139,8 @@ pub async fn cancel_pipeline_run(
     Metrics::inc(&ctx.metrics.pipeline_runs_cancelled);
     info!(key, group = %c.group, pipeline_run = %c.pipeline_run, superseded_by = %c.superseded_by, mode = c.mode.as_str(), "cancelled superseded PipelineRun");
     let reference = ObjectReference {
-        api_version: Some("tekton.dev/v1".into()),
-        kind: Some("PipelineRun".into()),
+        api_version: Some(PipelineRun::api_version(&()).into()),
+        kind: Some(PipelineRun::kind(&()).into()),
         name: Some(c.pipeline_run.clone()),
         namespace: Some(ns.into()),
         uid: pr.uid(),
@@ -148,7 +148,7 @@ pub async fn cancel_pipeline_run(
     };
     let event = Event {
         type_: EventType::Normal,
-        reason: "Superseded".into(),
+        reason: Reason::Superseded.as_str().into(),
         note: Some(format!(
             "superseded by newer PipelineRun {} on mutex {key} (group {}); cancelled with {}",
             c.superseded_by,

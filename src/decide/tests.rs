@@ -70,17 +70,12 @@ fn queue(d: &Decision) -> Vec<String> {
 fn apply(runs: &mut [RunView], d: &Decision) {
     for r in runs.iter_mut() {
         if let Some((_, o)) = d.outcomes.iter().find(|(x, _)| x.uid == r.run.uid) {
-            let reason = match o {
+            let superseded = match o {
                 Outcome::Waiting { .. } => continue,
-                Outcome::Acquired { .. } => "Acquired",
-                Outcome::NotAcquired { .. } => "NotAcquired",
-                Outcome::Superseded { .. } => SUPERSEDED,
-                Outcome::Cancelled { .. } => "CustomRunCancelled",
-                Outcome::TimedOut => "CustomRunTimedOut",
+                Outcome::Superseded { .. } => true,
+                _ => false,
             };
-            r.phase = Phase::Done {
-                reason: reason.into(),
-            };
+            r.phase = Phase::Done { superseded };
         }
         if d.cancels
             .iter()
@@ -293,9 +288,7 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
     let spec = MutexSpec::default();
     let mut runs = vec![with(run(0), |r| {
         r.supersede = Supersede::Pending;
-        r.phase = Phase::Done {
-            reason: SUPERSEDED.into(),
-        }
+        r.phase = Phase::Done { superseded: true }
     })];
     let status = MutexStatus {
         groups: vec![GroupMark {
