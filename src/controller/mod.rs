@@ -9,6 +9,8 @@
 
 mod intake;
 mod sync;
+#[cfg(test)]
+mod tests;
 mod writes;
 
 use crate::metrics::{self, Metrics};
