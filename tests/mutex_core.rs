@@ -385,6 +385,9 @@ async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     })
     .await?;
     let first = mutex_status(&ns, ns.name()).await?.holding;
+    // The Mutex status is written before the runs are told: wait until the holder's
+    // lock run says so, or it could never finish while the controller is down.
+    wait_reason(&ns, &lock_run(&first), "Acquired", slow()).await?;
     c.kill();
     // While it is down: the holder finishes, and a new run arrives.
     release(&ns, &first).await?;
