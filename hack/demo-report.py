@@ -126,13 +126,16 @@ def main():
                 results = {r["name"]: r["value"] for r in cr.get("status", {}).get("results", []) or []}
                 if cc.get("reason") == "Acquired":
                     lock = f"lock Acquired, token {results.get('token', '?')}, waited {results.get('waited-seconds', '?')}s"
-                elif cc.get("reason") == "Superseded":
+                elif cc.get("message", "").startswith("Superseded:"):
                     lock = yellow(f"lock {cc.get('reason')}: {cc.get('message', '')}")
                 else:
                     lock = f"lock {cc.get('reason', 'pending')}"
             cancelled = pr.get("spec", {}).get("status")
+            superseded_by = (pr.get("metadata", {}).get("annotations") or {}).get("tekton-mutex.dev/superseded-by")
             outcome = c.get("reason", "Running")
-            if cancelled:
+            if superseded_by:
+                outcome += f", cancelled (superseded by {superseded_by})"
+            elif cancelled:
                 outcome += f", cancelled ({cancelled})"
             tr = trs.get(name)
             deploy = "deploy ran" if tr and tr.get("status", {}).get("podName") else "deploy never ran"

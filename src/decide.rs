@@ -27,6 +27,10 @@ pub struct RunView {
     pub supersede: Supersede,
     pub cancel_mode: CancelMode,
     pub wait: bool,
+    /// When this run started waiting (its first attempt's start): waited-seconds counts from here.
+    pub waiting_since: DateTime<Utc>,
+    /// Why it was asked to stop (`spec.statusMessage`), when Tekton or a person said.
+    pub cancel_message: Option<String>,
     pub phase: Phase,
 }
 
@@ -90,8 +94,10 @@ pub enum Outcome {
     NotAcquired {
         holders: Vec<String>,
     },
+    /// A newer run of its group holds or waits for the key.
     Superseded {
         by: String,
+        group: String,
     },
     Cancelled {
         why: String,
@@ -319,11 +325,15 @@ impl<'a> Decider<'a> {
         // Superseded wins over the cancel that superseding itself causes: the
         // PipelineRun is cancelled first, and Tekton then cancels the run too.
         if let Some(by) = self.stale(r) {
-            return Leaving::LeaveWith(Outcome::Superseded { by });
+            let group = r.group.clone();
+            return Leaving::LeaveWith(Outcome::Superseded { by, group });
         }
         let cancelled = |why: String| Leaving::LeaveWith(Outcome::Cancelled { why });
         if cancel_requested {
-            return cancelled("the run was cancelled while waiting".into());
+            return cancelled(match &r.cancel_message {
+                Some(m) => format!("the run was cancelled while waiting: {m}"),
+                None => "the run was cancelled while waiting".into(),
+            });
         }
         if timeout == Timeout::Final {
             return Leaving::LeaveWith(Outcome::TimedOut);
@@ -346,7 +356,7 @@ impl<'a> Decider<'a> {
         let Leaving::LeaveWith(outcome) = leaving else {
             return;
         };
-        if let Outcome::Superseded { by } = &outcome {
+        if let Outcome::Superseded { by, .. } = &outcome {
             self.cancels.extend(cancel_of(r, by));
         }
         self.outcomes.push((r.run.clone(), outcome));
@@ -394,7 +404,7 @@ impl<'a> Decider<'a> {
         };
         let outcome = Outcome::Acquired {
             token: h.token,
-            waited_seconds: (self.now - r.age.created).num_seconds().max(0),
+            waited_seconds: self.waited(r),
         };
         self.outcomes.push((r.run.clone(), outcome));
         true
@@ -450,8 +460,13 @@ impl<'a> Decider<'a> {
             if let Some(victim) = self.runs.get(w.run.uid.as_str()) {
                 self.cancels.extend(cancel_of(victim, &by));
             }
-            self.outcomes
-                .push((w.run, Outcome::Superseded { by: by.clone() }));
+            self.outcomes.push((
+                w.run,
+                Outcome::Superseded {
+                    by: by.clone(),
+                    group: w.group,
+                },
+            ));
         }
     }
 
@@ -461,7 +476,10 @@ impl<'a> Decider<'a> {
         while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
             let w = self.st.queue.remove(0);
             self.st.last_token += 1;
-            let waited = (self.now - w.age.created).num_seconds().max(0);
+            let waited = self
+                .runs
+                .get(w.run.uid.as_str())
+                .map_or(0, |r| self.waited(r));
             // Other lock runs of the same PipelineRun share the grant.
             if w.pipeline_run.is_some() {
                 let (same, rest): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
@@ -499,6 +517,11 @@ impl<'a> Decider<'a> {
             };
             Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
         });
+    }
+
+    /// Seconds since the run started waiting.
+    fn waited(&self, r: &RunView) -> i64 {
+        (self.now - r.waiting_since).num_seconds().max(0)
     }
 
     fn holder_names(&self) -> Vec<String> {

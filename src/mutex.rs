@@ -44,6 +44,16 @@ impl Default for MutexSpec {
     }
 }
 
+impl Order {
+    /// As written in a spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::OldestFirst => "oldest-first",
+            Order::NewestFirst => "newest-first",
+        }
+    }
+}
+
 fn default_capacity() -> u32 {
     1
 }

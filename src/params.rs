@@ -4,7 +4,7 @@
 //! actionable message for an `InvalidParams` failure. Nothing is silently ignored.
 
 use crate::duration::parse_go_duration;
-use crate::mutex::{Mutex, MutexSpec, Supersede};
+use crate::mutex::{Mutex, MutexSpec, Order, Supersede};
 use crate::tekton::{EmbeddedSpec, Param, TaskRef};
 use kube::Resource;
 use std::time::Duration;
@@ -20,9 +20,21 @@ pub const PARAMS: &[&str] = &[
     "wait",
 ];
 
-/// Tekton's default when a run sets no timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+/// The wait limit of a standalone run that sets no timeout: what Tekton's own
+/// `CustomRun.GetTimeout()` answers then (`apisconfig.DefaultTimeoutMinutes`).
+pub const STANDALONE_DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
+/// How long a run may wait, from its `spec.timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitLimit {
+    /// No `spec.timeout`. Tekton sets one on a PipelineRun's CustomRun only when the
+    /// pipeline task has a `timeout` or the PipelineRun's tasks timeout exceeds
+    /// `default-timeout-minutes`; otherwise the PipelineRun's own timeouts end the wait.
+    Unset,
+    /// `0s`: wait forever.
+    Never,
+    After(Duration),
+}
 /// What a run points at: a Mutex object by name, an embedded spec, or just the kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Target<'a> {
@@ -66,6 +78,8 @@ pub struct RunConfig {
     pub key: String,
     /// Spec for the Mutex object when this run has to create it.
     pub spec: MutexSpec,
+    /// The fields an embedded spec sets: an existing Mutex must agree with each.
+    pub spec_fields: SpecFields,
     pub supersede: Supersede,
     /// None: the PipelineRun's `tekton.dev/pipeline` label.
     pub group: Option<String>,
@@ -73,9 +87,48 @@ pub struct RunConfig {
     pub sequence: Option<i64>,
     pub priority: i64,
     pub wait: bool,
-    /// None: wait forever (`timeout: 0s`).
-    pub timeout: Option<Duration>,
+    pub timeout: WaitLimit,
     pub retries: u32,
+}
+
+/// The fields of a Mutex spec that a run's embedded spec sets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SpecFields {
+    #[serde(default)]
+    pub capacity: Option<u32>,
+    #[serde(default)]
+    pub order: Option<Order>,
+}
+
+impl RunConfig {
+    /// Why this run cannot use the key's existing Mutex: its embedded spec sets a
+    /// field to another value. A field it does not set takes the Mutex's.
+    pub fn spec_conflict(&self, existing: &MutexSpec) -> Option<String> {
+        let differs = |field: &str, ours: String, theirs: String| {
+            format!(
+                "the embedded Mutex spec sets {field} {ours}, but Mutex {key} already has {field} {theirs}: \
+                 make them equal, or drop {field} from the embedded spec to use the Mutex as it is",
+                key = self.key
+            )
+        };
+        let f = &self.spec_fields;
+        if let Some(c) = f.capacity.filter(|c| *c != existing.capacity) {
+            return Some(differs(
+                "capacity",
+                c.to_string(),
+                existing.capacity.to_string(),
+            ));
+        }
+        if let Some(o) = f.order.filter(|o| *o != existing.order) {
+            return Some(differs(
+                "order",
+                o.as_str().into(),
+                existing.order.as_str().into(),
+            ));
+        }
+        None
+    }
 }
 
 /// The raw spec fields a config is read from.
@@ -91,13 +144,14 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
     let mut cfg = RunConfig {
         key: input.namespace.to_string(),
         spec: MutexSpec::default(),
+        spec_fields: SpecFields::default(),
         supersede: Supersede::default(),
         group: None,
         cancel_mode: CancelMode::default(),
         sequence: None,
         priority: 0,
         wait: true,
-        timeout: Some(DEFAULT_TIMEOUT),
+        timeout: WaitLimit::Unset,
         retries: 0,
     };
     let key_param = read_params(&mut cfg, input.params)?;
@@ -203,7 +257,8 @@ fn read_target(
         }
         Target::Spec(s) => {
             if let Some(spec) = &s.spec {
-                cfg.spec = parse_embedded_spec(spec)?;
+                cfg.spec_fields = parse_embedded_spec(spec)?;
+                cfg.spec = cfg.spec_fields.apply_to(MutexSpec::default());
             }
         }
     }
@@ -223,7 +278,11 @@ fn read_run_spec(
     if let Some(t) = timeout {
         let d = parse_go_duration(t)
             .map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
-        cfg.timeout = (!d.is_zero()).then_some(d);
+        cfg.timeout = if d.is_zero() {
+            WaitLimit::Never
+        } else {
+            WaitLimit::After(d)
+        };
     }
     if let Some(r) = retries {
         cfg.retries =
@@ -232,29 +291,22 @@ fn read_run_spec(
     Ok(())
 }
 
-fn parse_embedded_spec(spec: &serde_json::Value) -> Result<MutexSpec, String> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    struct Strict {
-        #[serde(default)]
-        capacity: Option<u32>,
-        #[serde(default)]
-        order: Option<crate::mutex::Order>,
-    }
-    let strict: Strict = serde_json::from_value(spec.clone()).map_err(|e| {
+fn parse_embedded_spec(spec: &serde_json::Value) -> Result<SpecFields, String> {
+    let fields: SpecFields = serde_json::from_value(spec.clone()).map_err(|e| {
         format!("customSpec.spec is not a Mutex spec ({e}): allowed fields are capacity (integer >= 1) and order (oldest-first or newest-first)")
     })?;
-    let mut out = MutexSpec::default();
-    if let Some(c) = strict.capacity {
-        if c == 0 {
-            return Err("customSpec.spec.capacity must be 1 or more".into());
-        }
-        out.capacity = c;
+    if fields.capacity == Some(0) {
+        return Err("customSpec.spec.capacity must be 1 or more".into());
     }
-    if let Some(o) = strict.order {
-        out.order = o;
+    Ok(fields)
+}
+
+impl SpecFields {
+    fn apply_to(self, mut spec: MutexSpec) -> MutexSpec {
+        spec.capacity = self.capacity.unwrap_or(spec.capacity);
+        spec.order = self.order.unwrap_or(spec.order);
+        spec
     }
-    Ok(out)
 }
 
 /// A key names a Mutex object, so it must be a valid Kubernetes object name
@@ -342,7 +394,7 @@ mod tests {
         assert_eq!(cfg.supersede, Supersede::Pending);
         assert_eq!(cfg.cancel_mode, CancelMode::CancelledRunFinally);
         assert!(cfg.wait);
-        assert_eq!(cfg.timeout, Some(DEFAULT_TIMEOUT));
+        assert_eq!(cfg.timeout, WaitLimit::Unset);
     }
 
     #[test]
@@ -451,7 +503,7 @@ mod tests {
         };
         let cfg = parse(&input).unwrap();
         assert_eq!(cfg.spec.capacity, 2);
-        assert_eq!(cfg.timeout, None);
+        assert_eq!(cfg.timeout, WaitLimit::Never);
         assert_eq!(cfg.retries, 2);
 
         let bad = EmbeddedSpec {
@@ -472,6 +524,51 @@ mod tests {
             retries: None,
         };
         assert!(parse(&input).unwrap_err().contains("spec.timeout"));
+    }
+
+    #[test]
+    fn an_embedded_spec_must_agree_with_the_existing_mutex() {
+        let embedded = |spec: serde_json::Value| {
+            let s = EmbeddedSpec {
+                api_version: Mutex::api_version(&()).into(),
+                kind: Mutex::kind(&()).into(),
+                spec: Some(spec),
+            };
+            let input = RunInput {
+                namespace: "jx-staging",
+                target: Target::Spec(&s),
+                params: &[],
+                timeout: None,
+                retries: None,
+            };
+            parse(&input).unwrap()
+        };
+        let existing = MutexSpec {
+            capacity: 2,
+            order: Order::OldestFirst,
+        };
+        let err = embedded(json!({"capacity": 3}))
+            .spec_conflict(&existing)
+            .unwrap();
+        assert!(
+            err.contains("sets capacity 3, but Mutex jx-staging already has capacity 2"),
+            "{err}"
+        );
+        let err = embedded(json!({"capacity": 2, "order": "newest-first"}))
+            .spec_conflict(&existing)
+            .unwrap();
+        assert!(err.contains("order newest-first"), "{err}");
+        assert_eq!(
+            embedded(json!({"capacity": 2})).spec_conflict(&existing),
+            None
+        );
+        assert_eq!(
+            embedded(json!({})).spec_conflict(&existing),
+            None,
+            "a field not set takes the Mutex's"
+        );
+        let by_ref = parse_with(&[], &mutex_ref(Some("jx-staging"))).unwrap();
+        assert_eq!(by_ref.spec_conflict(&existing), None);
     }
 
     #[test]

@@ -7,15 +7,20 @@ use crate::tekton::{Condition, RunStatus};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 
-/// Every reason this controller writes on a run's `Succeeded` condition. The
-/// cancel and timeout reasons are Tekton's own, which Tekton reads back: a
-/// PipelineRun counts a custom task as cancelled only with the cancel reason.
+/// Every reason this controller writes on a run's `Succeeded` condition or in an
+/// Event. The cancel and timeout reasons are Tekton's own, which Tekton reads
+/// back: a PipelineRun counts a custom task as cancelled only with the cancel
+/// reason, so a superseded run ends `Cancelled(kind)` and its PipelineRun
+/// `Cancelled` (tektoncd/pipeline v1.15.0, `pipelinerunresolution.go` `isCancelled`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
     Waiting,
     Acquired,
     NotAcquired,
     InvalidParams,
+    /// The reason of the `Superseded` Events (on the PipelineRun and on the lock
+    /// run). Controllers before the `Cancelled` contract also ended superseded
+    /// runs with it; [`superseded`] still recognizes those.
     Superseded,
     Cancelled(RunKind),
     TimedOut(RunKind),
@@ -49,6 +54,25 @@ impl Reason {
     }
 }
 
+/// How a superseded run's message starts; people and alert rules look for it.
+pub const SUPERSEDED_PREFIX: &str = "Superseded:";
+/// `status.extraFields` key naming who superseded a run: the typed fact that a
+/// run ended superseded (its PipelineRun's cancel is redone from it after a crash).
+pub const SUPERSEDED_BY_FIELD: &str = "supersededBy";
+
+/// Did this run end superseded? By our marker, or by the reason older versions wrote.
+pub fn superseded(status: &RunStatus) -> bool {
+    let marked = status
+        .extra_fields
+        .as_ref()
+        .and_then(|f| f.get(SUPERSEDED_BY_FIELD))
+        .is_some_and(|v| v.is_string());
+    let legacy = status
+        .succeeded()
+        .is_some_and(|c| c.reason.as_deref() == Some(Reason::Superseded.as_str()));
+    marked || legacy
+}
+
 /// The Succeeded condition an outcome calls for: its reason and message.
 pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String) {
     match outcome {
@@ -78,9 +102,11 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                 holders_text(holders)
             ),
         ),
-        Outcome::Superseded { by } => (
-            Reason::Superseded,
-            format!("superseded by newer PipelineRun {by} on {key}"),
+        Outcome::Superseded { by, group } => (
+            Reason::Cancelled(kind),
+            format!(
+                "{SUPERSEDED_PREFIX} newer PipelineRun {by} (group {group}) holds or waits for {key}"
+            ),
         ),
         Outcome::Cancelled { why } => (
             Reason::Cancelled(kind),
@@ -151,12 +177,16 @@ pub fn patch(
         status: status.into(),
         reason: Some(reason.as_str().into()),
         message: Some(message),
-        last_transition_time: Some(rfc3339(now)),
+        last_transition_time: Some(transition_time(current, status, reason, now)),
     };
+    let mut extra = json!({"key": key});
+    if let Outcome::Superseded { by, .. } = outcome {
+        extra[SUPERSEDED_BY_FIELD] = json!(by);
+    }
     let mut st = json!({
         "conditions": [cond],
         "startTime": current.start_time.clone().unwrap_or_else(|| rfc3339(now)),
-        "extraFields": {"key": key},
+        "extraFields": extra,
     });
     if status != "Unknown" {
         st["completionTime"] = json!(rfc3339(now));
@@ -182,6 +212,21 @@ pub fn patch(
         st["startTime"] = json!(rfc3339(now));
     }
     Some(json!({"metadata": {"resourceVersion": resource_version}, "status": st}))
+}
+
+/// A condition's lastTransitionTime moves only when its status or reason does:
+/// a new position in the queue is not a transition.
+fn transition_time(
+    current: &RunStatus,
+    status: &str,
+    reason: Reason,
+    now: DateTime<Utc>,
+) -> String {
+    current
+        .succeeded()
+        .filter(|c| c.status == status && c.reason.as_deref() == Some(reason.as_str()))
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| rfc3339(now))
 }
 
 /// Status for a run whose spec we cannot accept.
@@ -291,5 +336,110 @@ mod tests {
             p["status"]["retriesStatus"][0]["conditions"][0]["reason"],
             "CustomRunTimedOut"
         );
+    }
+
+    fn waiting(position: usize) -> Outcome {
+        Outcome::Waiting {
+            position,
+            of: 3,
+            holders: vec!["a".into()],
+            retry: false,
+        }
+    }
+
+    fn written(p: &Value) -> RunStatus {
+        serde_json::from_value(p["status"].clone()).unwrap()
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_with_status_or_reason() {
+        let later = now() + chrono::TimeDelta::seconds(30);
+        let first = patch(
+            RunKind::CustomRun,
+            "k",
+            &waiting(3),
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        let ltt = |p: &Value| p["status"]["conditions"][0]["lastTransitionTime"].clone();
+        assert_eq!(ltt(&first), "2026-11-30T12:00:00Z");
+        // A new position is a new message, not a transition.
+        let moved = patch(
+            RunKind::CustomRun,
+            "k",
+            &waiting(2),
+            &written(&first),
+            None,
+            later,
+        )
+        .unwrap();
+        assert_eq!(ltt(&moved), "2026-11-30T12:00:00Z");
+        let acquired = Outcome::Acquired {
+            token: 1,
+            waited_seconds: 30,
+        };
+        let granted = patch(
+            RunKind::CustomRun,
+            "k",
+            &acquired,
+            &written(&moved),
+            None,
+            later,
+        )
+        .unwrap();
+        assert_eq!(ltt(&granted), "2026-11-30T12:00:30Z");
+    }
+
+    #[test]
+    fn a_superseded_run_ends_cancelled_with_the_word_in_front() {
+        let o = Outcome::Superseded {
+            by: "promote-81".into(),
+            group: "promote".into(),
+        };
+        for (kind, reason) in [
+            (RunKind::CustomRun, "CustomRunCancelled"),
+            (RunKind::Run, "RunCancelled"),
+        ] {
+            let p = patch(kind, "jx-staging", &o, &RunStatus::default(), None, now()).unwrap();
+            let c = &p["status"]["conditions"][0];
+            assert_eq!(
+                (c["status"].as_str(), c["reason"].as_str()),
+                (Some("False"), Some(reason))
+            );
+            assert_eq!(
+                c["message"],
+                "Superseded: newer PipelineRun promote-81 (group promote) holds or waits for jx-staging"
+            );
+            assert!(p["status"]["completionTime"].is_string());
+            assert!(superseded(&written(&p)), "the marker says superseded");
+        }
+    }
+
+    #[test]
+    fn only_the_marker_or_the_old_reason_means_superseded() {
+        let cancelled = patch(
+            RunKind::CustomRun,
+            "k",
+            &Outcome::Cancelled {
+                why: "Superseded: not really".into(),
+            },
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        assert!(!superseded(&written(&cancelled)));
+        let legacy = RunStatus {
+            conditions: vec![Condition {
+                type_: "Succeeded".into(),
+                status: "False".into(),
+                reason: Some("Superseded".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(superseded(&legacy), "runs ended by earlier versions");
     }
 }

@@ -5,8 +5,8 @@
 use crate::decide::{Parent, ParentState, Phase, RunView, Timeout};
 use crate::mutex::Age;
 use crate::observe::{ObservedRun, PIPELINE_LABEL, to_chrono};
-use crate::params::RunConfig;
-use crate::run_status::Reason;
+use crate::params::{RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
+use crate::run_status;
 use crate::tekton::pipelinerun::PipelineRun;
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
@@ -48,6 +48,8 @@ pub fn member_view(
             supersede: cfg.supersede,
             cancel_mode: cfg.cancel_mode,
             wait: cfg.wait,
+            waiting_since: o.waiting_since(),
+            cancel_message: o.status_message.map(str::to_string),
             phase: phase(o, cfg, deadline, now),
         },
         deadline,
@@ -93,10 +95,18 @@ pub fn group(
         .unwrap_or_else(|| age.name.clone())
 }
 
-/// When the current attempt stops waiting. A timeout too large for a date is no timeout at all.
+/// When the current attempt stops waiting: the run's `spec.timeout` if set. Unset,
+/// a PipelineRun's run waits as long as its PipelineRun may run (Tekton cancels
+/// it when the PipelineRun times out), and a standalone run gets Tekton's default
+/// of 1h. A timeout too large for a date is no timeout at all.
 pub fn deadline(o: &ObservedRun<'_>, cfg: &RunConfig) -> Option<DateTime<Utc>> {
-    cfg.timeout
-        .and_then(|t| chrono::TimeDelta::from_std(t).ok())
+    let limit = match cfg.timeout {
+        WaitLimit::After(t) => t,
+        WaitLimit::Unset if o.parent.is_none() => STANDALONE_DEFAULT_TIMEOUT,
+        WaitLimit::Unset | WaitLimit::Never => return None,
+    };
+    chrono::TimeDelta::from_std(limit)
+        .ok()
         .and_then(|t| o.attempt_start().checked_add_signed(t))
 }
 
@@ -107,9 +117,8 @@ pub fn phase(
     now: DateTime<Utc>,
 ) -> Phase {
     if o.is_done() {
-        let reason = o.status.succeeded().and_then(|c| c.reason.as_deref());
         return Phase::Done {
-            superseded: reason == Some(Reason::Superseded.as_str()),
+            superseded: run_status::superseded(&o.status),
         };
     }
     Phase::Live {

@@ -83,7 +83,7 @@ async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
     ns.apply(&pipeline_run("b", "promote", &[])).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
     ns.apply(&pipeline_run("c", "promote", &[])).await?;
-    wait_reason(&ns, &lock_run("b"), "Superseded", slow()).await?;
+    wait_superseded(&ns, &lock_run("b")).await?;
     wait_until("the Superseded event on b", slow(), || async {
         let events = ns.kubectl(&[
             "get",

@@ -5,6 +5,7 @@ mod support;
 
 use anyhow::{Result, ensure};
 use futures::future::try_join_all;
+use kube::ResourceExt;
 use serde_json::json;
 use support::controller::ControllerProcess;
 use support::pipelines::*;
@@ -25,14 +26,13 @@ async fn pipeline_run_reason(ns: &TestNamespace, pr: &str) -> Result<(String, St
     Ok((c.status, c.reason))
 }
 
-/// The PipelineRun was cancelled (with `mode`) and has finished.
-/// Tekton reports it Failed, not Cancelled: it counts a custom task as cancelled
-/// only with reason CustomRunCancelled, and ours says Superseded.
+/// The PipelineRun was cancelled (with `mode`) and has finished as Tekton's
+/// `Cancelled`, not `Failed`: its superseded lock run ended CustomRunCancelled.
 async fn ended_cancelled(ns: &TestNamespace, pr: &str, mode: &str) -> Result<()> {
     let (st, why) = pipeline_run_reason(ns, pr).await?;
     let spec_status = ns.api::<PipelineRun>().get(pr).await?.spec.status;
     ensure!(
-        st == "False" && spec_status.as_deref() == Some(mode),
+        st == "False" && why == "Cancelled" && spec_status.as_deref() == Some(mode),
         "{pr}: {st}/{why}, spec.status {spec_status:?}"
     );
     Ok(())
@@ -81,12 +81,12 @@ async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Resu
     create_at_once(&ns, "promote", &rest).await?;
 
     for pr in &prs[1..4] {
-        let c = wait_reason(&ns, &lock_run(pr), "Superseded", slow()).await?;
+        let c = wait_superseded(&ns, &lock_run(pr)).await?;
         ensure!(c.status == "False", "{pr}: {c:?}");
         ensure!(
             c.message
                 .as_deref()
-                .is_some_and(|m| m.contains("superseded by newer PipelineRun p")),
+                .is_some_and(|m| m.contains("Superseded: newer PipelineRun p")),
             "{c:?}"
         );
         ended_cancelled(&ns, pr, "CancelledRunFinally").await?;
@@ -198,6 +198,11 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         old.is_done(),
         "v1 is done, finally included, when v2 acquires"
     );
+    ensure!(
+        old.annotations().get("tekton-mutex.dev/superseded-by") == Some(&"v2".to_string()),
+        "the cancelled holder names who superseded it: {:?}",
+        old.annotations()
+    );
     // In API-server order: v1's completion strictly precedes v2's grant.
     timeline.check_exclusion(1)?;
     let events = ns.kubectl(&[
@@ -240,12 +245,12 @@ async fn two_pipelines_sharing_a_key_never_supersede_each_other() -> Result<()> 
     ns.apply(&pipeline_run("b1", "app-b", &[])).await?;
     ns.apply(&pipeline_run("a2", "app-a", &[])).await?;
     // a2 supersedes a1 (same pipeline), b1 supersedes b0; nobody crosses pipelines.
-    let a1 = wait_reason(&ns, &lock_run("a1"), "Superseded", slow()).await?;
+    let a1 = wait_superseded(&ns, &lock_run("a1")).await?;
     ensure!(
         a1.message.as_deref().is_some_and(|m| m.contains("a2")),
         "{a1:?}"
     );
-    let b0 = wait_reason(&ns, &lock_run("b0"), "Superseded", slow()).await?;
+    let b0 = wait_superseded(&ns, &lock_run("b0")).await?;
     ensure!(
         b0.message.as_deref().is_some_and(|m| m.contains("b1")),
         "{b0:?}"
@@ -313,7 +318,7 @@ async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
     wait_reason(&ns, &lock_run("d20"), "Acquired", slow()).await?;
     ns.apply(&pipeline_run("d19", "deploy", &[("build", "19")]))
         .await?;
-    let c = wait_reason(&ns, &lock_run("d19"), "Superseded", slow()).await?;
+    let c = wait_superseded(&ns, &lock_run("d19")).await?;
     ensure!(
         c.message.as_deref().is_some_and(|m| m.contains("d20")),
         "{c:?}"
@@ -324,7 +329,7 @@ async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
     pipeline_run_reason(&ns, "d20").await?;
     ns.apply(&pipeline_run("d18", "deploy", &[("build", "18")]))
         .await?;
-    wait_reason(&ns, &lock_run("d18"), "Superseded", slow()).await?;
+    wait_superseded(&ns, &lock_run("d18")).await?;
     Ok(())
 }
 
@@ -518,7 +523,7 @@ async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
     );
     let _healthy = ControllerProcess::start(ns.name()).await?;
     ended_cancelled(&ns, "b", "CancelledRunFinally").await?;
-    let c = wait_reason(&ns, &lock_run("b"), "Superseded", slow()).await?;
+    let c = wait_superseded(&ns, &lock_run("b")).await?;
     ensure!(
         c.message
             .as_deref()

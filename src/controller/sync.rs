@@ -48,7 +48,7 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     let Some(mutex) = api.get_opt(key).await? else {
         return Ok(Action::await_change());
     };
-    let fetched = fetch_runs(ctx, ns, key, &mutex).await?;
+    let fetched = fetch_runs(ctx, &mutex).await?;
     let now = Utc::now();
     let members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
@@ -109,12 +109,7 @@ impl Member {
 
 /// Every live or done run of this key, plus any run the status names that the
 /// cache does not show (read from the API: absence in a cache proves nothing).
-async fn fetch_runs(
-    ctx: &Context,
-    ns: &str,
-    key: &str,
-    mutex: &Mutex,
-) -> Result<Vec<Fetched>, Error> {
+async fn fetch_runs(ctx: &Context, mutex: &Mutex) -> Result<Vec<Fetched>, Error> {
     let status = mutex.status.clone().unwrap_or_default();
     let named: Vec<&RunRef> = status
         .holders
@@ -125,37 +120,40 @@ async fn fetch_runs(
     let mut runs = Vec::new();
     if let Some(crs) = &ctx.custom_runs {
         let wrap = AnyRun::Custom;
-        runs.extend(fetch_kind(ctx, crs, RunKind::CustomRun, wrap, ns, key, &named).await?);
+        runs.extend(fetch_kind(ctx, crs, RunKind::CustomRun, wrap, mutex, &named).await?);
     }
     if let Some(legacy) = &ctx.runs {
         let wrap = AnyRun::Legacy;
-        runs.extend(fetch_kind(ctx, legacy, RunKind::Run, wrap, ns, key, &named).await?);
+        runs.extend(fetch_kind(ctx, legacy, RunKind::Run, wrap, mutex, &named).await?);
     }
     Ok(runs)
 }
 
-/// The runs of one kind that belong to this key.
+/// The runs of one kind that belong to this key. A new run whose embedded spec
+/// disagrees with the Mutex never joins: intake fails it as InvalidParams.
 async fn fetch_kind<K>(
     ctx: &Context,
     store: &Store<K>,
     kind: RunKind,
     wrap: fn(Arc<K>) -> AnyRun,
-    ns: &str,
-    key: &str,
+    mutex: &Mutex,
     named: &[&RunRef],
 ) -> Result<Vec<Fetched>, Error>
 where
     K: Observe + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
     K: Clone + DeserializeOwned + std::fmt::Debug,
 {
+    let (ns, key) = (&mutex.namespace().unwrap_or_default(), &mutex.name_any());
+    let known = |uid: &str| named.iter().any(|r| r.uid == uid);
     let mut found = Vec::new();
     let add = async |obj: Arc<K>, found: &mut Vec<Fetched>| -> Result<(), Error> {
         let o = obj.observe();
-        if o.namespace == ns
+        if o.namespace == *ns
             && o.is_mutex()
             && !o.deleting
             && let Ok(config) = o.config()
-            && config.key == key
+            && config.key == *key
+            && (known(&o.uid) || config.spec_conflict(&mutex.spec).is_none())
         {
             let parent = match &o.parent {
                 Some((name, uid)) => Some((name.clone(), fetch_parent(ctx, ns, name, uid).await?)),
@@ -294,12 +292,18 @@ async fn tell_runs(
             continue;
         };
         debug!(key, run = %run.name, ?outcome, "updating run status");
+        if !writes::run_status(ctx, run.kind, ns, &run.name, &patch).await? {
+            continue;
+        }
+        // Counted once: only the write that recorded it (a swallowed 409 is redone later).
         match outcome {
-            Outcome::Superseded { .. } => Metrics::inc(&ctx.metrics.superseded),
+            Outcome::Superseded { by, group } => {
+                Metrics::inc(&ctx.metrics.superseded);
+                writes::superseded_event(ctx, ns, key, run, by, group).await;
+            }
             Outcome::TimedOut => Metrics::inc(&ctx.metrics.timed_out),
             _ => {}
         }
-        writes::run_status(ctx, run.kind, ns, &run.name, &patch).await?;
     }
     Ok(())
 }

@@ -245,6 +245,20 @@ async fn run_patches_answered_404_or_409_are_left_to_the_next_sync() {
     );
 }
 
+/// The lock state where a (token 1) holds and b waits, both of group promote.
+fn holder_a_and_waiter_b() -> Value {
+    let age = |pr: &str, at: &str| json!({"created": at, "name": pr});
+    let run = |pr: &str| json!({"kind": "CustomRun", "name": format!("{pr}-lock"), "uid": format!("{pr}-lock-uid")});
+    json!({
+        "holders": [{"run": run("a"), "pipelineRun": "a", "token": 1, "since": "2026-11-30T11:58:10Z",
+                     "waitedSeconds": 0, "group": "promote", "age": age("a", "2026-11-30T11:58:00Z"),
+                     "supersede": "pending"}],
+        "queue": [{"run": run("b"), "pipelineRun": "b", "group": "promote",
+                   "age": age("b", "2026-11-30T11:59:00Z"), "supersede": "pending"}],
+        "lastToken": 1,
+    })
+}
+
 #[tokio::test]
 async fn writes_go_lock_state_then_cancels_then_runs() {
     // a holds, b waits; c (newer, same group) arrives and supersedes b.
@@ -258,16 +272,7 @@ async fn writes_go_lock_state_then_cancels_then_runs() {
         pipeline_run("b", "2026-11-30T11:59:00Z"),
         pipeline_run("c", "2026-11-30T11:59:30Z"),
     ];
-    let age = |pr: &str, at: &str| json!({"created": at, "name": pr});
-    let run = |pr: &str| json!({"kind": "CustomRun", "name": format!("{pr}-lock"), "uid": format!("{pr}-lock-uid")});
-    let before = json!({
-        "holders": [{"run": run("a"), "pipelineRun": "a", "token": 1, "since": "2026-11-30T11:58:10Z",
-                     "waitedSeconds": 0, "group": "promote", "age": age("a", "2026-11-30T11:58:00Z"),
-                     "supersede": "pending"}],
-        "queue": [{"run": run("b"), "pipelineRun": "b", "group": "promote",
-                   "age": age("b", "2026-11-30T11:59:00Z"), "supersede": "pending"}],
-        "lastToken": 1,
-    });
+    let before = holder_a_and_waiter_b();
     let (ctx, handle) = context(runs, prs.clone(), vec![]);
     let b = serde_json::to_value(&prs[1]).unwrap();
     let respond = move |line: &str, body: &Value| match line {
@@ -289,16 +294,91 @@ async fn writes_go_lock_state_then_cancels_then_runs() {
             format!("PATCH {PIPELINE_RUNS}/b"),
             format!("POST {EVENTS}"),
             format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
+            format!("POST {EVENTS}"),
             format!("PATCH {CUSTOM_RUNS}/c-lock/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
     assert_eq!(seen[1].1["status"]["queue"][0]["pipelineRun"], "c");
-    assert_eq!(seen[3].1["spec"]["status"], "CancelledRunFinally");
+    let cancel = &seen[3].1;
+    assert_eq!(cancel["spec"]["status"], "CancelledRunFinally");
+    assert_eq!(
+        cancel["metadata"]["annotations"]["tekton-mutex.dev/superseded-by"], "c",
+        "the annotation rides in the cancel patch"
+    );
     assert_eq!(seen[4].1["reason"], "Superseded");
-    assert_eq!(reason(&seen[5].1), "Superseded");
-    assert_eq!(reason(&seen[6].1), "Waiting");
-    assert_eq!(reason(&seen[7].1), "Acquired");
+    assert_eq!(seen[4].1["regarding"]["kind"], "PipelineRun");
+    let b = &seen[5].1["status"];
+    assert_eq!(reason(&seen[5].1), "CustomRunCancelled");
+    assert_eq!(
+        b["conditions"][0]["message"],
+        "Superseded: newer PipelineRun c (group promote) holds or waits for k"
+    );
+    assert_eq!(b["extraFields"]["supersededBy"], "c");
+    assert_eq!(seen[6].1["reason"], "Superseded");
+    assert_eq!(seen[6].1["regarding"]["kind"], "CustomRun");
+    assert_eq!(seen[6].1["regarding"]["name"], "b-lock");
+    assert_eq!(reason(&seen[7].1), "Waiting");
+    assert_eq!(reason(&seen[8].1), "Acquired");
+}
+
+#[tokio::test]
+async fn a_supersede_is_counted_once_when_its_write_lands() {
+    // a holds, b waits; c arrives and supersedes b. b's first patch meets a 409,
+    // so the next sync redoes it: one supersede, one cancel, counted once each.
+    let (ctx, handle) = context(
+        ["a", "b", "c"]
+            .map(|pr| lock_run(pr, "pending", json!({})))
+            .to_vec(),
+        vec![
+            pipeline_run("a", "2026-11-30T11:58:00Z"),
+            pipeline_run("b", "2026-11-30T11:59:00Z"),
+            pipeline_run("c", "2026-11-30T11:59:30Z"),
+        ],
+        vec![],
+    );
+    let metrics = ctx.metrics.clone();
+    let mut lock_state = holder_a_and_waiter_b();
+    let b_running = serde_json::to_value(pipeline_run("b", "2026-11-30T11:59:00Z")).unwrap();
+    let mut b_cancelled = false;
+    let mut b_patches = 0;
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", lock_state.clone())),
+        l if l == format!("PUT {MUTEXES}/k/status") => {
+            lock_state = body["status"].clone();
+            ok(line, body)
+        }
+        l if l == format!("GET {PIPELINE_RUNS}/b") => {
+            let mut pr = b_running.clone();
+            if b_cancelled {
+                pr["spec"]["status"] = json!("CancelledRunFinally");
+            }
+            (200, pr)
+        }
+        l if l == format!("PATCH {PIPELINE_RUNS}/b") => {
+            b_cancelled = true;
+            ok(line, body)
+        }
+        l if l == format!("PATCH {CUSTOM_RUNS}/b-lock/status") => {
+            b_patches += 1;
+            match b_patches {
+                1 => (409, status(409, "Conflict")),
+                _ => ok(line, body),
+            }
+        }
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| async move {
+        sync::reconcile(the_mutex(), ctx.clone()).await?;
+        sync::reconcile(the_mutex(), ctx).await
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    let b_lock = format!("PATCH {CUSTOM_RUNS}/b-lock/status");
+    assert_eq!(lines(&seen).iter().filter(|l| **l == b_lock).count(), 2);
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(count(&metrics.superseded), 1);
+    assert_eq!(count(&metrics.pipeline_runs_cancelled), 1);
 }
 
 #[tokio::test]
@@ -306,16 +386,22 @@ async fn intake_creates_the_mutex_of_a_new_key_once() {
     for (answer, code) in [("created", 201), ("already there", 409)] {
         let run = lock_run("a", "pending", json!({}));
         let (ctx, handle) = context(vec![], vec![], vec![]);
-        let respond = move |_: &str, body: &Value| match code {
-            201 => ok("POST", body),
-            _ => (409, status(409, "AlreadyExists")),
+        let respond = move |line: &str, body: &Value| match (line.starts_with("POST"), code) {
+            (true, 201) => ok(line, body),
+            (true, _) => (409, status(409, "AlreadyExists")),
+            (false, _) => (200, mutex("1", json!({}))),
         };
         let (result, seen) = exchange(ctx, handle, respond, |ctx| {
             intake::reconcile(Arc::new(run), ctx)
         })
         .await;
         assert!(result.is_ok(), "{answer}: {result:?}");
-        assert_eq!(lines(&seen), [format!("POST {MUTEXES}")], "{answer}");
+        let mut expected = vec![format!("POST {MUTEXES}")];
+        if code == 409 {
+            // Someone else created it: read its spec, to check the run agrees with it.
+            expected.push(format!("GET {MUTEXES}/k"));
+        }
+        assert_eq!(lines(&seen), expected, "{answer}");
         let created = &seen[0].1;
         assert_eq!(created["metadata"]["name"], "k");
         assert_eq!(created["spec"]["capacity"], 1);
@@ -344,4 +430,28 @@ async fn intake_leaves_an_existing_mutex_alone_and_fails_bad_params() {
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(lines(&seen), [format!("PATCH {CUSTOM_RUNS}/a-lock/status")]);
     assert_eq!(reason(&seen[0].1), "InvalidParams");
+}
+
+#[tokio::test]
+async fn an_embedded_spec_that_disagrees_with_the_mutex_is_invalid_params() {
+    let mut run = lock_run("a", "pending", json!({}));
+    run.spec.custom_ref = None;
+    run.spec.custom_spec = serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "spec": {"capacity": 3}
+    }))
+    .unwrap();
+    let existing: Mutex = serde_json::from_value(mutex("1", json!({}))).unwrap();
+    let (ctx, handle) = context(vec![], vec![], vec![existing]);
+    let (result, seen) =
+        exchange(ctx, handle, ok, |ctx| intake::reconcile(Arc::new(run), ctx)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(lines(&seen), [format!("PATCH {CUSTOM_RUNS}/a-lock/status")]);
+    assert_eq!(reason(&seen[0].1), "InvalidParams");
+    let message = seen[0].1["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap();
+    assert!(
+        message.contains("sets capacity 3, but Mutex k already has capacity 1"),
+        "{message}"
+    );
 }

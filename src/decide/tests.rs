@@ -31,6 +31,8 @@ fn run(i: usize) -> RunView {
         supersede: Supersede::None,
         cancel_mode: CancelMode::CancelledRunFinally,
         wait: true,
+        waiting_since: t(i as i64),
+        cancel_message: None,
         phase: Phase::Live {
             cancel_requested: false,
             timeout: Timeout::NotYet,
@@ -214,7 +216,8 @@ fn supersede_pending_keeps_holder_and_newest_waiter() {
         assert_eq!(
             outcome(&d, i),
             Some(&Outcome::Superseded {
-                by: format!("pr{}", i + 1)
+                by: format!("pr{}", i + 1),
+                group: "deploy".into()
             })
         );
     }
@@ -269,7 +272,10 @@ fn stale_arrival_is_superseded_and_cancelled() {
     let d2 = decide(&spec, &d.status, &runs, t(2));
     assert_eq!(
         outcome(&d2, 1),
-        Some(&Outcome::Superseded { by: "pr0".into() })
+        Some(&Outcome::Superseded {
+            by: "pr0".into(),
+            group: "deploy".into()
+        })
     );
     assert_eq!(d2.cancels[0].pipeline_run, "pr1");
     // Even after pr0 finished: the group remembers it.
@@ -279,7 +285,10 @@ fn stale_arrival_is_superseded_and_cancelled() {
     let d3 = decide(&spec, &d2.status, &runs, t(3));
     assert_eq!(
         outcome(&d3, 2),
-        Some(&Outcome::Superseded { by: "pr0".into() })
+        Some(&Outcome::Superseded {
+            by: "pr0".into(),
+            group: "deploy".into()
+        })
     );
 }
 
@@ -591,7 +600,10 @@ fn superseded_wins_over_the_cancel_it_causes() {
     let d2 = decide(&spec, &d.status, &runs, t(2));
     assert_eq!(
         outcome(&d2, 1),
-        Some(&Outcome::Superseded { by: "pr2".into() })
+        Some(&Outcome::Superseded {
+            by: "pr2".into(),
+            group: "deploy".into()
+        })
     );
     // The mark was lost (status write conflicted); Tekton's cancel arrives first.
     runs[1].phase = Phase::Live {
@@ -605,7 +617,10 @@ fn superseded_wins_over_the_cancel_it_causes() {
     let d3 = decide(&spec, &d2.status, &runs, t(3));
     assert_eq!(
         outcome(&d3, 1),
-        Some(&Outcome::Superseded { by: "pr2".into() })
+        Some(&Outcome::Superseded {
+            by: "pr2".into(),
+            group: "deploy".into()
+        })
     );
 }
 
@@ -675,4 +690,43 @@ fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
         })
         .collect();
     assert_eq!(tokens, [2, 2], "one grant, one token, both runs told");
+}
+
+#[test]
+fn waited_seconds_count_from_when_the_run_started_waiting() {
+    let spec = MutexSpec::default();
+    // pr1's PipelineRun was created at 1, but its lock run only started waiting at 40.
+    let mut runs = vec![run(0), with(run(1), |r| r.waiting_since = t(40))];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(41));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(100));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Acquired {
+            token: 2,
+            waited_seconds: 60
+        })
+    );
+}
+
+#[test]
+fn a_cancel_carries_tektons_reason_into_the_message() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[1].cancel_message =
+        Some("CustomRun cancelled as the PipelineRun it belongs to has timed out.".into());
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Cancelled {
+            why: "the run was cancelled while waiting: CustomRun cancelled as the PipelineRun it belongs to has timed out.".into()
+        })
+    );
 }

@@ -117,6 +117,18 @@ fn deadline_counts_from_the_attempt_start_and_zero_means_none() {
         Some(t(70)),
         "from creation until it has a start time"
     );
+    let unset = custom_run(true, json!({}), started.clone());
+    assert_eq!(
+        view_of(&unset, Some(&pr), 40).deadline,
+        None,
+        "the PipelineRun's own timeouts bound the wait"
+    );
+    let lone = custom_run(false, json!({}), started.clone());
+    assert_eq!(
+        view_of(&lone, None, 40).deadline,
+        Some(t(30 + 3600)),
+        "a standalone run gets Tekton's default of 1h"
+    );
     let forever = custom_run(true, json!({"timeout": "0s"}), started);
     assert_eq!(view_of(&forever, Some(&pr), 40).deadline, None);
     let huge = custom_run(true, json!({"timeout": "4000000000000000h"}), json!({}));
@@ -174,4 +186,53 @@ fn parent_state_from_the_fetched_pipelinerun() {
     assert_eq!(parent_state(Some(&stopping)), ParentState::StopRequested);
     assert_eq!(parent_state(Some(&done)), ParentState::Done);
     assert_eq!(parent_state(None), ParentState::Gone);
+}
+
+#[test]
+fn waiting_counts_from_the_first_attempt_and_a_cancel_says_why() {
+    let pr = pipeline_run(json!({}), json!({}), json!({}));
+    let unstarted = custom_run(true, json!({}), json!({}));
+    assert_eq!(view_of(&unstarted, Some(&pr), 40).view.waiting_since, t(10));
+    let retried = custom_run(
+        true,
+        json!({"status": "RunCancelled",
+               "statusMessage": "CustomRun cancelled as the PipelineRun it belongs to has timed out."}),
+        json!({"startTime": ts(70), "retriesStatus": [{"startTime": ts(15)}]}),
+    );
+    let v = view_of(&retried, Some(&pr), 80).view;
+    assert_eq!(
+        v.waiting_since,
+        t(15),
+        "not the PipelineRun's creation, not the retry"
+    );
+    assert_eq!(
+        v.cancel_message.as_deref(),
+        Some("CustomRun cancelled as the PipelineRun it belongs to has timed out.")
+    );
+}
+
+#[test]
+fn a_run_marked_superseded_is_done_superseded() {
+    let pr = pipeline_run(json!({}), json!({}), json!({}));
+    let marked = custom_run(
+        true,
+        json!({}),
+        json!({"conditions": [{"type": "Succeeded", "status": "False", "reason": "CustomRunCancelled",
+                               "message": "Superseded: newer PipelineRun b (group g) holds or waits for k"}],
+               "extraFields": {"key": "k", "supersededBy": "b"}}),
+    );
+    assert_eq!(
+        view_of(&marked, Some(&pr), 20).view.phase,
+        Phase::Done { superseded: true }
+    );
+    let cancelled = custom_run(
+        true,
+        json!({}),
+        json!({"conditions": [{"type": "Succeeded", "status": "False", "reason": "CustomRunCancelled"}],
+               "extraFields": {"key": "k"}}),
+    );
+    assert_eq!(
+        view_of(&cancelled, Some(&pr), 20).view.phase,
+        Phase::Done { superseded: false }
+    );
 }
