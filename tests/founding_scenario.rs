@@ -643,6 +643,9 @@ async fn lock_run_of(ns: &TestNamespace, pr: &str) -> Result<kube::api::DynamicO
 /// message, its PipelineRun ended `Cancelled` (not `Failed`) and names who superseded it,
 /// and a `Superseded` Event sits on each of them. Returns who superseded it.
 async fn assert_ended_superseded(ns: &TestNamespace, pr: &str) -> Result<String> {
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, secs(180))
+        .await?;
     let lock = lock_run_of(ns, pr).await?;
     let cond = condition(&lock, "Succeeded").unwrap_or_default();
     ensure!(
@@ -651,9 +654,6 @@ async fn assert_ended_superseded(ns: &TestNamespace, pr: &str) -> Result<String>
             && cond.message.starts_with("Superseded: newer PipelineRun "),
         "lock run of {pr}: {cond:?}"
     );
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, secs(180))
-        .await?;
     ensure!(
         done.status == "False" && done.reason == "Cancelled",
         "{pr} ended {done:?}, not Cancelled"
