@@ -221,10 +221,11 @@ impl<'a> Decider<'a> {
                 continue;
             }
             match self.leaving(r) {
-                Leaving::Stay => {
+                Leaving::Stay if r.wait => {
                     self.arrive(r);
                     self.grant();
                 }
+                Leaving::Stay => self.try_without_waiting(r),
                 leaving => self.depart(r, leaving),
             }
         }
@@ -410,15 +411,9 @@ impl<'a> Decider<'a> {
         true
     }
 
-    /// Queue a live arrival, or answer `NotAcquired` if it will not wait. A run
-    /// that supersedes marks its group and supersedes older waiters of it.
+    /// Queue a live arrival. A run that supersedes marks its group and supersedes
+    /// older waiters of it.
     fn arrive(&mut self, r: &RunView) {
-        if !r.wait && self.st.holders.len() >= self.spec.capacity as usize {
-            let holders = self.holder_names();
-            self.outcomes
-                .push((r.run.clone(), Outcome::NotAcquired { holders }));
-            return;
-        }
         let newcomer = Waiter {
             run: r.run.clone(),
             pipeline_run: r.parent.as_ref().map(|p| p.name.clone()),
@@ -432,6 +427,24 @@ impl<'a> Decider<'a> {
             self.supersede_older_waiters(&newcomer);
         }
         self.st.queue.push(newcomer);
+    }
+
+    /// `wait: "false"`: join only if that gets the slot now, in the order the queue
+    /// would grant it (a slot freed in this same sync goes to whoever is first);
+    /// otherwise leave no trace and answer `NotAcquired`.
+    fn try_without_waiting(&mut self, r: &RunView) {
+        let (st, outcomes, cancels) = (self.st.clone(), self.outcomes.len(), self.cancels.len());
+        self.arrive(r);
+        self.grant();
+        if self.st.queue.iter().any(|w| w.run.uid == r.run.uid) {
+            self.st = st;
+            self.outcomes.truncate(outcomes);
+            self.cancels.truncate(cancels);
+            self.grant();
+            let holders = self.holder_names();
+            self.outcomes
+                .push((r.run.clone(), Outcome::NotAcquired { holders }));
+        }
     }
 
     /// Remember the newest run the group enrolled: later arrivals older than it are stale.

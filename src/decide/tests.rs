@@ -730,3 +730,34 @@ fn a_cancel_carries_tektons_reason_into_the_message() {
         })
     );
 }
+
+#[test]
+fn wait_false_is_decided_after_a_release_in_the_same_sync() {
+    // pr0 holds, pr1 waits; pr0's PipelineRun ends as pr2 (wait "false") arrives.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    runs.push(with(run(2), |r| r.wait = false));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr1"], "the freed slot goes to the waiter");
+    assert_eq!(
+        outcome(&d2, 2),
+        Some(&Outcome::NotAcquired {
+            holders: vec!["pr1".into()]
+        })
+    );
+    assert!(d2.status.queue.is_empty(), "wait \"false\" never queues");
+    // Alone, a freed slot is its own.
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    runs.push(with(run(2), |r| r.wait = false));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert!(matches!(
+        outcome(&d2, 2),
+        Some(Outcome::Acquired { token: 2, .. })
+    ));
+}
