@@ -138,7 +138,8 @@ pub fn decide(
     runs: &[RunView],
     now: DateTime<Utc>,
 ) -> Decision {
-    let mut d = Decider::new(spec, prev, runs, now);
+    let runs = siblings_share_age(runs);
+    let mut d = Decider::new(spec, prev, &runs, now);
     d.release_ended_holders();
     d.drop_leavers();
     d.admit_arrivals();
@@ -244,7 +245,10 @@ impl<'a> Decider<'a> {
                 .queue
                 .iter()
                 .filter(|w| {
-                    w.group == h.group && w.supersede == Supersede::Running && w.age > h.age
+                    w.group == h.group
+                        && w.supersede == Supersede::Running
+                        && w.age > h.age
+                        && (w.pipeline_run.is_none() || w.pipeline_run != h.pipeline_run)
                 })
                 .max_by(|a, b| a.age.cmp(&b.age));
             if let (Some(w), Some(r)) = (newer, self.runs.get(h.run.uid.as_str())) {
@@ -371,9 +375,11 @@ impl<'a> Decider<'a> {
     /// Returns who superseded it. Runs with `supersede: none` are a pure queue:
     /// never superseded, never marking.
     fn stale(&self, r: &RunView) -> Option<String> {
-        let m = self
-            .mark(&r.group)
-            .filter(|m| r.supersede != Supersede::None && m.newest > r.age)?;
+        let m = self.mark(&r.group).filter(|m| {
+            r.supersede != Supersede::None
+                && m.newest > r.age
+                && !same_pipeline_run(&m.pipeline_run, &r.parent)
+        })?;
         Some(
             m.pipeline_run
                 .clone()
@@ -466,7 +472,10 @@ impl<'a> Decider<'a> {
         let (older, keep): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
             .into_iter()
             .partition(|w| {
-                w.group == newer.group && w.age < newer.age && w.supersede != Supersede::None
+                w.group == newer.group
+                    && w.age < newer.age
+                    && w.supersede != Supersede::None
+                    && (w.pipeline_run.is_none() || w.pipeline_run != newer.pipeline_run)
             });
         self.st.queue = keep;
         for w in older {
@@ -544,6 +553,34 @@ impl<'a> Decider<'a> {
             .map(|h| label(&h.pipeline_run, &h.run))
             .collect()
     }
+}
+
+/// Lock runs of one PipelineRun are one party: they share its age, with the
+/// highest `sequence` any of them gives, so the PipelineRun never supersedes itself.
+fn siblings_share_age(runs: &[RunView]) -> Vec<RunView> {
+    let mut ages: HashMap<&str, &Age> = HashMap::new();
+    for r in runs {
+        if let Some(p) = &r.parent {
+            let age = ages.entry(p.name.as_str()).or_insert(&r.age);
+            if r.age > **age {
+                *age = &r.age;
+            }
+        }
+    }
+    runs.iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(age) = r.parent.as_ref().and_then(|p| ages.get(p.name.as_str())) {
+                r.age = (*age).clone();
+            }
+            r
+        })
+        .collect()
+}
+
+/// Does this mark stand for the run's own PipelineRun?
+fn same_pipeline_run(marked: &Option<String>, parent: &Option<Parent>) -> bool {
+    marked.is_some() && marked.as_deref() == parent.as_ref().map(|p| p.name.as_str())
 }
 
 fn label(pipeline_run: &Option<String>, run: &RunRef) -> String {

@@ -761,3 +761,40 @@ fn wait_false_is_decided_after_a_release_in_the_same_sync() {
         Some(Outcome::Acquired { token: 2, .. })
     ));
 }
+
+#[test]
+fn a_pipelinerun_never_supersedes_itself() {
+    let spec = MutexSpec::default();
+    let running = |r: RunView, seq: Option<i64>| {
+        with(r, |r| {
+            r.supersede = Supersede::Running;
+            r.age.sequence = seq;
+        })
+    };
+    // pr0 (another group) holds; pr1's two lock tasks wait, with different sequences,
+    // or one with and one without.
+    let holder = with(run(0), |r| r.group = "other".into());
+    for (a, b) in [(Some(5), Some(7)), (None, Some(7)), (Some(7), None)] {
+        for together in [true, false] {
+            let mut runs = vec![holder.clone(), running(run(1), a)];
+            let mut d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+            runs.push(running(sibling(1, 2), b));
+            if together {
+                d = decide(&spec, &MutexStatus::default(), &runs, t(2));
+            } else {
+                apply(&mut runs, &d);
+                d = decide(&spec, &d.status, &runs, t(2));
+            }
+            let case = format!("{a:?}/{b:?} together={together}");
+            assert!(d.cancels.is_empty(), "{case}: {:?}", d.cancels);
+            assert!(
+                !d.outcomes
+                    .iter()
+                    .any(|(_, o)| matches!(o, Outcome::Superseded { .. })),
+                "{case}: {:?}",
+                d.outcomes
+            );
+            assert_eq!(queue(&d), ["pr1", "pr1"], "{case}");
+        }
+    }
+}
