@@ -496,8 +496,12 @@ impl<'a> Decider<'a> {
     fn grant(&mut self) {
         self.sort_queue();
         while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
+            // Tokens never wrap or repeat: at i64::MAX the key grants no more.
+            let Some(token) = self.st.last_token.checked_add(1) else {
+                break;
+            };
             let w = self.st.queue.remove(0);
-            self.st.last_token += 1;
+            self.st.last_token = token;
             let waited = self
                 .runs
                 .get(w.run.uid.as_str())

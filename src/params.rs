@@ -24,6 +24,9 @@ pub const PARAMS: &[&str] = &[
 /// `CustomRun.GetTimeout()` answers then (`apisconfig.DefaultTimeoutMinutes`).
 pub const STANDALONE_DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
+/// At most this many retries: each one keeps an entry in the run's `retriesStatus`.
+pub const MAX_RETRIES: u32 = 100;
+
 /// How long a run may wait, from its `spec.timeout`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitLimit {
@@ -285,8 +288,10 @@ fn read_run_spec(
         };
     }
     if let Some(r) = retries {
-        cfg.retries =
-            u32::try_from(r).map_err(|_| format!("spec.retries must be 0 or more, got {r}"))?;
+        cfg.retries = u32::try_from(r)
+            .ok()
+            .filter(|r| *r <= MAX_RETRIES)
+            .ok_or_else(|| format!("spec.retries must be 0 to {MAX_RETRIES}, got {r}"))?;
     }
     Ok(())
 }
@@ -569,6 +574,25 @@ mod tests {
         );
         let by_ref = parse_with(&[], &mutex_ref(Some("jx-staging"))).unwrap();
         assert_eq!(by_ref.spec_conflict(&existing), None);
+    }
+
+    #[test]
+    fn retries_are_bounded() {
+        let r = mutex_ref(None);
+        let with_retries = |retries| {
+            parse(&RunInput {
+                namespace: "ns",
+                target: Target::Ref(&r),
+                params: &[],
+                timeout: None,
+                retries: Some(retries),
+            })
+        };
+        assert_eq!(with_retries(100).unwrap().retries, 100);
+        for bad in [101, -1, i64::MAX] {
+            let err = with_retries(bad).unwrap_err();
+            assert!(err.contains("spec.retries must be 0 to 100"), "{err}");
+        }
     }
 
     #[test]

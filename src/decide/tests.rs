@@ -798,3 +798,16 @@ fn a_pipelinerun_never_supersedes_itself() {
         }
     }
 }
+
+#[test]
+fn tokens_never_wrap() {
+    let spec = MutexSpec::default();
+    let status = MutexStatus {
+        last_token: i64::MAX,
+        ..Default::default()
+    };
+    let d = decide(&spec, &status, &[run(0)], t(1));
+    assert!(d.status.holders.is_empty(), "no grant past i64::MAX");
+    assert_eq!(d.status.last_token, i64::MAX);
+    assert!(matches!(outcome(&d, 0), Some(Outcome::Waiting { .. })));
+}
