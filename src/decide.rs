@@ -371,15 +371,31 @@ impl<'a> Decider<'a> {
         self.st.groups.iter().find(|m| m.group == group)
     }
 
-    /// Stale: a newer run of the group has already enrolled (and maybe deployed).
-    /// Returns who superseded it. Runs with `supersede: none` are a pure queue:
-    /// never superseded, never marking.
+    /// Stale: a newer run of the group was granted (and maybe deployed), or waits
+    /// now. Returns who superseded it. Runs with `supersede: none` are a pure
+    /// queue: never superseded, never marking.
     fn stale(&self, r: &RunView) -> Option<String> {
-        let m = self.mark(&r.group).filter(|m| {
-            r.supersede != Supersede::None
-                && m.newest > r.age
-                && !same_pipeline_run(&m.pipeline_run, &r.parent)
-        })?;
+        if r.supersede == Supersede::None {
+            return None;
+        }
+        let own = |pipeline_run: &Option<String>| same_pipeline_run(pipeline_run, &r.parent);
+        let waiting = self
+            .st
+            .queue
+            .iter()
+            .filter(|w| {
+                w.group == r.group
+                    && w.supersede != Supersede::None
+                    && w.age > r.age
+                    && !own(&w.pipeline_run)
+            })
+            .max_by(|a, b| a.age.cmp(&b.age));
+        if let Some(w) = waiting {
+            return Some(label(&w.pipeline_run, &w.run));
+        }
+        let m = self
+            .mark(&r.group)
+            .filter(|m| m.newest > r.age && !own(&m.pipeline_run))?;
         Some(
             m.pipeline_run
                 .clone()
@@ -429,7 +445,6 @@ impl<'a> Decider<'a> {
             supersede: r.supersede,
         };
         if r.supersede != Supersede::None {
-            self.mark_group(&newcomer);
             self.supersede_older_waiters(&newcomer);
         }
         self.st.queue.push(newcomer);
@@ -453,8 +468,15 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// Remember the newest run the group enrolled: later arrivals older than it are stale.
+    /// Remember the newest run the group was granted: later arrivals older than it
+    /// are stale. Recorded at grant, so a run cancelled, timed out or superseded
+    /// while waiting leaves no mark; and a run alone in its group (a standalone
+    /// run, a PipelineRun without a pipeline label) leaves none, as nothing can
+    /// ever be older in it.
     fn mark_group(&mut self, w: &Waiter) {
+        if w.supersede == Supersede::None || w.group == w.age.name {
+            return;
+        }
         let mark = GroupMark {
             group: w.group.clone(),
             newest: w.age.clone(),
@@ -520,6 +542,7 @@ impl<'a> Decider<'a> {
                     self.outcomes.push((o.run, outcome));
                 }
             }
+            self.mark_group(&w);
             self.st.holders.push(Holder {
                 run: w.run,
                 pipeline_run: w.pipeline_run,

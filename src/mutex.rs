@@ -78,7 +78,7 @@ pub struct MutexStatus {
     /// The last fencing token handed out. The next grant gets lastToken + 1.
     #[serde(default)]
     pub last_token: i64,
-    /// The newest run each group has enrolled with a supersede policy other
+    /// The newest run each group has been granted with a supersede policy other
     /// than `none`: later arrivals older than it are stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupMark>,
@@ -164,7 +164,7 @@ pub struct Waiter {
 #[serde(rename_all = "camelCase")]
 pub struct GroupMark {
     pub group: String,
-    /// The newest run the group enrolled so far.
+    /// The newest run the group was granted so far.
     pub newest: Age,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,

@@ -811,3 +811,67 @@ fn tokens_never_wrap() {
     assert_eq!(d.status.last_token, i64::MAX);
     assert!(matches!(outcome(&d, 0), Some(Outcome::Waiting { .. })));
 }
+
+#[test]
+fn a_run_that_never_held_leaves_no_mark() {
+    // Build 82 joins behind 80 and is cancelled by a person: a rerun of 81 (a rollback)
+    // is not stale.
+    let spec = MutexSpec::default();
+    let seq = |i: usize, s: i64| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.age.sequence = Some(s);
+        })
+    };
+    let mut runs = vec![seq(0, 80), seq(1, 82)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    apply(&mut runs, &d2);
+    runs.push(seq(2, 81));
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert!(
+        matches!(outcome(&d3, 2), Some(Outcome::Waiting { .. })),
+        "{:?}",
+        outcome(&d3, 2)
+    );
+    assert!(d3.cancels.is_empty());
+    // The granted build marks its group.
+    let marks: Vec<_> = d3.status.groups.iter().map(|m| m.newest.sequence).collect();
+    assert_eq!(marks, [Some(80)]);
+}
+
+#[test]
+fn a_run_alone_in_its_group_leaves_no_mark() {
+    let spec = MutexSpec::default();
+    let alone = |i: usize| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.group = r.age.name.clone();
+        })
+    };
+    let mut runs = vec![alone(0), with(alone(1), |r| r.parent = None)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(d2.status.holders.len(), 1, "the standalone run was granted");
+    assert!(d2.status.groups.is_empty(), "{:?}", d2.status.groups);
+}
+
+#[test]
+fn an_older_arrival_behind_a_newer_waiter_is_stale() {
+    let spec = MutexSpec::default();
+    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(0), pending(2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    apply(&mut runs, &d);
+    runs.push(pending(1));
+    let d2 = decide(&spec, &d.status, &runs, t(4));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Superseded { by, .. }) if by == "pr2"));
+    assert_eq!(queue(&d2), ["pr2"]);
+}
