@@ -24,7 +24,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// A safety net, not the hand-over path: hand-over is driven by watch events.
 const RESYNC: Duration = Duration::from_secs(300);
@@ -54,6 +54,13 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let current = mutex.status.clone().unwrap_or_default();
     let decision = decide::decide(&mutex.spec, &current, &views, now);
+    if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
+        warn!(
+            key,
+            namespace = ns,
+            "fencing tokens are exhausted (lastToken is the largest i64): nothing more is granted on this key"
+        );
+    }
     apply(ctx, mutex, &current, &decision, &members, now).await?;
     Ok(next_wake(&members, &decision, now))
 }
