@@ -302,7 +302,7 @@ cmd_up() {
     "$here/build.sh"
   fi
   log "building pod-runner (cargo build -p pod-runner)"
-  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building hack/pod-runner failed"
+  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building testbed/pod-runner failed"
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
   local ports etcd_port peer_port api_port probes_port profiling_port
