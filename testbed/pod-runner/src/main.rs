@@ -4,28 +4,34 @@
 //! scheduler), runs each step's script or command on the host in order, and reports the result
 //! through the pod status subresource so the real Tekton controller finishes the TaskRun.
 //!
+//! A deleted pod is stopped as a kubelet stops it: SIGTERM to the step's process group, its
+//! grace period, SIGKILL; the pod object is removed only once its processes have ended.
+//!
 //! Usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]...
 
 mod plan;
 mod run;
+mod stop;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config, ResourceExt};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::run::{Host, run_pod};
+use crate::stop::{StopHandle, grace_period, stop_channel};
 
 fn parse_args() -> Result<Host> {
     let mut kubeconfig = None;
@@ -76,6 +82,98 @@ fn finished(pod: &Pod) -> bool {
     )
 }
 
+/// The pods this runner runs, by uid.
+struct Runner {
+    client: Client,
+    host: Host,
+    running: HashMap<String, StopHandle>,
+    /// Pods whose run ended (by uid), so that a later update does not start them again.
+    done: HashSet<String>,
+    done_tx: mpsc::UnboundedSender<String>,
+    /// Set on our own SIGTERM: steps are killed then, but their pods are left alone.
+    shutting_down: Arc<AtomicBool>,
+}
+
+impl Runner {
+    /// A pod was added or changed.
+    fn apply(&mut self, pod: Pod) {
+        let Some(uid) = pod.uid() else { return };
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.deleting(pod, uid);
+            return;
+        }
+        if finished(&pod)
+            || self.running.contains_key(&uid)
+            || self.done.contains(&uid)
+            || !owned_by_taskrun(&pod)
+        {
+            return;
+        }
+        let (handle, signal) = stop_channel();
+        self.running.insert(uid.clone(), handle.clone());
+        let (client, host, tx) = (self.client.clone(), self.host.clone(), self.done_tx.clone());
+        let shutting_down = self.shutting_down.clone();
+        tokio::spawn(async move {
+            let key = key(&pod);
+            let api: Api<Pod> =
+                Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+            let name = pod.name_any();
+            if let Err(e) = run_pod(client, pod, host, signal).await {
+                error!(pod = %key, "pod failed to run: {e:#}");
+            }
+            // Deleted while it ran: its processes have ended now, so finish the deletion.
+            if handle.requested() && !shutting_down.load(Ordering::SeqCst) {
+                remove_pod(&api, &name, &uid).await;
+            }
+            let _ = tx.send(uid);
+        });
+    }
+
+    /// A pod has a deletionTimestamp: stop its processes (SIGTERM, grace period, SIGKILL); the
+    /// task running it removes the pod object after. A pod with nothing running is removed at
+    /// once, as a kubelet does once the containers are gone (else it stays Terminating).
+    fn deleting(&mut self, pod: Pod, uid: String) {
+        if let Some(handle) = self.running.get(&uid) {
+            let grace = grace_period(&pod);
+            if !handle.requested() {
+                info!(pod = %key(&pod), ?grace, "pod is being deleted: SIGTERM to its steps");
+            }
+            handle.request(grace);
+            return;
+        }
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let name = pod.name_any();
+        tokio::spawn(async move { remove_pod(&api, &name, &uid).await });
+    }
+
+    /// A pod object is gone (e.g. force-deleted): stop what still runs of it, with the grace
+    /// period its last state gave.
+    fn deleted(&mut self, pod: &Pod) {
+        if let Some(handle) = pod.uid().and_then(|uid| self.running.get(&uid)) {
+            info!(pod = %key(pod), "pod object removed: stopping its steps");
+            handle.request(grace_period(pod));
+        }
+    }
+}
+
+/// Removes the pod object for good (grace period 0), only if it is still the same pod.
+async fn remove_pod(api: &Api<Pod>, name: &str, uid: &str) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {} // gone, or another pod
+        Err(e) => warn!(pod = name, "removing the pod object: {e}"),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -99,86 +197,68 @@ async fn main() -> Result<()> {
     .default_backoff()
     .boxed();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
-    let mut running: HashMap<String, CancellationToken> = HashMap::new();
-    let mut done: HashSet<String> = HashSet::new();
+    let mut runner = Runner {
+        client,
+        host,
+        running: HashMap::new(),
+        done: HashSet::new(),
+        done_tx,
+        shutting_down: Arc::new(AtomicBool::new(false)),
+    };
     let mut listed: Option<HashSet<String>> = None;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    info!(work_dir = %host.work_dir.display(), "pod-runner watching TaskRun pods");
+    info!(work_dir = %runner.host.work_dir.display(), "pod-runner watching TaskRun pods");
 
     loop {
         tokio::select! {
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
             Some(uid) = done_rx.recv() => {
-                running.remove(&uid);
-                done.insert(uid);
+                runner.running.remove(&uid);
+                runner.done.insert(uid);
             }
             ev = events.next() => {
                 let Some(ev) = ev else { bail!("pod watch ended") };
-                let ev = match ev {
-                    Ok(ev) => ev,
-                    Err(e) => { warn!("pod watch error (retrying): {e}"); continue; }
-                };
                 match ev {
-                    Event::Init => listed = Some(HashSet::new()),
-                    Event::InitDone => {
-                        // Pods deleted while the watch was down: stop their scripts.
+                    Ok(Event::Init) => listed = Some(HashSet::new()),
+                    Ok(Event::InitDone) => {
+                        // Pods removed while the watch was down: stop their steps now.
                         if let Some(seen) = listed.take() {
-                            running.retain(|uid, token| {
-                                let keep = seen.contains(uid);
-                                if !keep { token.cancel(); }
-                                keep
-                            });
-                        }
-                    }
-                    Event::Apply(pod) | Event::InitApply(pod) => {
-                        let Some(uid) = pod.uid() else { continue };
-                        if let Some(seen) = listed.as_mut() { seen.insert(uid.clone()); }
-                        if pod.metadata.deletion_timestamp.is_some() {
-                            if let Some(token) = running.remove(&uid) {
-                                info!(pod = %key(&pod), "pod is being deleted: killing its steps");
-                                token.cancel();
+                            for (uid, handle) in &runner.running {
+                                if !seen.contains(uid) {
+                                    handle.request(std::time::Duration::ZERO);
+                                }
                             }
-                            // What a kubelet does once the containers are gone: finish the
-                            // graceful deletion, else the pod stays Terminating forever.
-                            let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-                            let name = pod.name_any();
-                            tokio::spawn(async move {
-                                let _ = api.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
-                            });
-                            continue;
-                        }
-                        if finished(&pod) || running.contains_key(&uid) || done.contains(&uid)
-                            || !owned_by_taskrun(&pod) {
-                            continue;
-                        }
-                        let token = CancellationToken::new();
-                        running.insert(uid.clone(), token.clone());
-                        let (client, host, tx) = (client.clone(), host.clone(), done_tx.clone());
-                        tokio::spawn(async move {
-                            let key = key(&pod);
-                            if let Err(e) = run_pod(client, pod, host, token).await {
-                                error!(pod = %key, "pod failed to run: {e:#}");
-                            }
-                            let _ = tx.send(uid);
-                        });
-                    }
-                    Event::Delete(pod) => {
-                        if let Some(token) = pod.uid().and_then(|uid| running.remove(&uid)) {
-                            info!(pod = %key(&pod), "pod deleted: killing its steps");
-                            token.cancel();
                         }
                     }
+                    Ok(Event::Apply(pod) | Event::InitApply(pod)) => {
+                        if let (Some(seen), Some(uid)) = (listed.as_mut(), pod.uid()) {
+                            seen.insert(uid);
+                        }
+                        runner.apply(pod);
+                    }
+                    Ok(Event::Delete(pod)) => runner.deleted(&pod),
+                    Err(e) => warn!("pod watch error (retrying): {e}"),
                 }
             }
         }
     }
+    runner.shutting_down.store(true, Ordering::SeqCst);
+    shutdown(runner.running, done_rx).await;
+    Ok(())
+}
+
+/// On our own SIGTERM (cluster down): kill every step at once and wait, bounded, for the pod
+/// tasks to see their processes end.
+async fn shutdown(
+    mut running: HashMap<String, StopHandle>,
+    mut done_rx: mpsc::UnboundedReceiver<String>,
+) {
     info!(running = running.len(), "stopping: killing running steps");
-    for token in running.values() {
-        token.cancel();
+    for handle in running.values() {
+        handle.request(std::time::Duration::ZERO);
     }
-    // Each cancelled pod task kills its process group, then reports done.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     while !running.is_empty() {
         match tokio::time::timeout_at(deadline, done_rx.recv()).await {
@@ -188,5 +268,4 @@ async fn main() -> Result<()> {
             _ => break,
         }
     }
-    Ok(())
 }
