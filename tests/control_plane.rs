@@ -1,13 +1,16 @@
 //! Proves the local control plane is real: the real Tekton controller turns a PipelineRun into a
 //! TaskRun and a pod, the pod-runner runs the step script on the host with KUBECONFIG pointing at
-//! the local API server, and the built `tkn` sees the results.
+//! the local API server, and the built `tkn` sees the results. A deleted pod's step gets SIGTERM
+//! and its grace period before the pod object goes, as a kubelet does.
 //!
 //! Needs a running cluster: `hack/test.sh` (or `hack/cluster.sh up` first).
 
 mod support;
 
-use anyhow::{Result, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::api::DeleteParams;
 use support::*;
 
 const PIPELINE: &str = r#"
@@ -125,5 +128,144 @@ async fn pipelinerun_scripts_act_on_the_real_api_server() -> Result<()> {
         "tkn pipelinerun list:\n{list}"
     );
     ensure!(bad_line.contains("Failed"), "tkn pipelinerun list:\n{list}");
+    Ok(())
+}
+
+/// A TaskRun with one step `work` running `script`.
+fn taskrun(name: &str, script: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "tekton.dev/v1",
+        "kind": "TaskRun",
+        "metadata": {"name": name},
+        "spec": {"taskSpec": {"steps": [
+            {"name": "work", "image": "registry.invalid/sh", "script": script}
+        ]}}
+    })
+    .to_string()
+}
+
+/// Starts a TaskRun and waits until its step has printed `ready`; returns the pod.
+async fn started_step(ns: &TestNamespace, name: &str, script: &str) -> Result<Pod> {
+    ns.apply(&taskrun(name, script)).await?;
+    let taskruns = ns.dynamic("tekton.dev/v1", "TaskRun").await?;
+    let pods = ns.api::<Pod>();
+    let desc = format!("the step of TaskRun {name} to print `ready`");
+    wait_until(&desc, secs(120), || {
+        let (taskruns, pods) = (taskruns.clone(), pods.clone());
+        async move {
+            let tr = taskruns.get(name).await?;
+            let Some(pod_name) = tr.data.pointer("/status/podName").and_then(|v| v.as_str()) else {
+                return Ok(None);
+            };
+            let log = std::fs::read_to_string(step_log_path(ns.name(), pod_name, "step-work"));
+            if !log.unwrap_or_default().contains("ready") {
+                return Ok(None);
+            }
+            Ok(Some(pods.get(pod_name).await?))
+        }
+    })
+    .await
+}
+
+/// What was seen of a pod being deleted, polled until the pod object (by uid) is gone.
+struct Deletion {
+    /// The step's log each time the pod showed a deletionTimestamp and phase Running.
+    terminating_logs: Vec<String>,
+    /// The step's log right after the pod object was seen gone.
+    log_when_gone: String,
+}
+
+async fn delete_and_watch(ns: &TestNamespace, pod: &Pod, grace_seconds: u32) -> Result<Deletion> {
+    let pods = ns.api::<Pod>();
+    let name = pod.name_any();
+    let uid = pod.uid();
+    let log_path = step_log_path(ns.name(), &name, "step-work");
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    pods.delete(&name, &DeleteParams::default().grace_period(grace_seconds))
+        .await?;
+    let mut terminating_logs = Vec::new();
+    let deadline = std::time::Instant::now() + secs(90);
+    loop {
+        // Read the pod first, then the log: a log read after the pod was seen tells what its
+        // processes had done by then at least.
+        let current = pods.get_opt(&name).await?.filter(|p| p.uid() == uid);
+        let log = read_log();
+        let Some(current) = current else {
+            return Ok(Deletion {
+                terminating_logs,
+                log_when_gone: log,
+            });
+        };
+        let phase = current.status.and_then(|s| s.phase).unwrap_or_default();
+        if current.metadata.deletion_timestamp.is_some() && phase == "Running" {
+            terminating_logs.push(log);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "pod {name} was not removed within 90s of its deletion (phase {phase})"
+        );
+        tokio::time::sleep(POLL).await; // poll interval of a bounded condition wait
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_pod_stays_terminating_until_its_step_has_handled_sigterm() -> Result<()> {
+    let ns = TestNamespace::create("pod-grace").await?;
+    let pod = started_step(
+        &ns,
+        "traps-term",
+        "trap 'echo got-term; for i in 1 2 3; do echo after-term-$i; sleep 1; done; \
+         echo step-exiting; exit 0' TERM\necho ready\nwhile :; do sleep 0.1; done\n",
+    )
+    .await?;
+    let seen = delete_and_watch(&ns, &pod, 20).await?;
+    ensure!(
+        seen.terminating_logs
+            .iter()
+            .any(|log| log.contains("after-term-1") && !log.contains("step-exiting")),
+        "the pod never showed deletionTimestamp + Running while its step still worked after \
+         SIGTERM; logs seen while terminating: {:?}",
+        seen.terminating_logs
+    );
+    ensure!(
+        seen.log_when_gone.contains("step-exiting"),
+        "the pod object was removed before its step ended; step log then:\n{}",
+        seen.log_when_gone
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_step_ignoring_sigterm_is_killed_when_the_grace_period_ends() -> Result<()> {
+    let ns = TestNamespace::create("pod-kill").await?;
+    let pod = started_step(
+        &ns,
+        "ignores-term",
+        "trap 'echo term-ignored' TERM\necho \"pid=$$\"\necho ready\n# set -e: a sleep ended by the TERM must not end the script\nwhile :; do sleep 0.1 || true; done\n",
+    )
+    .await?;
+    let seen = delete_and_watch(&ns, &pod, 2).await?;
+    ensure!(
+        seen.terminating_logs
+            .iter()
+            .any(|log| log.contains("term-ignored")),
+        "the pod never showed deletionTimestamp + Running after its step got SIGTERM; logs: {:?}",
+        seen.terminating_logs
+    );
+    let pid = seen
+        .log_when_gone
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .context("the step did not print its pid")?
+        .trim()
+        .to_string();
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let running = state
+        .rsplit_once(") ")
+        .is_some_and(|(_, rest)| !rest.starts_with('Z'));
+    ensure!(
+        !running,
+        "the step (pid {pid}) still runs after its pod object was removed: {state}"
+    );
     Ok(())
 }
