@@ -1,16 +1,18 @@
 //! Proves the local control plane is real: the real Tekton controller turns a PipelineRun into a
 //! TaskRun and a pod, the pod-runner runs the step script on the host with KUBECONFIG pointing at
-//! the local API server, and the built `tkn` sees the results. A deleted pod's step gets SIGTERM
-//! and its grace period before the pod object goes, as a kubelet does.
+//! the local API server, and the built `tkn` sees the results. It deletes like a cluster too: a
+//! deleted pod's step gets SIGTERM and its grace period before the pod object goes (as a kubelet
+//! does), and kube-controller-manager garbage-collects the children of a deleted PipelineRun and
+//! removes a deleted namespace.
 //!
 //! Needs a running cluster: `hack/test.sh` (or `hack/cluster.sh up` first).
 
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::ResourceExt;
-use kube::api::DeleteParams;
+use kube::api::{Api, DeleteParams, ListParams};
 use support::*;
 
 const PIPELINE: &str = r#"
@@ -267,5 +269,114 @@ async fn a_step_ignoring_sigterm_is_killed_when_the_grace_period_ends() -> Resul
         !running,
         "the step (pid {pid}) still runs after its pod object was removed: {state}"
     );
+    Ok(())
+}
+
+/// A PipelineRun with a long-running task and a custom task (a CustomRun no controller handles,
+/// so it stays running too).
+fn long_pipelinerun(name: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": name},
+        "spec": {"pipelineSpec": {"tasks": [
+            {"name": "work", "taskSpec": {"steps": [{
+                "name": "work", "image": "registry.invalid/sh",
+                "script": "echo ready\nwhile :; do sleep 0.1; done\n"
+            }]}},
+            {"name": "custom", "taskRef": {"apiVersion": "example.dev/v1", "kind": "Nothing"}}
+        ]}}
+    })
+    .to_string()
+}
+
+/// How many TaskRuns, CustomRuns and pods of PipelineRun `name` exist (by their
+/// `tekton.dev/pipelineRun` label), and whether the PipelineRun itself does.
+async fn children_of(ns: &TestNamespace, name: &str) -> Result<(usize, usize, usize, bool)> {
+    let selector = ListParams::default().labels(&format!("tekton.dev/pipelineRun={name}"));
+    let taskruns = ns.dynamic("tekton.dev/v1", "TaskRun").await?;
+    let customruns = ns.dynamic("tekton.dev/v1beta1", "CustomRun").await?;
+    let pipelineruns = ns.dynamic("tekton.dev/v1", "PipelineRun").await?;
+    Ok((
+        taskruns.list(&selector).await?.items.len(),
+        customruns.list(&selector).await?.items.len(),
+        ns.api::<Pod>().list(&selector).await?.items.len(),
+        pipelineruns.get_opt(name).await?.is_some(),
+    ))
+}
+
+#[tokio::test]
+async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Result<()> {
+    let ns = TestNamespace::create("cascade").await?;
+    let ns = &ns;
+    let runs = [
+        ("foreground", DeleteParams::foreground()),
+        ("background", DeleteParams::background()),
+    ];
+    for (name, _) in &runs {
+        ns.apply(&long_pipelinerun(name)).await?;
+    }
+    for (name, _) in &runs {
+        wait_until(
+            &format!("PipelineRun {name} to have a TaskRun, a CustomRun and a pod"),
+            secs(120),
+            || async move {
+                let (tr, cr, pods, _) = children_of(&ns, name).await?;
+                Ok((tr == 1 && cr == 1 && pods == 1).then_some(()))
+            },
+        )
+        .await?;
+    }
+    let pipelineruns = ns.dynamic("tekton.dev/v1", "PipelineRun").await?;
+    for (name, params) in &runs {
+        pipelineruns.delete(name, params).await?;
+    }
+    for (name, _) in &runs {
+        let left = wait_until(
+            &format!("PipelineRun {name} and its TaskRuns, CustomRuns and pods to be gone"),
+            secs(120),
+            || async move {
+                let left = children_of(&ns, name).await?;
+                Ok((left == (0, 0, 0, false)).then_some(left))
+            },
+        )
+        .await;
+        ensure!(
+            left.is_ok(),
+            "{name} deletion: (TaskRuns, CustomRuns, pods, PipelineRun) left: {:?}: {left:?}",
+            children_of(&ns, name).await?
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_deleted_namespace_is_really_removed() -> Result<()> {
+    let ns = TestNamespace::create("ns-delete").await?;
+    let ns = &ns;
+    ns.apply(&long_pipelinerun("running")).await?;
+    ns.apply(r#"{apiVersion: v1, kind: ConfigMap, metadata: {name: data}, data: {a: b}}"#)
+        .await?;
+    wait_until("the PipelineRun's pod to exist", secs(120), || async {
+        let (_, _, pods, _) = children_of(&ns, "running").await?;
+        Ok((pods == 1).then_some(()))
+    })
+    .await?;
+    let namespaces: Api<Namespace> = Api::all(ns.client());
+    namespaces
+        .delete(ns.name(), &DeleteParams::background())
+        .await?;
+    wait_until(
+        &format!("namespace {} to be removed", ns.name()),
+        secs(180),
+        || async { Ok(namespaces.get_opt(ns.name()).await?.is_none().then_some(())) },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "namespace {} stayed (is the namespace controller running?)",
+            ns.name()
+        )
+    })?;
     Ok(())
 }
