@@ -440,6 +440,7 @@ cmd_down() {
 cmd_env() {
   [[ -f $KUBECONFIG_FILE ]] || log "warning: no cluster is up (run hack/cluster.sh up)"
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_FILE"
+  # shellcheck disable=SC2016 # $PATH is for the shell that evals this line
   printf 'export PATH=%q:%q:"$PATH"\n' "$(dirname "$(component_bin kubectl)")" "$(dirname "$(component_bin tkn)")"
 }
 
