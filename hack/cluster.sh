@@ -203,6 +203,16 @@ is_up() {
 
 # ---------------------------------------------------------------- up
 
+# sign_cert NAME SUBJECT EXTENSIONS: pki/NAME.{key,crt}, signed by the cluster CA.
+sign_cert() {
+  local pki=$CLUSTER_DIR/pki
+  openssl req -new -nodes -newkey rsa:2048 -keyout "$pki/$1.key" -out "$pki/$1.csr" \
+    -subj "$2" 2>/dev/null
+  printf '%b\n' "$3" >"$pki/$1.ext"
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
+    -CAcreateserial -out "$pki/$1.crt" -days 30 -extfile "$pki/$1.ext" 2>/dev/null
+}
+
 write_pki() {
   local pki=$CLUSTER_DIR/pki
   mkdir -p "$pki"
@@ -214,6 +224,11 @@ write_pki() {
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/ext.cnf"
   openssl x509 -req -in "$pki/serving.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
     -CAcreateserial -out "$pki/serving.crt" -days 30 -extfile "$pki/ext.cnf" 2>/dev/null
+  # The pod-runner's kubelet endpoint, and the client certificate the apiserver shows it.
+  sign_cert kubelet "/CN=pod-runner" \
+    'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth'
+  sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+    'extendedKeyUsage=clientAuth'
   od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$pki/admin.token"
   printf '%s,admin,admin,"system:masters"\n' "$(<"$pki/admin.token")" >"$pki/tokens.csv"
 }
@@ -349,9 +364,9 @@ cmd_up() {
   (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building testbed/pod-runner failed"
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
-  local ports etcd_port peer_port api_port kcm_port probes_port profiling_port
-  ports=$(free_ports 6)
-  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port <<<"$ports"
+  local ports etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port
+  ports=$(free_ports 7)
+  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port <<<"$ports"
   echo "$api_port" >"$CLUSTER_DIR/apiserver.port"
   write_pki
 
@@ -377,6 +392,10 @@ cmd_up() {
     --service-account-key-file "$CLUSTER_DIR/pki/sa.key" \
     --service-account-signing-key-file "$CLUSTER_DIR/pki/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
+    --kubelet-client-certificate "$CLUSTER_DIR/pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$CLUSTER_DIR/pki/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$CLUSTER_DIR/pki/ca.crt" \
+    --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
     --disable-admission-plugins ServiceAccount \
     --enable-priority-and-fairness=false \
@@ -417,10 +436,18 @@ cmd_up() {
   healthy_or_fail tekton-controller "its /health probe" 60 \
     curl -sf --max-time 2 "http://127.0.0.1:$probes_port/health"
 
+  # Node pod-runner, whose kubelet endpoint serves the step logs (kubectl logs, tkn logs).
   start pod-runner "$POD_RUNNER" \
     --kubeconfig "$KUBECONFIG_FILE" --work-dir "$CLUSTER_DIR/pods" \
+    --node-name pod-runner --kubelet-port "$kubelet_port" \
+    --tls-cert "$CLUSTER_DIR/pki/kubelet.crt" --tls-key "$CLUSTER_DIR/pki/kubelet.key" \
+    --client-ca "$CLUSTER_DIR/pki/ca.crt" \
     --path-prefix "$(dirname "$(component_bin kubectl)")" --path-prefix "$(dirname "$(component_bin tkn)")"
   healthy_or_fail pod-runner "its watch to start" 30 grep -q "watching TaskRun pods" "$LOGS/pod-runner.log"
+  healthy_or_fail pod-runner "its kubelet endpoint" 30 \
+    curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" \
+    --cert "$CLUSTER_DIR/pki/apiserver-kubelet-client.crt" --key "$CLUSTER_DIR/pki/apiserver-kubelet-client.key" \
+    "https://127.0.0.1:$kubelet_port/healthz"
 
   smoke_test
   date +%s >"$CLUSTER_DIR/ready"

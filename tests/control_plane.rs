@@ -380,3 +380,179 @@ async fn a_deleted_namespace_is_really_removed() -> Result<()> {
     })?;
     Ok(())
 }
+
+/// The name of the pod of TaskRun `name`, once it has one.
+async fn pod_of_taskrun(ns: &TestNamespace, name: &str) -> Result<String> {
+    let taskruns = ns.dynamic("tekton.dev/v1", "TaskRun").await?;
+    wait_until(&format!("TaskRun {name} to have a pod"), secs(120), || {
+        let taskruns = taskruns.clone();
+        async move {
+            let tr = taskruns.get(name).await?;
+            Ok(tr
+                .data
+                .pointer("/status/podName")
+                .and_then(|v| v.as_str())
+                .filter(|p| !p.is_empty())
+                .map(str::to_string))
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn kubectl_logs_of_a_finished_step_returns_its_output() -> Result<()> {
+    let ns = TestNamespace::create("logs-done").await?;
+    ns.apply(&taskrun(
+        "prints",
+        "echo line-1\necho line-2 >&2\nprintf 'line-3 without newline'\n",
+    ))
+    .await?;
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "TaskRun", "prints", secs(120))
+        .await?;
+    ensure!(done.status == "True", "TaskRun prints: {done:?}");
+    let pod = pod_of_taskrun(&ns, "prints").await?;
+
+    let all = ns.kubectl(&["logs", &pod, "-c", "step-work"])?;
+    ensure!(
+        all == "line-1\nline-2\nline-3 without newline\n",
+        "kubectl logs of the finished step:\n{all:?}"
+    );
+    let last = ns.kubectl(&["logs", &pod, "-c", "step-work", "--tail", "1"])?;
+    ensure!(last == "line-3 without newline\n", "--tail 1: {last:?}");
+    let stamped = ns.kubectl(&["logs", &pod, "-c", "step-work", "--timestamps"])?;
+    for line in stamped.lines() {
+        let (time, text) = line.split_once(' ').unwrap_or_default();
+        ensure!(
+            time.parse::<k8s_openapi::jiff::Timestamp>().is_ok() && text.starts_with("line-"),
+            "--timestamps line without an RFC 3339 time: {line:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn tkn_pipelinerun_logs_shows_both_tasks_in_order() -> Result<()> {
+    let ns = TestNamespace::create("logs-tkn").await?;
+    let step = |text: &str| {
+        serde_json::json!({"steps": [{"name": "say", "image": "registry.invalid/sh",
+            "script": format!("echo {text}\n")}]})
+    };
+    ns.apply(
+        &serde_json::json!({
+            "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+            "metadata": {"name": "two"},
+            "spec": {"pipelineSpec": {"tasks": [
+                {"name": "first", "taskSpec": step("output-of-first")},
+                {"name": "second", "runAfter": ["first"], "taskSpec": step("output-of-second")},
+            ]}}
+        })
+        .to_string(),
+    )
+    .await?;
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "two", secs(180))
+        .await?;
+    ensure!(done.status == "True", "PipelineRun two: {done:?}");
+    let out = ns.tkn(&["pipelinerun", "logs", "two"])?;
+    let first = out.find("[first : say] output-of-first");
+    let second = out.find("[second : say] output-of-second");
+    ensure!(
+        matches!((first, second), (Some(a), Some(b)) if a < b),
+        "tkn pipelinerun logs should show first's output, then second's:\n{out}"
+    );
+    Ok(())
+}
+
+/// A `kubectl logs -f` or `tkn ... logs -f` process whose output is read line by line.
+struct Follower {
+    name: &'static str,
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Follower {
+    fn start(name: &'static str, args: &[&str]) -> Result<Self> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(tool_path(name)?)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig_path())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        Ok(Self {
+            name,
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        })
+    }
+
+    /// The next non-empty line (tkn ends each step with an empty one); None at the end.
+    async fn next_line(&mut self) -> Result<Option<String>> {
+        loop {
+            let line = tokio::time::timeout(secs(120), self.lines.next_line())
+                .await
+                .with_context(|| format!("timed out waiting for a line from {}", self.name))??;
+            match line {
+                Some(l) if l.trim().is_empty() => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Expects the stream to end, and the process to exit successfully.
+    async fn expect_end(mut self) -> Result<()> {
+        let rest = self.next_line().await?;
+        ensure!(
+            rest.is_none(),
+            "{} -f printed {rest:?} after the last line",
+            self.name
+        );
+        let status = tokio::time::timeout(secs(30), self.child.wait()).await??;
+        ensure!(status.success(), "{} -f exited with {status}", self.name);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn logs_follow_streams_a_running_step() -> Result<()> {
+    let ns = TestNamespace::create("logs-follow").await?;
+    // The step prints, then waits for the test's go-ahead (a ConfigMap), then prints again.
+    ns.apply(&taskrun(
+        "waits",
+        "echo before-go\nuntil kubectl get configmap go >/dev/null 2>&1; do sleep 0.2; done\n\
+         echo after-go\n",
+    ))
+    .await?;
+    let pod = pod_of_taskrun(&ns, "waits").await?;
+    // The API server proxies logs only for a pod bound to a node.
+    let pods = ns.api::<Pod>();
+    wait_until("the pod to be bound to a node", secs(60), || async {
+        let p = pods.get(&pod).await?;
+        Ok(p.spec.and_then(|s| s.node_name))
+    })
+    .await?;
+    // Either may be early (the step not started yet): the endpoint waits for its output.
+    let mut kubectl = Follower::start(
+        "kubectl",
+        &["logs", "-f", &pod, "-c", "step-work", "-n", ns.name()],
+    )?;
+    let mut tkn = Follower::start("tkn", &["taskrun", "logs", "-f", "waits", "-n", ns.name()])?;
+    ensure!(kubectl.next_line().await?.as_deref() == Some("before-go"));
+    ensure!(tkn.next_line().await?.as_deref() == Some("[work] before-go"));
+    let tr = ns.get_opt("tekton.dev/v1", "TaskRun", "waits").await?;
+    let running = tr.and_then(|tr| condition(&tr, "Succeeded"));
+    ensure!(
+        running.as_ref().is_some_and(|c| c.status == "Unknown"),
+        "the first line should arrive while the step still runs: {running:?}"
+    );
+    ns.apply(r#"{apiVersion: v1, kind: ConfigMap, metadata: {name: go}}"#)
+        .await?;
+    ensure!(kubectl.next_line().await?.as_deref() == Some("after-go"));
+    ensure!(tkn.next_line().await?.as_deref() == Some("[work] after-go"));
+    // Both end by themselves once the step has ended.
+    kubectl.expect_end().await?;
+    tkn.expect_end().await?;
+    Ok(())
+}

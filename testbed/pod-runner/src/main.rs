@@ -5,11 +5,16 @@
 //! order, and reports the result through the pod status subresource so the real Tekton
 //! controller finishes the TaskRun.
 //!
+//! Its kubelet endpoint serves the step logs, so that `kubectl logs` and `tkn ... logs` work.
+//!
 //! A deleted pod is stopped as a kubelet stops it: SIGTERM to the step's process group, its
 //! grace period, SIGKILL; the pod object is removed only once its processes have ended.
 //!
 //! Usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]... [--node-name NAME]
+//!        [--kubelet-port PORT --tls-cert FILE --tls-key FILE --client-ca FILE]
 
+mod kubelet;
+mod logs;
 mod node;
 mod plan;
 mod run;
@@ -53,9 +58,40 @@ struct Args {
     /// The Node this pod-runner registers and binds the pods it runs to.
     #[arg(long, default_value = "pod-runner")]
     node_name: String,
+    /// Serve the kubelet log endpoint on 127.0.0.1:PORT (HTTPS), for `kubectl logs`.
+    #[arg(long, requires_all = ["tls_cert", "tls_key", "client_ca"])]
+    kubelet_port: Option<u16>,
+    /// Serving certificate of the kubelet endpoint (PEM, with an IP SAN 127.0.0.1).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// CA whose client certificates (the API server's) the kubelet endpoint accepts.
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
 }
 
 impl Args {
+    /// Starts the kubelet log endpoint, if asked to; returns its port.
+    async fn serve_kubelet(&self, work_dir: PathBuf) -> Result<Option<u16>> {
+        let (Some(port), Some(cert), Some(key), Some(ca)) = (
+            self.kubelet_port,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.client_ca,
+        ) else {
+            return Ok(None);
+        };
+        let tls = kubelet::tls_config(cert, key, ca)?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("listening on 127.0.0.1:{port}"))?;
+        tokio::spawn(kubelet::serve(listener, tls, work_dir));
+        info!(port, "serving the kubelet log endpoint on 127.0.0.1");
+        Ok(Some(port))
+    }
+
     fn host(&self) -> Result<Host> {
         std::fs::create_dir_all(&self.work_dir)
             .with_context(|| format!("creating {}", self.work_dir.display()))?;
@@ -217,7 +253,8 @@ async fn main() -> Result<()> {
         .with_context(|| format!("reading {}", host.kubeconfig.display()))?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     let client = Client::try_from(config)?;
-    register(&client, &args.node_name, None).await?;
+    let port = args.serve_kubelet(host.work_dir.clone()).await?;
+    register(&client, &args.node_name, port).await?;
 
     let pods: Api<Pod> = Api::all(client.clone());
     let mut events = watcher::watcher(
