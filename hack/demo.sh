@@ -49,7 +49,9 @@ cleanup() {
   if [[ ${DEMO_DOWN:-} == 1 ]]; then
     "$here/cluster.sh" down || true
   elif [[ -f $CLUSTER_DIR/kubeconfig ]]; then
-    log "demo: the local cluster is still up: eval \"\$(hack/cluster.sh env)\" to look around; hack/cluster.sh down to stop it"
+    log "demo: the local cluster is still up; look around with: eval \"\$(hack/cluster.sh env)\""
+    log "demo:   tkn pipelinerun list -n $PIPELINES_NS; tkn pipelinerun logs -n $PIPELINES_NS guarded-${VERSIONS[-1]} (a deploy's output)"
+    log "demo: stop it with hack/cluster.sh down"
   fi
   log "demo: finished in $(( $(date +%s) - t_start ))s"
   exit "$rc"
