@@ -196,6 +196,10 @@ impl Runner {
             handle.request(grace);
             return;
         }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if node.is_some_and(|n| n != self.node) {
+            return; // another node's pod
+        }
         let api: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let name = pod.name_any();
