@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Draws the founding scenario's timeline picture from the demo's timeline data.
+
+Usage: demo-picture.py TIMELINE.json OUT.svg
+
+TIMELINE.json is what hack/demo-report.py stores (`{"lanes": [<lane>, ...]}`, one lane per
+scenario, the same data the text report prints). OUT.svg gets one lane per scenario, on one time
+axis: each deploy that ran is a bar from its first to its last EVENT, with its apply and prune
+moments marked, a prune that deleted the whole chart marked in red as the wipe-out, and a run that
+never deployed (superseded, refused) as a short grey stub saying why.
+
+The SVG is self-contained (text drawn as paths, no fonts, no scripts) and byte-for-byte the same
+for the same input. Bars and markers carry ids a test can find:
+  lane-<scenario>                   the lane (an axes group holding the rest)
+  deploy-<scenario>-v<N>            a deploy's bar
+  apply-<scenario>-v<N>, prune-<scenario>-v<N>, wipeout-<scenario>-v<N>   its moments
+  wait-<scenario>-v<N>              the time it waited for the lock before deploying
+  superseded-<scenario>-v<N>, stub-<scenario>-v<N>   a run that never deployed (and *-label)
+Needs matplotlib (hack/picture.sh provides a pinned one).
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+# Self-contained and reproducible: glyphs as paths (no font needed to view it), fixed ids.
+STYLE = {
+    "svg.fonttype": "path",
+    "svg.hashsalt": "tekton-mutex-timeline",
+    "font.family": "DejaVu Sans",  # ships with matplotlib: the same glyphs on every machine
+    "font.size": 10,
+}
+BAR = "#4c72b0"
+APPLY = "#2ca02c"
+PRUNE = "#222222"
+WIPEOUT = "#d62728"
+STUB = "#9e9e9e"
+WAIT = "#7f7f7f"
+MIN_STUB_S = 0.35  # a superseded run's lock may end within a second; keep the stub visible
+CHART_OBJECTS = 10
+
+TITLES = {
+    "unguarded": "Without the Mutex: all five deploy at once",
+    "guarded": "With the Mutex: one at a time, the newest wins",
+}
+
+
+def seconds(lane, ms):
+    return (ms - lane["created_ms"]) / 1000
+
+
+def verdict(lane):
+    """The environment afterwards, in words, and the colour to say it in."""
+    objects = lane["environment_after"]
+    left = [o["version"] for o in objects if o["version"] is not None]
+    newest = max(lane["versions"], key=int)
+    env = lane["environment_namespace"]
+    if not left:
+        return f"{env} afterwards: WIPED OUT, 0 of {len(objects)} objects left", WIPEOUT
+    if len(left) < len(objects):
+        return f"{env} afterwards: damaged, {len(left)} of {len(objects)} objects left", WIPEOUT
+    if set(left) == {newest}:
+        return f"{env} afterwards: intact, {len(left)} of {len(objects)} objects at v{newest}", APPLY
+    return f"{env} afterwards: {len(left)} objects, not at the newest v{newest}", "#b8860b"
+
+
+def event(run, what):
+    return next((e for e in run["events"] if e["what"] == what), None)
+
+
+def draw_deploy(ax, lane, run, y):
+    sc, v = lane["scenario"], run["version"]
+    start, end = (seconds(lane, run["events"][i]["ms"]) for i in (0, -1))
+    (bar,) = ax.barh(y, end - start, left=start, height=0.56, color=BAR, edgecolor="none")
+    bar.set_gid(f"deploy-{sc}-v{v}")
+    ax.text((start + end) / 2, y, f"v{v}", va="center", ha="center", color="white", fontweight="bold",
+            gid=f"deploy-{sc}-v{v}-label")
+    applied = event(run, "applied")
+    if applied:
+        ax.plot([seconds(lane, applied["ms"])], [y], marker="v", markersize=9, color=APPLY,
+                markeredgecolor="white", linestyle="none", gid=f"apply-{sc}-v{v}")
+    pruned = event(run, "pruned")
+    prune_at = event(run, "prune-start") or pruned
+    if prune_at:
+        ax.plot([seconds(lane, prune_at["ms"])], [y], marker="X", markersize=9, color=PRUNE,
+                markeredgecolor="white", linestyle="none", gid=f"prune-{sc}-v{v}")
+    deleted = int(pruned["fields"].get("deleted", "0")) if pruned else 0
+    if deleted >= CHART_OBJECTS:
+        x = seconds(lane, pruned["ms"])
+        ax.plot([x], [y], marker="X", markersize=16, color=WIPEOUT, markeredgecolor="white",
+                linestyle="none", gid=f"wipeout-{sc}-v{v}")
+        ax.annotate(f"wipe-out: v{v}'s prune deletes all {deleted} objects", (x, y), xytext=(12, 0),
+                    textcoords="offset points", va="center", color=WIPEOUT, fontweight="bold",
+                    gid=f"wipeout-{sc}-v{v}-label")
+    elif deleted:
+        ax.annotate(f"prune deletes {deleted}", (seconds(lane, pruned["ms"]), y), xytext=(10, 0),
+                    textcoords="offset points", va="center", color=WIPEOUT)
+    lock = run["lock"]
+    if lock and lock.get("start_ms") is not None and lock["start_ms"] < run["events"][0]["ms"] - 500:
+        ax.plot([max(seconds(lane, lock["start_ms"]), 0), start], [y, y], color=WAIT, linestyle=":",
+                linewidth=2, gid=f"wait-{sc}-v{v}")
+
+
+def draw_stub(ax, lane, run, y):
+    """A run that never deployed: a short grey stub from its lock's start to its end."""
+    sc, v, lock = lane["scenario"], run["version"], run["lock"] or {}
+    start = max(seconds(lane, lock["start_ms"]), 0) if lock.get("start_ms") is not None else 0
+    end = seconds(lane, lock["end_ms"]) if lock.get("end_ms") is not None else start
+    width = max(end - start, MIN_STUB_S)
+    kind = "superseded" if lock.get("superseded") else "stub"
+    (bar,) = ax.barh(y, width, left=start, height=0.3, color=STUB, edgecolor="none")
+    bar.set_gid(f"{kind}-{sc}-v{v}")
+    if lock.get("superseded"):
+        by = lock.get("superseded_by")
+        why = f"superseded by v{by}" if by else "superseded"
+    else:
+        why = f"never deployed ({lock.get('reason') or run['outcome']})"
+    ax.text(start + width + 0.15, y, f"v{v} {why}", va="center", ha="left", color="#555555",
+            gid=f"{kind}-{sc}-v{v}-label")
+
+
+def draw_lane(ax, lane):
+    rows = {v: i for i, v in enumerate(lane["versions"])}
+    for run in lane["runs"]:
+        if run["events"]:
+            draw_deploy(ax, lane, run, rows[run["version"]])
+        else:
+            draw_stub(ax, lane, run, rows[run["version"]])
+    ax.set_gid(f"lane-{lane['scenario']}")
+    ax.set_yticks(range(len(rows)), [run["pipelinerun"] or f"v{run['version']}" for run in lane["runs"]],
+                  fontsize=8, color="#555555")
+    ax.set_ylim(len(rows) - 0.4, -0.6)
+    ax.set_title(TITLES.get(lane["scenario"], lane["scenario"]), loc="left", fontweight="bold")
+    text, colour = verdict(lane)
+    ax.set_title(text, loc="right", color=colour, fontweight="bold")
+    ax.grid(axis="x", color="#e6e6e6")
+    ax.set_axisbelow(True)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(axis="y", length=0)
+
+
+def legend_handles():
+    return [
+        Patch(color=BAR, label="deploy: first to last step event"),
+        Line2D([], [], marker="v", color=APPLY, linestyle="none", markersize=9, label="kubectl apply"),
+        Line2D([], [], marker="X", color=PRUNE, linestyle="none", markersize=9, label="prune (delete version!=N)"),
+        Line2D([], [], marker="X", color=WIPEOUT, linestyle="none", markersize=13,
+               label="wipe-out: prune deleted every object"),
+        Line2D([], [], color=WAIT, linestyle=":", linewidth=2, label="waiting for the Mutex"),
+        Patch(color=STUB, label="never deployed (superseded)"),
+    ]
+
+
+def render(timeline, out):
+    lanes = timeline["lanes"]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.3 + 1.9 * len(lanes)), sharex=True,
+                                 squeeze=False)
+        for ax, lane in zip(axes[:, 0], lanes):
+            draw_lane(ax, lane)
+        axes[-1, 0].set_xlabel("seconds after the five PipelineRuns were created (from each deploy step's log)")
+        axes[-1, 0].set_xlim(left=-0.5)
+        env = lanes[0]["environment_namespace"] if lanes else "the environment"
+        fig.suptitle(f"Five promotions of {env} started within one second", fontsize=13, fontweight="bold",
+                     x=0.01, ha="left")
+        fig.legend(handles=legend_handles(), loc="lower center", ncol=3, frameon=False, fontsize=9)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.savefig(out, format="svg", metadata={"Date": None})
+        plt.close(fig)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: demo-picture.py TIMELINE.json OUT.svg")
+    with open(sys.argv[1]) as f:
+        timeline = json.load(f)
+    if not timeline.get("lanes"):
+        sys.exit(f"{sys.argv[1]}: no lanes to draw (hack/demo-report.py stores them)")
+    render(timeline, sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()
