@@ -39,6 +39,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+"$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed, so first
+phase "picture tests"
 "$here/build.sh"
 phase "build"
 TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
