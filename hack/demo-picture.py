@@ -170,7 +170,7 @@ def render(timeline, out):
         fig.suptitle(f"Five promotions of {env} started within one second", fontsize=13, fontweight="bold",
                      x=0.01, ha="left")
         fig.legend(handles=legend_handles(), loc="lower center", ncol=3, frameon=False, fontsize=9)
-        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
         fig.savefig(out, format="svg", metadata={"Date": None})
         plt.close(fig)
 
