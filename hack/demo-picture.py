@@ -19,6 +19,7 @@ for the same input. Bars and markers carry ids a test can find:
 Needs matplotlib (hack/picture.sh provides a pinned one).
 """
 import json
+import re
 import sys
 
 import matplotlib
@@ -40,6 +41,7 @@ APPLY = "#2ca02c"
 PRUNE = "#222222"
 WIPEOUT = "#d62728"
 STUB = "#9e9e9e"
+FAILED = "#b9c7e0"
 WAIT = "#7f7f7f"
 MIN_STUB_S = 0.35  # a superseded run's lock may end within a second; keep the stub visible
 CHART_OBJECTS = 10
@@ -73,13 +75,53 @@ def event(run, what):
     return next((e for e in run["events"] if e["what"] == what), None)
 
 
+def deploy_span(lane, run):
+    """Seconds from the deploy's start to its end (hack/demo-report.py's deploy_span_ms), at
+    least a stub's width so a step that failed at once still shows."""
+    start, end = (seconds(lane, ms) for ms in run["deploy_span_ms"])
+    return start, max(end, start + MIN_STUB_S)
+
+
+def short_error(error):
+    """kubectl's 'Error from server (AlreadyExists): ...' as 'AlreadyExists'."""
+    m = re.match(r"Error from server \((\w+)\)", error or "")
+    if m:
+        return m.group(1)
+    return (error or "")[:40]
+
+
+def label_spot(start, end, marks):
+    """The middle of the widest stretch of the bar free of markers, for the version label."""
+    points = sorted([start, end] + [m for m in marks if start < m < end])
+    a, b = max(zip(points, points[1:]), key=lambda ab: ab[1] - ab[0])
+    return (a + b) / 2
+
+
 def draw_deploy(ax, lane, run, y):
     sc, v = lane["scenario"], run["version"]
-    start, end = (seconds(lane, run["events"][i]["ms"]) for i in (0, -1))
-    (bar,) = ax.barh(y, end - start, left=start, height=0.56, color=BAR, edgecolor="none")
+    start, end = deploy_span(lane, run)
+    failed = run.get("deploy_failed")
+    (bar,) = ax.barh(y, end - start, left=start, height=0.56, color=FAILED if failed else BAR,
+                     edgecolor=WIPEOUT if failed else "none", hatch="///" if failed else None)
     bar.set_gid(f"deploy-{sc}-v{v}")
-    ax.text((start + end) / 2, y, f"v{v}", va="center", ha="center", color="white", fontweight="bold",
-            gid=f"deploy-{sc}-v{v}-label")
+    marks = [seconds(lane, e["ms"]) for e in run["events"] if e["what"] in ("applied", "prune-start", "pruned")]
+    if end - start >= 1.0:
+        ax.text(label_spot(start, end, marks), y, f"v{v}", va="center", ha="center", color="white",
+                fontweight="bold", gid=f"deploy-{sc}-v{v}-label")
+    if failed:
+        why = short_error(run.get("deploy_error"))
+        ax.text(end + 0.15, y, f"v{v} deploy failed" + (f": {why}" if why else ""), va="center", ha="left",
+                color=WIPEOUT, gid=f"failed-{sc}-v{v}-label")
+    draw_moments(ax, lane, run, y)
+    lock = run["lock"]
+    if lock and lock.get("start_ms") is not None and lock["start_ms"] < run["events"][0]["ms"] - 500:
+        ax.plot([max(seconds(lane, lock["start_ms"]), 0), start], [y, y], color=WAIT, linestyle=":",
+                linewidth=2, gid=f"wait-{sc}-v{v}")
+
+
+def draw_moments(ax, lane, run, y):
+    """The apply and prune moments on a deploy's bar, and the wipe-out if its prune deleted all."""
+    sc, v = lane["scenario"], run["version"]
     applied = event(run, "applied")
     if applied:
         ax.plot([seconds(lane, applied["ms"])], [y], marker="v", markersize=9, color=APPLY,
@@ -99,11 +141,7 @@ def draw_deploy(ax, lane, run, y):
                     gid=f"wipeout-{sc}-v{v}-label")
     elif deleted:
         ax.annotate(f"prune deletes {deleted}", (seconds(lane, pruned["ms"]), y), xytext=(10, 0),
-                    textcoords="offset points", va="center", color=WIPEOUT)
-    lock = run["lock"]
-    if lock and lock.get("start_ms") is not None and lock["start_ms"] < run["events"][0]["ms"] - 500:
-        ax.plot([max(seconds(lane, lock["start_ms"]), 0), start], [y, y], color=WAIT, linestyle=":",
-                linewidth=2, gid=f"wait-{sc}-v{v}")
+                    textcoords="offset points", va="center", color=WIPEOUT, gid=f"damage-{sc}-v{v}-label")
 
 
 def draw_stub(ax, lane, run, y):
@@ -127,7 +165,7 @@ def draw_stub(ax, lane, run, y):
 def draw_lane(ax, lane):
     rows = {v: i for i, v in enumerate(lane["versions"])}
     for run in lane["runs"]:
-        if run["events"]:
+        if run.get("deploy_span_ms"):
             draw_deploy(ax, lane, run, rows[run["version"]])
         else:
             draw_stub(ax, lane, run, rows[run["version"]])
@@ -145,8 +183,9 @@ def draw_lane(ax, lane):
     ax.tick_params(axis="y", length=0)
 
 
-def legend_handles():
-    return [
+def legend_handles(lanes):
+    failed = any(r.get("deploy_failed") for lane in lanes for r in lane["runs"])
+    handles = [
         Patch(color=BAR, label="deploy: first to last step event"),
         Line2D([], [], marker="v", color=APPLY, linestyle="none", markersize=9, label="kubectl apply"),
         Line2D([], [], marker="X", color=PRUNE, linestyle="none", markersize=9, label="prune (delete version!=N)"),
@@ -155,6 +194,9 @@ def legend_handles():
         Line2D([], [], color=WAIT, linestyle=":", linewidth=2, label="waiting for the Mutex"),
         Patch(color=STUB, label="never deployed (superseded)"),
     ]
+    if failed:
+        handles.append(Patch(facecolor=FAILED, edgecolor=WIPEOUT, hatch="///", label="deploy step failed"))
+    return handles
 
 
 def render(timeline, out):
@@ -169,7 +211,7 @@ def render(timeline, out):
         env = lanes[0]["environment_namespace"] if lanes else "the environment"
         fig.suptitle(f"Five promotions of {env} started within one second", fontsize=13, fontweight="bold",
                      x=0.01, ha="left")
-        fig.legend(handles=legend_handles(), loc="lower center", ncol=3, frameon=False, fontsize=9)
+        fig.legend(handles=legend_handles(lanes), loc="lower center", ncol=4, frameon=False, fontsize=9)
         fig.tight_layout(rect=(0, 0.08, 1, 1))
         fig.savefig(out, format="svg", metadata={"Date": None})
         plt.close(fig)

@@ -44,20 +44,23 @@ def succeeded(obj):
     return {}
 
 
-def events_of(pod_dir):
-    """The deploy step's EVENT lines as [{"ms", "what", "fields"}], in log order."""
-    out = []
+def step_log(pod_dir):
+    """The deploy step's EVENT lines as [{"ms", "what", "fields"}] in log order, and its last
+    error line (kubectl's "Error from server ..."; stderr goes to the same log), if any."""
+    events, error = [], None
     path = os.path.join(pod_dir, "step-deploy.log")
     try:
         lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
     except OSError:
-        return out
+        return events, error
     for line in lines:
         parts = line.split()
         if len(parts) >= 3 and parts[0] == "EVENT" and parts[1].isdigit():
             fields = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
-            out.append({"ms": int(parts[1]), "what": parts[2], "fields": fields})
-    return out
+            events.append({"ms": int(parts[1]), "what": parts[2], "fields": fields})
+        elif line.lower().startswith(("error", "fatal")):
+            error = line.strip()
+    return events, error
 
 
 def epoch_ms(timestamp):
@@ -107,6 +110,17 @@ def environment_after(env_objects):
     return objects
 
 
+def deploy_span_ms(events, completed_ms):
+    """[start, end] of a deploy: its first and last EVENT, or for a step that stopped before its
+    prune (failed, killed), until its TaskRun completed (a timestamp in whole seconds)."""
+    if not events:
+        return None
+    start, end = events[0]["ms"], events[-1]["ms"]
+    if events[-1]["what"] != "pruned" and completed_ms is not None:
+        end = max(end, completed_ms)
+    return [start, end]
+
+
 def lane_of(scenario, st, pods_dir):
     """The round as a timeline: the data both the text report and the picture are made from."""
     versions = [str(v) for v in st["versions"]]
@@ -128,15 +142,19 @@ def lane_of(scenario, st, pods_dir):
     for v in versions:
         name = name_of.get(v)
         pr = prs.get(name, {})
-        tr = trs.get(name)
-        pod = tr and tr.get("status", {}).get("podName")
+        tr = trs.get(name) or {}
+        pod = tr.get("status", {}).get("podName")
+        events, error = step_log(os.path.join(pods_dir, pod)) if pod else ([], None)
         runs.append({
             "version": v,
             "pipelinerun": name,
             "outcome": succeeded(pr).get("reason", "Running"),
             "cancelled": pr.get("spec", {}).get("status"),
             "deploy_ran": bool(pod),
-            "events": events_of(os.path.join(pods_dir, pod)) if pod else [],
+            "deploy_failed": succeeded(tr).get("status") == "False",
+            "deploy_error": error,
+            "deploy_span_ms": deploy_span_ms(events, epoch_ms(tr.get("status", {}).get("completionTime"))),
+            "events": events,
             "lock": lock_of(crs.get(name), name, version_of),
         })
     return {
@@ -166,8 +184,8 @@ def store_lane(path, lane):
 # ------------------------------------------------------------------ the story, from the timeline
 
 def intervals_of(lane):
-    """(first event ms, last event ms, version) of each deploy that ran."""
-    return [(r["events"][0]["ms"], r["events"][-1]["ms"], r["version"]) for r in lane["runs"] if r["events"]]
+    """(start ms, end ms, version) of each deploy that ran."""
+    return [(*r["deploy_span_ms"], r["version"]) for r in lane["runs"] if r["deploy_span_ms"]]
 
 
 def max_overlap_of(intervals):
@@ -219,8 +237,12 @@ def print_runs(lane):
     print("  runs:")
     for r in lane["runs"]:
         outcome = r["outcome"] + (f", cancelled ({r['cancelled']})" if r["cancelled"] else "")
-        deploy = "deploy ran" if r["deploy_ran"] else "deploy never ran"
+        deploy = "deploy never ran"
+        if r["deploy_ran"]:
+            deploy = red("deploy failed") + " " * 4 if r["deploy_failed"] else "deploy ran"
         print(f"    {r['pipelinerun'] or '?':<14} {deploy:<17} PipelineRun {outcome}")
+        if r["deploy_failed"] and r["deploy_error"]:
+            print(f"    {'':<14} {red(r['deploy_error'])}")
         lock = lock_text(r["lock"])
         if lock:
             print(f"    {'':<14} {lock}")
