@@ -44,12 +44,15 @@ STUB = "#9e9e9e"
 FAILED = "#b9c7e0"
 WAIT = "#7f7f7f"
 MIN_STUB_S = 0.35  # a superseded run's lock may end within a second; keep the stub visible
-CHART_OBJECTS = 10
-
+WORDS = "zero one two three four five six seven eight nine ten".split()
 TITLES = {
-    "unguarded": "Without the Mutex: all five deploy at once",
+    "unguarded": "Without the Mutex: all {n} deploy at once",
     "guarded": "With the Mutex: one at a time, the newest wins",
 }
+
+
+def count(n):
+    return WORDS[n] if n < len(WORDS) else str(n)
 
 
 def seconds(lane, ms):
@@ -132,7 +135,7 @@ def draw_moments(ax, lane, run, y):
         ax.plot([seconds(lane, prune_at["ms"])], [y], marker="X", markersize=9, color=PRUNE,
                 markeredgecolor="white", linestyle="none", gid=f"prune-{sc}-v{v}")
     deleted = int(pruned["fields"].get("deleted", "0")) if pruned else 0
-    if deleted >= CHART_OBJECTS:
+    if deleted >= len(lane["environment_after"]):  # every object of the chart
         x = seconds(lane, pruned["ms"])
         ax.plot([x], [y], marker="X", markersize=16, color=WIPEOUT, markeredgecolor="white",
                 linestyle="none", gid=f"wipeout-{sc}-v{v}")
@@ -173,7 +176,8 @@ def draw_lane(ax, lane):
     ax.set_yticks(range(len(rows)), [run["pipelinerun"] or f"v{run['version']}" for run in lane["runs"]],
                   fontsize=8, color="#555555")
     ax.set_ylim(len(rows) - 0.4, -0.6)
-    ax.set_title(TITLES.get(lane["scenario"], lane["scenario"]), loc="left", fontweight="bold")
+    title = TITLES.get(lane["scenario"], lane["scenario"]).format(n=count(len(lane["versions"])))
+    ax.set_title(title, loc="left", fontweight="bold")
     text, colour = verdict(lane)
     ax.set_title(text, loc="right", color=colour, fontweight="bold")
     ax.grid(axis="x", color="#e6e6e6")
@@ -206,10 +210,10 @@ def render(timeline, out):
                                  squeeze=False)
         for ax, lane in zip(axes[:, 0], lanes):
             draw_lane(ax, lane)
-        axes[-1, 0].set_xlabel("seconds after the five PipelineRuns were created (from each deploy step's log)")
+        env, n = lanes[0]["environment_namespace"], len(lanes[0]["versions"])
+        axes[-1, 0].set_xlabel(f"seconds after the {count(n)} PipelineRuns were created (from each deploy step's log)")
         axes[-1, 0].set_xlim(left=-0.5)
-        env = lanes[0]["environment_namespace"] if lanes else "the environment"
-        fig.suptitle(f"Five promotions of {env} started within one second", fontsize=13, fontweight="bold",
+        fig.suptitle(f"{count(n).capitalize()} promotions of {env} started at once", fontsize=13, fontweight="bold",
                      x=0.01, ha="left")
         fig.legend(handles=legend_handles(lanes), loc="lower center", ncol=4, frameon=False, fontsize=9)
         fig.tight_layout(rect=(0, 0.08, 1, 1))
