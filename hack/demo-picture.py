@@ -108,7 +108,7 @@ def draw_deploy(ax, lane, run, y):
                      edgecolor=WIPEOUT if failed else "none", hatch="///" if failed else None)
     bar.set_gid(f"deploy-{sc}-v{v}")
     marks = [seconds(lane, e["ms"]) for e in run["events"] if e["what"] in ("applied", "prune-start", "pruned")]
-    if end - start >= 1.0:
+    if end - start >= 1.0 and not failed:  # a failed bar is named by its label beside it
         ax.text(label_spot(start, end, marks), y, f"v{v}", va="center", ha="center", color="white",
                 fontweight="bold", gid=f"deploy-{sc}-v{v}-label")
     if failed:
