@@ -39,10 +39,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed, so first
-phase "picture tests"
 "$here/build.sh"
 phase "build"
+"$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed
+phase "picture tests"
 TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
 phase "cluster up"
 
