@@ -52,6 +52,8 @@ else
 fi
 "$here/build.sh"
 phase "build"
+"$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed
+phase "picture tests"
 TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
 phase "cluster up"
 
