@@ -37,6 +37,7 @@ banner() { echo; bold "== $* =="; }
 
 CONTROLLER_PID=
 WORK=$(mktemp -d)
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local rc=$?
   if [[ -n $CONTROLLER_PID ]] && kill -0 "$CONTROLLER_PID" 2>/dev/null; then
@@ -53,6 +54,7 @@ cleanup() {
   log "demo: finished in $(( $(date +%s) - t_start ))s"
   exit "$rc"
 }
+# shellcheck disable=SC2317 # run through wait_for
 not_running() { ! kill -0 "$1" 2>/dev/null; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -109,6 +111,7 @@ kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -n 20 "$CONTROLLER_LOG" >&2; die
 
 now_ms() { local us=${EPOCHREALTIME/[.,]/}; echo $(( us / 1000 )); }
 
+# shellcheck disable=SC2317 # run through wait_for
 all_done() {
   local states
   states=$(k -n "$PIPELINES_NS" get pipelinerun -l "demo-scenario=$1" \
@@ -162,7 +165,8 @@ EOF
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 summary_of() {
-  local left="$(field present "$1")/$(field expected "$1") resources left"
+  local left
+  left="$(field present "$1")/$(field expected "$1") resources left"
   [[ $(field present "$1") == 0 ]] || left+=" (version $(field versions "$1"))"
   echo "$left, max $(field max_overlap "$1") deploying at once"
 }

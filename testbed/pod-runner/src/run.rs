@@ -11,10 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::plan::{Program, StepPlan, plan_pod};
+use crate::stop::{StopSignal, kill_leftovers, wait_or_stop};
 
 /// Host settings shared by every pod.
 #[derive(Debug, Clone)]
@@ -108,14 +108,10 @@ fn terminated(r: &StepResult) -> Value {
     json!({"terminated": t})
 }
 
-/// Runs a pod to completion. Returns early (without touching the status) when cancelled, which
-/// happens when the pod is deleted.
-pub async fn run_pod(
-    client: Client,
-    pod: Pod,
-    host: Host,
-    cancel: CancellationToken,
-) -> Result<()> {
+/// Runs a pod to completion, or until its deletion stops it (see [`crate::stop`]): then the
+/// running step gets SIGTERM and its grace period, later steps do not start, and the pod ends
+/// `Failed` once its processes have ended (the caller then removes the pod object).
+pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal) -> Result<()> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -188,8 +184,9 @@ pub async fn run_pod(
     let mut failed = false;
     for plan in &plans {
         let started = now();
-        if failed {
-            // Tekton's entrypoint skips the steps after a failure and exits 1.
+        if failed || stop.requested() {
+            // Tekton's entrypoint skips the steps after a failure and exits 1; a kubelet starts
+            // no container of a pod being deleted.
             writer.set(
                 &plan.container,
                 terminated(&StepResult {
@@ -204,11 +201,10 @@ pub async fn run_pod(
         }
         writer.set(&plan.container, json!({"running": {"startedAt": started}}));
         writer.write("Running", None).await?;
-        // run_step watches `cancel` itself, so that it kills the step's whole process group.
-        let outcome = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &cancel).await;
+        // run_step watches `stop` itself: it signals the step's whole process group.
+        let outcome = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &mut stop).await;
         let (code, note) = match outcome {
-            Ok(Some(code)) => (code, None),
-            Ok(None) => return Ok(()), // cancelled: the pod is gone
+            Ok(code) => (code, None),
             Err(e) => (127, Some(format!("{e:#}"))),
         };
         if let Some(note) = &note {
@@ -254,7 +250,11 @@ pub async fn run_pod(
             );
         }
     }
-    let phase = if failed { "Failed" } else { "Succeeded" };
+    let phase = if failed || stop.requested() {
+        "Failed"
+    } else {
+        "Succeeded"
+    };
     writer.write(phase, None).await?;
     info!(pod = %format!("{ns}/{name}"), phase, "pod finished");
     Ok(())
@@ -307,14 +307,13 @@ fn append_log(pod_dir: &Path, container: &str, text: &str) {
     }
 }
 
-/// Kills a process group when dropped.
+/// Kills a process group when dropped, unless disarmed once the group is known to be gone.
 struct GroupKill(Option<i32>);
 
 impl Drop for GroupKill {
     fn drop(&mut self) {
         if let Some(pgid) = self.0 {
-            // SAFETY: kill(2) on the step's own process group (created with process_group(0)).
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            crate::stop::signal_group(pgid, libc::SIGKILL);
         }
     }
 }
@@ -427,7 +426,8 @@ fn field_value(pod: &Pod, path: &str) -> Option<String> {
     }
 }
 
-/// Runs one step. Ok(Some(code)) when it ran, Ok(None) when cancelled, Err when it could not start.
+/// Runs one step to its end (by itself, or stopped by the pod's deletion): Ok(exit code, 128 +
+/// signal when a signal ended it), Err when it could not start.
 async fn run_step(
     client: &Client,
     pod: &Pod,
@@ -435,8 +435,8 @@ async fn run_step(
     host: &Host,
     kubeconfig: &Path,
     pod_dir: &Path,
-    cancel: &CancellationToken,
-) -> Result<Option<i32>> {
+    stop: &mut StopSignal,
+) -> Result<i32> {
     let env = resolve_env(client, pod, plan).await?;
     let program: PathBuf = match &plan.program {
         Program::Script { path_in_pod, body } => {
@@ -496,20 +496,26 @@ async fn run_step(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {} for {}", program.display(), plan.container))?;
-    // Whatever happens to this future (finished, cancelled, dropped), the step's process group
+    let pgid = child
+        .id()
+        .context("the step exited before its pid was known")? as i32;
+    // Whatever happens to this future (finished, stopped, dropped), the step's process group
     // dies with it, including anything the script left running in the background.
-    let _group = GroupKill(child.id().map(|p| p as i32));
-    let status = tokio::select! {
-        s = child.wait() => s?,
-        _ = cancel.cancelled() => {
-            info!(step = %plan.container, "killing step: its pod was deleted");
-            return Ok(None);
-        }
-    };
+    let mut group = GroupKill(Some(pgid));
+    let ended = wait_or_stop(&mut child, pgid, stop).await?;
+    kill_leftovers(pgid).await;
+    group.0 = None;
+    let code = exit_code(ended.status);
+    if ended.stopped {
+        info!(step = %plan.container, exit_code = code, "step ended after its pod's deletion");
+    }
+    Ok(code)
+}
+
+/// A shell-style exit code: the process's own, or 128 + the signal that ended it.
+pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    Ok(Some(
-        status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-    ))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
