@@ -4,22 +4,26 @@
 //!   the Mutex object for the run's key exists.
 //! - `sync` reconciles each Mutex object (one per key): it reads the key's runs,
 //!   asks the pure decision core what to do, and applies it. It is triggered by
-//!   changes to the Mutex, to its runs and to their PipelineRuns, so a holder's
-//!   completion hands the slot over straight from the watch event.
+//!   changes to the Mutex, to its runs, to their PipelineRuns and to those
+//!   PipelineRuns' live pods, so a holder's end (its last pod gone) hands the
+//!   slot over straight from the watch event.
 
 mod intake;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod triggers;
 mod writes;
 
 use crate::metrics::{self, Metrics};
 use crate::mutex::Mutex;
-use crate::observe::{Observe, PIPELINE_RUN_LABEL};
+use crate::observe::{LIVE_PODS, PIPELINE_RUN_LABEL};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -28,6 +32,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
+use triggers::{Triggers, mutex_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -91,30 +96,6 @@ where
     }
 }
 
-/// The Mutexes that the runs of this PipelineRun belong to.
-fn mutexes_of_children<K>(store: &Store<K>, pr: &PipelineRun) -> Vec<ObjectRef<Mutex>>
-where
-    K: Observe + Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (name, ns) = (pr.name_any(), pr.namespace());
-    store
-        .state()
-        .iter()
-        .filter(|c| c.namespace() == ns && c.labels().get(PIPELINE_RUN_LABEL) == Some(&name))
-        .filter_map(|c| mutex_of(c.as_ref()))
-        .collect()
-}
-
-/// The Mutex object a run belongs to, if it is a valid Mutex run.
-fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
-    let o = obj.observe();
-    if !o.is_mutex() {
-        return None;
-    }
-    let cfg = o.config().ok()?;
-    Some(ObjectRef::new(&cfg.key).within(&o.namespace))
-}
-
 pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let mutexes: Api<Mutex> = scoped(&client, &opts.namespace);
     let custom_runs: Api<CustomRun> = scoped(&client, &opts.namespace);
@@ -158,30 +139,21 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let intake_runs = with_runs.then(|| Controller::new(runs.clone(), wc.clone()));
     let run_store = intake_runs.as_ref().map(|c| c.store());
 
-    // A PipelineRun event concerns the Mutexes its runs belong to.
-    let pr_to_mutexes = {
-        let (crs, runs) = (cr_store.clone(), run_store.clone());
-        move |pr: PipelineRun| {
-            let mut refs = crs
-                .as_ref()
-                .map(|s| mutexes_of_children(s, &pr))
-                .unwrap_or_default();
-            refs.extend(
-                runs.as_ref()
-                    .map(|s| mutexes_of_children(s, &pr))
-                    .unwrap_or_default(),
-            );
-            refs
-        }
+    let sync = Controller::new(mutexes, wc.clone());
+    let triggers = Triggers {
+        custom_runs: cr_store.clone(),
+        runs: run_store.clone(),
+        mutexes: sync.store(),
     };
-
-    let mut sync = Controller::new(mutexes, wc.clone()).watches_stream(pr_stream, pr_to_mutexes);
-    if with_custom_runs {
-        sync = sync.watches(custom_runs, wc.clone(), |cr| mutex_of(&cr));
-    }
-    if with_runs {
-        sync = sync.watches(runs, wc.clone(), |r| mutex_of(&r));
-    }
+    let sync = watch_related(
+        sync,
+        &client,
+        &opts,
+        triggers,
+        pr_stream,
+        with_custom_runs,
+        with_runs,
+    );
 
     let reporter = Reporter {
         controller: "tekton-mutex".into(),
@@ -228,6 +200,43 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     futures::future::join_all(loops).await;
     info!("stopped");
     Ok(())
+}
+
+/// What wakes a key: its runs, their PipelineRuns, and the pods of those.
+fn watch_related(
+    mut sync: Controller<Mutex>,
+    client: &Client,
+    opts: &Options,
+    triggers: Triggers,
+    pr_stream: impl futures::Stream<Item = Result<PipelineRun, watcher::Error>> + Send + 'static,
+    with_custom_runs: bool,
+    with_runs: bool,
+) -> Controller<Mutex> {
+    let wc = watcher::Config::default();
+    let by_pr = triggers.clone();
+    sync = sync.watches_stream(pr_stream, move |pr: PipelineRun| {
+        by_pr.of_pipeline_run(pr.namespace(), &pr.name_any())
+    });
+    // Only pods of PipelineRuns that have not ended: a pod leaving this selector
+    // (it ended, or was removed) is what frees a draining holder's slot.
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(client, &opts.namespace);
+    let live_pods = wc.clone().labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
+    let pod_stream = watcher(pods, live_pods).default_backoff().touched_objects();
+    sync = sync.watches_stream(pod_stream, move |pod: PartialObjectMeta<Pod>| {
+        match pod.labels().get(PIPELINE_RUN_LABEL) {
+            Some(pr) => triggers.of_pipeline_run(pod.namespace(), pr),
+            None => Vec::new(),
+        }
+    });
+    if with_custom_runs {
+        let api: Api<CustomRun> = scoped(client, &opts.namespace);
+        sync = sync.watches(api, wc.clone(), |cr| mutex_of(&cr));
+    }
+    if with_runs {
+        let api: Api<Run> = scoped(client, &opts.namespace);
+        sync = sync.watches(api, wc, |r| mutex_of(&r));
+    }
+    sync
 }
 
 fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
