@@ -363,7 +363,7 @@ async fn a_deleted_namespace_is_really_removed() -> Result<()> {
     ns.apply(r#"{apiVersion: v1, kind: ConfigMap, metadata: {name: data}, data: {a: b}}"#)
         .await?;
     wait_until("the PipelineRun's pod to exist", secs(120), || async {
-        let (_, _, pods, _) = children_of(&ns, "running").await?;
+        let (_, _, pods, _) = children_of(ns, "running").await?;
         Ok((pods == 1).then_some(()))
     })
     .await?;
