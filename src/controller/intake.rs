@@ -1,8 +1,7 @@
 //! Per-run reconcile: reject bad input, make sure the key's Mutex object exists.
 //! Everything about waiting and holding is the Mutex reconcile's job.
 
-use super::{Context, Error, writes};
-use crate::metrics::Metrics;
+use super::{Context, Error, events, writes};
 use crate::observe::Observe;
 use kube::Resource;
 use kube::runtime::controller::Action;
@@ -22,7 +21,7 @@ pub async fn reconcile<K: Observe + Resource>(
         Err(message) => {
             warn!(run = %o.name, namespace = %o.namespace, %message, "invalid Mutex run");
             writes::invalid_params(&ctx, &o, &message).await?;
-            Metrics::inc(&ctx.metrics.invalid);
+            events::invalid(&ctx, &o, &message).await;
         }
         Ok(cfg) => {
             if ctx

@@ -3,9 +3,8 @@
 //! patch the runs' statuses, in that order. The Mutex status is written first so
 //! that a crash never leaves a run told something the lock state does not back.
 
-use super::{Context, Error, Fault, writes};
+use super::{Context, Error, Fault, events, writes};
 use crate::decide::{self, Outcome, Parent, ParentState, Phase, RunView, Timeout};
-use crate::metrics::Metrics;
 use crate::mutex::{Age, Mutex, RunKind, RunRef};
 use crate::observe::{Observe, ObservedRun, PIPELINE_LABEL, to_chrono};
 use crate::params::RunConfig;
@@ -66,8 +65,8 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
             .collect();
         mutex.status = Some(decision.status.clone());
         writes::mutex_status(ctx, &mutex).await?;
+        events::status_written(ctx, ns, key, &current, &decision.status, now).await;
         for h in granted {
-            Metrics::inc(&ctx.metrics.grants);
             info!(
                 key,
                 namespace = ns,
@@ -112,12 +111,8 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
             now,
         ) {
             debug!(key, run = %run.name, ?outcome, "updating run status");
-            match outcome {
-                Outcome::Superseded { .. } => Metrics::inc(&ctx.metrics.superseded),
-                Outcome::TimedOut => Metrics::inc(&ctx.metrics.timed_out),
-                _ => {}
-            }
             writes::run_status(ctx, run.kind, ns, &run.name, &patch).await?;
+            events::run_transition(ctx, ns, key, run, outcome, &m.status).await;
         }
     }
 

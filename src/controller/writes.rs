@@ -3,7 +3,6 @@
 
 use super::{Context, Error};
 use crate::decide::Cancel;
-use crate::metrics::Metrics;
 use crate::mutex::{Mutex, MutexSpec, RunKind};
 use crate::observe::ObservedRun;
 use crate::run_status;
@@ -19,6 +18,15 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 const MANAGER: &str = "tekton-mutex";
+
+impl RunKind {
+    fn status_resource(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "customruns/status",
+            RunKind::Run => "runs/status",
+        }
+    }
+}
 
 /// Create the Mutex object for a key. Returns whether this call created it.
 pub async fn ensure_mutex(
@@ -41,6 +49,7 @@ pub async fn ensure_mutex(
         ),
         ..Default::default()
     };
+    ctx.metrics.api_write("create", "mutexes");
     match api.create(&PostParams::default(), &m).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
@@ -52,6 +61,7 @@ pub async fn ensure_mutex(
 pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
     let api: Api<Mutex> =
         Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    ctx.metrics.api_write("update", "mutexes/status");
     match api
         .replace_status(&mutex.name_any(), &PostParams::default(), mutex)
         .await
@@ -72,6 +82,7 @@ pub async fn run_status(
     patch: &Value,
 ) -> Result<(), Error> {
     let pp = PatchParams::default();
+    ctx.metrics.api_write("patch", kind.status_resource());
     let res = match kind {
         RunKind::CustomRun => Api::<CustomRun>::namespaced(ctx.client.clone(), ns)
             .patch_status(name, &pp, &Patch::Merge(patch))
@@ -124,6 +135,7 @@ pub async fn cancel_pipeline_run(
     // No resourceVersion precondition: Tekton updates a running PipelineRun often,
     // and setting spec.status is idempotent.
     let patch = json!({"spec": {"status": c.mode.as_str()}});
+    ctx.metrics.api_write("patch", "pipelineruns");
     match api
         .patch(
             &c.pipeline_run,
@@ -136,7 +148,12 @@ pub async fn cancel_pipeline_run(
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    Metrics::inc(&ctx.metrics.pipeline_runs_cancelled);
+    ctx.metrics
+        .cancels
+        .get_or_create(&crate::metrics::Ns {
+            namespace: ns.into(),
+        })
+        .inc();
     info!(key, group = %c.group, pipeline_run = %c.pipeline_run, superseded_by = %c.superseded_by, mode = c.mode.as_str(), "cancelled superseded PipelineRun");
     let reference = ObjectReference {
         api_version: Some("tekton.dev/v1".into()),
@@ -158,6 +175,7 @@ pub async fn cancel_pipeline_run(
         action: "Cancel".into(),
         secondary: None,
     };
+    ctx.metrics.api_write("create", "events");
     if let Err(e) = ctx.recorder.publish(&event, &reference).await {
         warn!(error = %e, pipeline_run = %c.pipeline_run, "could not record the Superseded event");
     }
