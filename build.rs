@@ -1,5 +1,6 @@
-//! Embeds the git revision for `tekton-mutex version`: TEKTON_MUTEX_REVISION
-//! when set (release builds), else `git rev-parse HEAD`, else "unknown".
+//! Embeds what `tekton-mutex version` prints: the version (TEKTON_MUTEX_VERSION
+//! when set by hack/release.sh, else the crate's) and the git revision
+//! (TEKTON_MUTEX_REVISION when set, else `git rev-parse HEAD`, else "unknown").
 
 use std::process::Command;
 
@@ -10,6 +11,12 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 fn main() {
+    println!("cargo:rerun-if-env-changed=TEKTON_MUTEX_VERSION");
+    let version = std::env::var("TEKTON_MUTEX_VERSION")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| std::env::var("CARGO_PKG_VERSION").unwrap_or_default());
+    println!("cargo:rustc-env=TEKTON_MUTEX_VERSION={version}");
     println!("cargo:rerun-if-env-changed=TEKTON_MUTEX_REVISION");
     let revision = std::env::var("TEKTON_MUTEX_REVISION")
         .ok()

@@ -5,6 +5,7 @@ pub mod controller;
 pub mod decide;
 pub mod duration;
 pub mod http;
+pub mod manifests;
 pub mod mutex;
 pub mod observe;
 pub mod params;
@@ -23,6 +24,6 @@ pub fn crd_yaml() -> String {
 pub mod metrics;
 
 /// The crate version, as `tekton-mutex version` prints it.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const VERSION: &str = env!("TEKTON_MUTEX_VERSION");
 /// The git revision it was built from (see build.rs), or "unknown".
 pub const REVISION: &str = env!("TEKTON_MUTEX_REVISION");

@@ -4,6 +4,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tekton_mutex::controller::{self, LeaderElection, Options};
+use tekton_mutex::manifests::{self, Install};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +25,18 @@ enum Command {
     Crd,
     /// Print the version and the git revision it was built from.
     Version,
+    /// Print the install manifests with the image pinned (hack/release.sh writes release.yaml with it).
+    Manifests {
+        /// The controller image, pinned by digest: NAME[:TAG]@sha256:...
+        #[arg(long)]
+        image: String,
+        /// The version to label every object with (app.kubernetes.io/version).
+        #[arg(long, default_value = tekton_mutex::VERSION)]
+        version: String,
+        /// The namespace-scoped install (Role instead of ClusterRole, no CRD).
+        #[arg(long)]
+        namespaced: bool,
+    },
 }
 
 #[derive(Args)]
@@ -82,6 +95,26 @@ async fn main() {
                 tekton_mutex::REVISION
             );
             0
+        }
+        Command::Manifests {
+            image,
+            version,
+            namespaced,
+        } => {
+            let install = match namespaced {
+                true => Install::Namespaced,
+                false => Install::Cluster,
+            };
+            match manifests::render(install, &image, &version) {
+                Ok(text) => {
+                    print!("{text}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    2
+                }
+            }
         }
         Command::Run(args) => run(args).await,
     };

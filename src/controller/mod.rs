@@ -235,7 +235,8 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         acting: acting_rx.clone(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
-    let synced = caches_synced(ctx.clone(), state.clone()).shared();
+    let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();
+    tokio::spawn(synced.clone());
     let loops = controllers.run(ctx, opts.leader_election.is_some().then_some(acting_rx));
     let result = match opts.leader_election {
         None => {
