@@ -203,3 +203,48 @@ async fn run(args: RunArgs) -> i32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn run_args(args: &[&str]) -> Result<RunArgs, String> {
+        let all = ["tekton-mutex", "run"].iter().chain(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Run(a) => Ok(a),
+            _ => Err("not run".into()),
+        }
+    }
+
+    #[test]
+    fn the_cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_flags_become_options() {
+        let a = run_args(&["--log-format", "json", "-n", "ci", "--leader-elect"]).unwrap();
+        assert!(matches!(a.log_format, LogFormat::Json));
+        let o = options(a).unwrap();
+        assert_eq!(o.namespace.as_deref(), Some("ci"));
+        let le = o.leader_election.unwrap();
+        assert_eq!(le.duration, Duration::from_secs(15));
+        assert_eq!(le.renew_margin, Duration::from_secs(5));
+        assert!(run_args(&["--log-format", "xml"]).is_err());
+        assert!(run_args(&["--http-addr", "not-an-address"]).is_err());
+    }
+
+    #[test]
+    fn a_renew_margin_must_fit_in_the_lease() {
+        let a = run_args(&[
+            "--leader-elect",
+            "--lease-duration",
+            "5",
+            "--lease-renew-margin",
+            "5",
+        ])
+        .unwrap();
+        assert!(options(a).unwrap_err().contains("shorter"));
+    }
+}

@@ -67,6 +67,8 @@ pub struct Metrics {
     pub api_writes: Family<Write, Counter>,
     pub wait_seconds: Seconds,
     pub handover_seconds: Seconds,
+    /// When the watch first showed a holder's PipelineRun done, by (namespace, key, PipelineRun).
+    done_seen: std::sync::Mutex<HashMap<(String, String, String), DateTime<Utc>>>,
     /// Keys whose slot was freed with waiters queued but not yet handed over.
     freed: std::sync::Mutex<HashMap<(String, String), DateTime<Utc>>>,
     mutexes: Arc<OnceLock<Store<Mutex>>>,
@@ -91,6 +93,7 @@ impl Metrics {
             api_writes: Family::default(),
             wait_seconds: Family::new_with_constructor(wait_buckets),
             handover_seconds: Family::new_with_constructor(handover_buckets),
+            done_seen: Default::default(),
             freed: Default::default(),
             mutexes: Default::default(),
         };
@@ -137,7 +140,7 @@ impl Metrics {
         );
         r.register(
             "tekton_mutex_handover_seconds",
-            "From the sync that sees a holder gone to the next grant written",
+            "From the watch event that shows a holder done to the next grant written",
             m.handover_seconds.clone(),
         );
         r.register_collector(Box::new(LockGauges(m.mutexes.clone())));
@@ -185,6 +188,27 @@ impl Metrics {
             .inc();
     }
 
+    /// A PipelineRun event: if it shows a holder's PipelineRun done, the
+    /// release starts now as far as the controller can see (for handover).
+    pub fn pipeline_run_seen(&self, namespace: &str, name: &str, done: bool, keys: &[String]) {
+        let Some(store) = self.mutexes.get().filter(|_| done) else {
+            return;
+        };
+        let mut seen = self.done_seen.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            let m = store.get(&kube::runtime::reflector::ObjectRef::new(key).within(namespace));
+            let holds = m.and_then(|m| m.status.clone()).is_some_and(|s| {
+                s.holders
+                    .iter()
+                    .any(|h| h.pipeline_run.as_deref() == Some(name))
+            });
+            if holds {
+                let id = (namespace.to_string(), key.clone(), name.to_string());
+                seen.entry(id).or_insert_with(Utc::now);
+            }
+        }
+    }
+
     /// Counts what a written Mutex status changed: grants with their wait,
     /// and the handover from a freed slot to the next grant.
     /// `seen` is when the sync that wrote it started.
@@ -200,24 +224,24 @@ impl Metrics {
             namespace: namespace.into(),
         };
         let held = |s: &MutexStatus, uid: &str| s.holders.iter().any(|h| h.run.uid == uid);
-        let granted: Vec<_> = after
+        let granted = after
             .holders
             .iter()
             .filter(|h| !held(before, &h.run.uid))
-            .collect();
-        let released = before.holders.iter().any(|h| !held(after, &h.run.uid));
+            .inspect(|h| {
+                self.grants.get_or_create(&ns).inc();
+                self.wait_seconds
+                    .get_or_create(&ns)
+                    .observe(h.waited_seconds as f64);
+            })
+            .count();
+        let released = self.released_at(namespace, key, before, after, seen);
         let slot = (namespace.to_string(), key.to_string());
         let mut freed = self.freed.lock().unwrap_or_else(|e| e.into_inner());
-        if released && !before.queue.is_empty() {
-            freed.entry(slot.clone()).or_insert(seen);
+        if let Some(at) = released.filter(|_| !before.queue.is_empty()) {
+            freed.entry(slot.clone()).or_insert(at);
         }
-        for h in &granted {
-            self.grants.get_or_create(&ns).inc();
-            self.wait_seconds
-                .get_or_create(&ns)
-                .observe(h.waited_seconds as f64);
-        }
-        if !granted.is_empty()
+        if granted > 0
             && let Some(since) = freed.remove(&slot)
         {
             let latency = (Utc::now() - since).to_std().unwrap_or_default();
@@ -228,6 +252,31 @@ impl Metrics {
         if after.queue.is_empty() {
             freed.remove(&slot);
         }
+    }
+
+    /// When the earliest holder this write let go was seen done (else `seen`).
+    fn released_at(
+        &self,
+        namespace: &str,
+        key: &str,
+        before: &MutexStatus,
+        after: &MutexStatus,
+        seen: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let mut done = self.done_seen.lock().unwrap_or_else(|e| e.into_inner());
+        before
+            .holders
+            .iter()
+            .filter(|h| !after.holders.iter().any(|a| a.run.uid == h.run.uid))
+            .map(|h| {
+                let id = (
+                    namespace.to_string(),
+                    key.to_string(),
+                    h.pipeline_run.clone().unwrap_or_default(),
+                );
+                done.remove(&id).unwrap_or(seen).min(seen)
+            })
+            .min()
     }
 }
 

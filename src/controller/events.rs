@@ -1,7 +1,8 @@
 //! Events on the CustomRun (or Run) for every transition, so that
 //! `kubectl describe customrun` tells the whole story: Waiting (once),
 //! Acquired (token, waited time), Superseded, TimedOut, InvalidParams, Released.
-//! Recording an Event is best effort: a failure is logged, never retried.
+//! Recording an Event is best effort and in the background: a failure is
+//! logged, never retried, and never delays a grant.
 
 use super::Context;
 use crate::decide::Outcome;
@@ -86,8 +87,8 @@ pub fn invalid_params(message: &str) -> Transition {
     }
 }
 
-/// Records the Event on the run (best effort).
-pub async fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
+/// Records the Event on the run (best effort, in the background).
+pub fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
     let api_version = match run.kind {
         RunKind::CustomRun => "tekton.dev/v1beta1",
         RunKind::Run => "tekton.dev/v1alpha1",
@@ -108,13 +109,17 @@ pub async fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition)
         secondary: None,
     };
     ctx.metrics.api_write("create", "events");
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        warn!(error = %e, run = %run.name, reason = t.reason, "could not record an Event");
-    }
+    // Off the hand-over path: the next grant's writes do not wait for Events.
+    let (recorder, name) = (ctx.recorder.clone(), run.name.clone());
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            warn!(error = %e, run = %name, reason = %event.reason, "could not record an Event");
+        }
+    });
 }
 
 /// After a run's status patch: count it and record its Event.
-pub async fn run_transition(
+pub fn run_transition(
     ctx: &Context,
     namespace: &str,
     key: &str,
@@ -131,12 +136,12 @@ pub async fn run_transition(
         _ => 0,
     };
     if let Some(t) = for_outcome(run.kind, key, outcome, before) {
-        record(ctx, namespace, run, t).await;
+        record(ctx, namespace, run, t);
     }
 }
 
 /// After a Mutex status write: count grants and handovers, record Released.
-pub async fn status_written(
+pub fn status_written(
     ctx: &Context,
     namespace: &str,
     key: &str,
@@ -147,14 +152,14 @@ pub async fn status_written(
     ctx.metrics
         .status_written(namespace, key, before, after, seen);
     for (run, t) in releases(key, before, after) {
-        record(ctx, namespace, &run, t).await;
+        record(ctx, namespace, &run, t);
     }
 }
 
 /// After an InvalidParams status patch.
-pub async fn invalid(ctx: &Context, o: &ObservedRun<'_>, message: &str) {
+pub fn invalid(ctx: &Context, o: &ObservedRun<'_>, message: &str) {
     ctx.metrics.invalid(&o.namespace, message);
-    record(ctx, &o.namespace, &o.run_ref(), invalid_params(message)).await;
+    record(ctx, &o.namespace, &o.run_ref(), invalid_params(message));
 }
 
 #[cfg(test)]

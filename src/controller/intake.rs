@@ -21,7 +21,7 @@ pub async fn reconcile<K: Observe + Resource>(
         Err(message) => {
             warn!(run = %o.name, namespace = %o.namespace, %message, "invalid Mutex run");
             writes::invalid_params(&ctx, &o, &message).await?;
-            events::invalid(&ctx, &o, &message).await;
+            events::invalid(&ctx, &o, &message);
         }
         Ok(cfg) => {
             if ctx

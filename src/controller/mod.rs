@@ -219,7 +219,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         "starting tekton-mutex"
     );
     let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
-    let controllers = Controllers::new(&client, &opts.namespace, &kinds);
+    let controllers = Controllers::new(&client, &opts.namespace, &kinds, state.metrics.clone());
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client: client.clone(),
@@ -287,7 +287,12 @@ struct Controllers {
 }
 
 impl Controllers {
-    fn new(client: &Client, namespace: &Option<String>, kinds: &Served) -> Self {
+    fn new(
+        client: &Client,
+        namespace: &Option<String>,
+        kinds: &Served,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let wc = watcher::Config::default();
         let (pr_store, pr_writer) = reflector::store();
         let pr_stream = reflector::reflector(
@@ -321,6 +326,9 @@ impl Controllers {
                     .map(|s| mutexes_of_children(s, &pr))
                     .unwrap_or_default(),
             );
+            let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
+            let ns = pr.namespace().unwrap_or_default();
+            metrics.pipeline_run_seen(&ns, &pr.name_any(), pr.is_done(), &keys);
             refs
         };
         let mut sync = Controller::new(scoped::<Mutex>(client, namespace), wc.clone())

@@ -65,7 +65,7 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
             .collect();
         mutex.status = Some(decision.status.clone());
         writes::mutex_status(ctx, &mutex).await?;
-        events::status_written(ctx, ns, key, &current, &decision.status, now).await;
+        events::status_written(ctx, ns, key, &current, &decision.status, now);
         for h in granted {
             info!(
                 key,
@@ -112,7 +112,7 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
         ) {
             debug!(key, run = %run.name, ?outcome, "updating run status");
             writes::run_status(ctx, run.kind, ns, &run.name, &patch).await?;
-            events::run_transition(ctx, ns, key, run, outcome, &m.status).await;
+            events::run_transition(ctx, ns, key, run, outcome, &m.status);
         }
     }
 
