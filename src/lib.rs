@@ -4,6 +4,8 @@
 pub mod controller;
 pub mod decide;
 pub mod duration;
+pub mod http;
+pub mod manifests;
 pub mod mutex;
 pub mod observe;
 pub mod params;
@@ -21,3 +23,8 @@ pub fn crd_yaml() -> String {
     )
 }
 pub mod metrics;
+
+/// The crate version, as `tekton-mutex version` prints it.
+pub const VERSION: &str = env!("TEKTON_MUTEX_VERSION");
+/// The git revision it was built from (see build.rs), or "unknown".
+pub const REVISION: &str = env!("TEKTON_MUTEX_REVISION");

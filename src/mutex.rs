@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "MutexStatus",
     shortname = "mtx",
+    category = "tekton",
+    category = "tekton-pipelines",
     printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
     printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
     printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,

@@ -1,8 +1,7 @@
 //! Per-run reconcile: reject bad input, make sure the key's Mutex object exists.
 //! Everything about waiting and holding is the Mutex reconcile's job.
 
-use super::{Context, Error, writes};
-use crate::metrics::Metrics;
+use super::{Context, Error, events, writes};
 use crate::observe::{Observe, ObservedRun};
 use crate::params::RunConfig;
 use kube::Resource;
@@ -26,7 +25,7 @@ pub async fn reconcile<K: Observe + Resource>(
     if let Some(message) = problem {
         warn!(run = %o.name, namespace = %o.namespace, %message, "invalid Mutex run");
         if writes::invalid_params(&ctx, &o, &message).await? {
-            Metrics::inc(&ctx.metrics.invalid);
+            events::invalid(&ctx, &o, &message);
         }
     }
     Ok(Action::await_change())

@@ -5,9 +5,8 @@
 //! Mutex status is written first so that a crash never leaves a run told
 //! something the lock state does not back.
 
-use super::{Context, Error, Fault, writes};
+use super::{Context, Error, Fault, events, writes};
 use crate::decide::{self, Decision, Outcome, Phase, RunView};
-use crate::metrics::Metrics;
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
 use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::params::RunConfig;
@@ -254,7 +253,7 @@ async fn apply(
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let (ns, key) = (mutex.namespace().unwrap_or_default(), mutex.name_any());
-    write_lock_state(ctx, mutex, current, decision).await?;
+    write_lock_state(ctx, mutex, current, decision, now).await?;
     if ctx.fault == Some(Fault::ExitAfterLockWrite)
         && decision
             .outcomes
@@ -281,6 +280,7 @@ async fn write_lock_state(
     mut mutex: Mutex,
     current: &MutexStatus,
     decision: &Decision,
+    now: DateTime<Utc>,
 ) -> Result<(), Error> {
     if decision.status == *current {
         return Ok(());
@@ -288,13 +288,13 @@ async fn write_lock_state(
     mutex.status = Some(decision.status.clone());
     writes::mutex_status(ctx, &mutex).await?;
     let (ns, key) = (mutex.namespace().unwrap_or_default(), mutex.name_any());
+    events::status_written(ctx, &ns, &key, current, &decision.status, now);
     for h in decision
         .status
         .holders
         .iter()
         .filter(|h| !current.holders.contains(h))
     {
-        Metrics::inc(&ctx.metrics.grants);
         info!(
             key,
             namespace = ns,
@@ -332,14 +332,10 @@ async fn tell_runs(
             continue;
         }
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
-        match outcome {
-            Outcome::Superseded { by, group } => {
-                Metrics::inc(&ctx.metrics.superseded);
-                writes::superseded_event(ctx, ns, key, run, by, group).await;
-            }
-            Outcome::TimedOut => Metrics::inc(&ctx.metrics.timed_out),
-            _ => {}
+        if let Outcome::Superseded { by, group } = outcome {
+            writes::superseded_event(ctx, ns, key, run, by, group).await;
         }
+        events::run_transition(ctx, ns, key, run, outcome, &m.status);
     }
     Ok(())
 }

@@ -3,7 +3,6 @@
 
 use super::{Context, Error};
 use crate::decide::Cancel;
-use crate::metrics::Metrics;
 use crate::mutex::{Mutex, MutexSpec, RunKind, RunRef};
 use crate::observe::ObservedRun;
 use crate::run_status::{self, Reason};
@@ -19,6 +18,15 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 const MANAGER: &str = "tekton-mutex";
+
+impl RunKind {
+    fn status_resource(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "customruns/status",
+            RunKind::Run => "runs/status",
+        }
+    }
+}
 /// On a PipelineRun cancelled because it was superseded: the newer PipelineRun.
 pub const SUPERSEDED_BY_ANNOTATION: &str = "tekton-mutex.dev/superseded-by";
 
@@ -49,6 +57,7 @@ pub async fn ensure_mutex(
         ),
         ..Default::default()
     };
+    ctx.metrics.api_write("create", "mutexes");
     match api.create(&PostParams::default(), &m).await {
         Ok(_) => Ok(Ensured::Created),
         Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -62,6 +71,7 @@ pub async fn ensure_mutex(
 pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
     let api: Api<Mutex> =
         Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    ctx.metrics.api_write("update", "mutexes/status");
     match api
         .replace_status(&mutex.name_any(), &PostParams::default(), mutex)
         .await
@@ -82,6 +92,7 @@ pub async fn run_status(
     patch: &Value,
 ) -> Result<bool, Error> {
     let pp = PatchParams::default();
+    ctx.metrics.api_write("patch", kind.status_resource());
     let res = match kind {
         RunKind::CustomRun => Api::<CustomRun>::namespaced(ctx.client.clone(), ns)
             .patch_status(name, &pp, &Patch::Merge(patch))
@@ -138,6 +149,7 @@ pub async fn cancel_pipeline_run(
         "metadata": {"annotations": {SUPERSEDED_BY_ANNOTATION: c.superseded_by}},
         "spec": {"status": c.mode.as_str()},
     });
+    ctx.metrics.api_write("patch", "pipelineruns");
     match api
         .patch(
             &c.pipeline_run,
@@ -150,7 +162,12 @@ pub async fn cancel_pipeline_run(
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    Metrics::inc(&ctx.metrics.pipeline_runs_cancelled);
+    ctx.metrics
+        .cancels
+        .get_or_create(&crate::metrics::Ns {
+            namespace: ns.into(),
+        })
+        .inc();
     info!(key, group = %c.group, pipeline_run = %c.pipeline_run, superseded_by = %c.superseded_by, mode = c.mode.as_str(), "cancelled superseded PipelineRun");
     let reference = ObjectReference {
         api_version: Some(PipelineRun::api_version(&()).into()),
@@ -209,6 +226,7 @@ async fn publish_superseded(
         action: action.into(),
         secondary: None,
     };
+    ctx.metrics.api_write("create", "events");
     if let Err(e) = ctx.recorder.publish(&event, reference).await {
         warn!(error = %e, object = ?reference.name, "could not record the Superseded event");
     }
