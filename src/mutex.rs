@@ -139,6 +139,9 @@ pub struct Holder {
     /// The PipelineRun holding the slot; absent for a standalone run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    /// Its uid: a PipelineRun re-created under the same name is another one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
     pub token: i64,
     pub since: DateTime<Utc>,
     pub waited_seconds: i64,
@@ -153,6 +156,8 @@ pub struct Waiter {
     pub run: RunRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
     pub group: String,
     pub age: Age,
     #[serde(default)]
@@ -168,4 +173,6 @@ pub struct GroupMark {
     pub newest: Age,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
 }

@@ -16,6 +16,7 @@ use kube::ResourceExt;
 #[derive(Clone, Copy, Debug)]
 pub struct FetchedParent<'a> {
     pub name: &'a str,
+    pub uid: &'a str,
     pub object: Option<&'a PipelineRun>,
 }
 
@@ -40,6 +41,7 @@ pub fn member_view(
             run: o.run_ref(),
             parent: parent.map(|p| Parent {
                 name: p.name.to_string(),
+                uid: p.uid.to_string(),
                 state: parent_state(p.object),
             }),
             group: group(o, cfg, parent, &age),

@@ -69,8 +69,8 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
 struct Fetched {
     run: AnyRun,
     config: RunConfig,
-    /// The controlling PipelineRun's name, and the object unless it is gone.
-    parent: Option<(String, Option<Arc<PipelineRun>>)>,
+    /// The controlling PipelineRun's name and uid, and the object unless it is gone.
+    parent: Option<(String, String, Option<Arc<PipelineRun>>)>,
 }
 
 /// A run of either protocol.
@@ -98,8 +98,9 @@ struct Member {
 impl Member {
     fn view(f: &Fetched, now: DateTime<Utc>) -> Member {
         let o = f.run.observe();
-        let parent = f.parent.as_ref().map(|(name, object)| FetchedParent {
+        let parent = f.parent.as_ref().map(|(name, uid, object)| FetchedParent {
             name,
+            uid,
             object: object.as_deref(),
         });
         Member {
@@ -163,7 +164,10 @@ where
             && (known(&o.uid) || config.spec_conflict(&mutex.spec).is_none())
         {
             let parent = match &o.parent {
-                Some((name, uid)) => Some((name.clone(), fetch_parent(ctx, ns, name, uid).await?)),
+                Some((name, uid)) => {
+                    let object = fetch_parent(ctx, ns, name, uid).await?;
+                    Some((name.clone(), uid.clone(), object))
+                }
                 None => None,
             };
             found.push(Fetched {

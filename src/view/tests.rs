@@ -51,10 +51,11 @@ fn pipeline_run(labels: Value, spec: Value, status: Value) -> PipelineRun {
 fn view_of(cr: &CustomRun, pr: Option<&PipelineRun>, now: i64) -> MemberView {
     let o = cr.observe();
     let cfg = o.config().unwrap();
-    let parent = o
-        .parent
-        .as_ref()
-        .map(|(name, _)| FetchedParent { name, object: pr });
+    let parent = o.parent.as_ref().map(|(name, uid)| FetchedParent {
+        name,
+        uid,
+        object: pr,
+    });
     member_view(&o, &cfg, parent, t(now))
 }
 
