@@ -126,6 +126,8 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cancel {
     pub pipeline_run: String,
+    /// The cancel applies to this PipelineRun only, not to one re-created under its name.
+    pub pipeline_run_uid: String,
     pub mode: CancelMode,
     /// The newer PipelineRun that superseded it.
     pub superseded_by: String,
@@ -269,7 +271,7 @@ impl<'a> Decider<'a> {
                     w.group == h.group
                         && w.supersede == Supersede::Running
                         && w.age > h.age
-                        && (w.pipeline_run.is_none() || w.pipeline_run != h.pipeline_run)
+                        && !same_party(w.party(), h.party())
                 })
                 .max_by(|a, b| a.age.cmp(&b.age));
             if let (Some(w), Some(r)) = (newer, self.runs.get(h.run.uid.as_str())) {
@@ -399,7 +401,7 @@ impl<'a> Decider<'a> {
         if r.supersede == Supersede::None {
             return None;
         }
-        let own = |pipeline_run: &Option<String>| same_pipeline_run(pipeline_run, &r.parent);
+        let own = |party: Party| r.parent.as_ref().is_some_and(|p| is_parent(party, p));
         let waiting = self
             .st
             .queue
@@ -408,7 +410,7 @@ impl<'a> Decider<'a> {
                 w.group == r.group
                     && w.supersede != Supersede::None
                     && w.age > r.age
-                    && !own(&w.pipeline_run)
+                    && !own(w.party())
             })
             .max_by(|a, b| a.age.cmp(&b.age));
         if let Some(w) = waiting {
@@ -416,7 +418,7 @@ impl<'a> Decider<'a> {
         }
         let m = self
             .mark(&r.group)
-            .filter(|m| m.newest > r.age && !own(&m.pipeline_run))?;
+            .filter(|m| m.newest > r.age && !own((&m.pipeline_run, &m.pipeline_run_uid)))?;
         Some(
             m.pipeline_run
                 .clone()
@@ -442,7 +444,7 @@ impl<'a> Decider<'a> {
             .st
             .holders
             .iter()
-            .find(|h| h.pipeline_run.as_ref() == Some(&parent.name))
+            .find(|h| is_parent(h.party(), parent))
         else {
             return false;
         };
@@ -503,6 +505,7 @@ impl<'a> Decider<'a> {
             group: w.group.clone(),
             newest: w.age.clone(),
             pipeline_run: w.pipeline_run.clone(),
+            pipeline_run_uid: w.pipeline_run_uid.clone(),
         };
         match self.st.groups.iter_mut().find(|m| m.group == w.group) {
             Some(m) if m.newest >= w.age => {}
@@ -519,7 +522,7 @@ impl<'a> Decider<'a> {
                 w.group == newer.group
                     && w.age < newer.age
                     && w.supersede != Supersede::None
-                    && (w.pipeline_run.is_none() || w.pipeline_run != newer.pipeline_run)
+                    && !same_party(w.party(), newer.party())
             });
         self.st.queue = keep;
         for w in older {
@@ -554,7 +557,7 @@ impl<'a> Decider<'a> {
             if w.pipeline_run.is_some() {
                 let (same, rest): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
                     .into_iter()
-                    .partition(|o| o.pipeline_run == w.pipeline_run);
+                    .partition(|o| same_party(o.party(), w.party()));
                 self.st.queue = rest;
                 for o in same {
                     let outcome = Outcome::Acquired {
@@ -611,7 +614,7 @@ fn siblings_share_age(runs: &[RunView]) -> Vec<RunView> {
     let mut ages: HashMap<&str, &Age> = HashMap::new();
     for r in runs {
         if let Some(p) = &r.parent {
-            let age = ages.entry(p.name.as_str()).or_insert(&r.age);
+            let age = ages.entry(p.uid.as_str()).or_insert(&r.age);
             if r.age > **age {
                 *age = &r.age;
             }
@@ -620,7 +623,7 @@ fn siblings_share_age(runs: &[RunView]) -> Vec<RunView> {
     runs.iter()
         .map(|r| {
             let mut r = r.clone();
-            if let Some(age) = r.parent.as_ref().and_then(|p| ages.get(p.name.as_str())) {
+            if let Some(age) = r.parent.as_ref().and_then(|p| ages.get(p.uid.as_str())) {
                 r.age = (*age).clone();
             }
             r
@@ -628,9 +631,36 @@ fn siblings_share_age(runs: &[RunView]) -> Vec<RunView> {
         .collect()
 }
 
-/// Does this mark stand for the run's own PipelineRun?
-fn same_pipeline_run(marked: &Option<String>, parent: &Option<Parent>) -> bool {
-    marked.is_some() && marked.as_deref() == parent.as_ref().map(|p| p.name.as_str())
+/// Which PipelineRun a status entry stands for: its name and uid (None for a
+/// standalone run; the uid is None too in entries written before uids were kept).
+type Party<'e> = (&'e Option<String>, &'e Option<String>);
+
+impl Waiter {
+    fn party(&self) -> Party<'_> {
+        (&self.pipeline_run, &self.pipeline_run_uid)
+    }
+}
+
+impl Holder {
+    fn party(&self) -> Party<'_> {
+        (&self.pipeline_run, &self.pipeline_run_uid)
+    }
+}
+
+/// Two entries of one PipelineRun: by uid, or by name where an entry has no uid.
+fn same_party((name_a, uid_a): Party, (name_b, uid_b): Party) -> bool {
+    match (uid_a, uid_b) {
+        (Some(a), Some(b)) => a == b,
+        _ => name_a.is_some() && name_a == name_b,
+    }
+}
+
+/// Does this entry stand for the run's own PipelineRun `p`?
+fn is_parent((name, uid): Party, p: &Parent) -> bool {
+    match uid {
+        Some(uid) => *uid == p.uid,
+        None => name.as_deref() == Some(p.name.as_str()),
+    }
 }
 
 fn label(pipeline_run: &Option<String>, run: &RunRef) -> String {
@@ -645,6 +675,7 @@ fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
         .filter(|p| p.state == ParentState::Running)?;
     Some(Cancel {
         pipeline_run: p.name.clone(),
+        pipeline_run_uid: p.uid.clone(),
         mode: r.cancel_mode,
         superseded_by: by.to_string(),
         group: r.group.clone(),

@@ -176,4 +176,6 @@ pub struct GroupMark {
     pub newest: Age,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
 }

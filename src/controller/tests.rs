@@ -312,6 +312,10 @@ async fn writes_go_lock_state_then_cancels_then_runs() {
         cancel["metadata"]["annotations"]["tekton-mutex.dev/superseded-by"], "c",
         "the annotation rides in the cancel patch"
     );
+    assert_eq!(
+        cancel["metadata"]["uid"], "b-uid",
+        "the uid makes the patch fail on a re-created b"
+    );
     assert_eq!(seen[4].1["reason"], "Superseded");
     assert_eq!(seen[4].1["regarding"]["kind"], "PipelineRun");
     let b = &seen[5].1["status"];

@@ -139,14 +139,19 @@ pub async fn cancel_pipeline_run(
     let Some(pr) = api.get_opt(&c.pipeline_run).await? else {
         return Ok(());
     };
-    if pr.is_done() || pr.stop_requested() {
+    // Never the wrong one: a PipelineRun re-created under the name is left alone.
+    if pr.is_done() || pr.stop_requested() || pr.uid().as_deref() != Some(&c.pipeline_run_uid) {
         return Ok(());
     }
     // No resourceVersion precondition: Tekton updates a running PipelineRun often,
     // and setting spec.status is idempotent. The annotation rides in the same patch,
     // so a cancelled PipelineRun always says who superseded it.
+    // metadata.uid is immutable, so it makes the patch fail on any other object.
     let patch = json!({
-        "metadata": {"annotations": {SUPERSEDED_BY_ANNOTATION: c.superseded_by}},
+        "metadata": {
+            "uid": c.pipeline_run_uid,
+            "annotations": {SUPERSEDED_BY_ANNOTATION: c.superseded_by},
+        },
         "spec": {"status": c.mode.as_str()},
     });
     ctx.metrics.api_write("patch", "pipelineruns");

@@ -19,7 +19,7 @@ fn run(i: usize) -> RunView {
         },
         parent: Some(Parent {
             name: format!("pr{i}"),
-            uid: format!("pr-uid-{i}"),
+            uid: format!("pr{i}-uid"),
             state: ParentState::Running,
         }),
         group: "deploy".into(),
@@ -309,6 +309,7 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
                 name: "pr9".into(),
             },
             pipeline_run: Some("pr9".into()),
+            pipeline_run_uid: None,
         }],
         ..Default::default()
     };
@@ -950,4 +951,37 @@ fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
             outcome(&d2, 1)
         );
     }
+}
+
+#[test]
+fn a_pipelinerun_is_known_by_its_uid_not_its_name() {
+    // pr0 holds; it is deleted and re-created under the same name before the
+    // controller sees the deletion. The new one is another PipelineRun.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    let again = with(sibling(0, 2), |r| {
+        r.parent.as_mut().unwrap().uid = "pr0-uid-2".into()
+    });
+    runs.push(again);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    let got = d2
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-0-2")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(got, Some(Outcome::Waiting { .. })),
+        "no pass with the old token: {got:?}"
+    );
+    assert_eq!(
+        d2.status.holders[0].pipeline_run_uid.as_deref(),
+        Some("pr0-uid")
+    );
+    // A cancel names the uid it is for.
+    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
+    let runs = vec![pending(1), pending(2), pending(3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(d.cancels[0].pipeline_run_uid, "pr2-uid");
 }
