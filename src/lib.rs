@@ -11,6 +11,7 @@ pub mod observe;
 pub mod params;
 pub mod run_status;
 pub mod tekton;
+pub mod view;
 
 /// The Mutex CRD as YAML, generated from the Rust types (committed as config/crd.yaml).
 pub fn crd_yaml() -> String {

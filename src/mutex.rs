@@ -46,6 +46,16 @@ impl Default for MutexSpec {
     }
 }
 
+impl Order {
+    /// As written in a spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::OldestFirst => "oldest-first",
+            Order::NewestFirst => "newest-first",
+        }
+    }
+}
+
 fn default_capacity() -> u32 {
     1
 }
@@ -70,7 +80,7 @@ pub struct MutexStatus {
     /// The last fencing token handed out. The next grant gets lastToken + 1.
     #[serde(default)]
     pub last_token: i64,
-    /// The newest run each group has enrolled with a supersede policy other
+    /// The newest run each group has been granted with a supersede policy other
     /// than `none`: later arrivals older than it are stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupMark>,
@@ -156,7 +166,7 @@ pub struct Waiter {
 #[serde(rename_all = "camelCase")]
 pub struct GroupMark {
     pub group: String,
-    /// The newest run the group enrolled so far.
+    /// The newest run the group was granted so far.
     pub newest: Age,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,

@@ -30,6 +30,8 @@ pub struct ObservedRun<'a> {
     pub timeout: Option<&'a str>,
     pub retries: Option<i64>,
     pub cancel_requested: bool,
+    /// `spec.statusMessage`: why Tekton (or a person) asked the run to stop.
+    pub status_message: Option<&'a str>,
     pub status: RunStatus,
 }
 
@@ -47,7 +49,7 @@ impl<'a> ObservedRun<'a> {
             &cr.spec.params,
             cr.spec.timeout.as_deref(),
             cr.spec.retries,
-            cr.spec.status.as_deref(),
+            (cr.spec.status.as_deref(), cr.spec.status_message.as_deref()),
             cr.status.clone(),
         )
     }
@@ -65,7 +67,10 @@ impl<'a> ObservedRun<'a> {
             &run.spec.params,
             run.spec.timeout.as_deref(),
             run.spec.retries,
-            run.spec.status.as_deref(),
+            (
+                run.spec.status.as_deref(),
+                run.spec.status_message.as_deref(),
+            ),
             run.status.clone(),
         )
     }
@@ -78,7 +83,7 @@ impl<'a> ObservedRun<'a> {
         params: &'a [Param],
         timeout: Option<&'a str>,
         retries: Option<i64>,
-        spec_status: Option<&str>,
+        (spec_status, status_message): (Option<&str>, Option<&'a str>),
         status: Option<RunStatus>,
     ) -> Self {
         let meta = obj.meta();
@@ -114,6 +119,7 @@ impl<'a> ObservedRun<'a> {
             timeout,
             retries,
             cancel_requested: spec_status == Some(RUN_CANCELLED),
+            status_message: status_message.filter(|m| !m.is_empty()),
             status: status.unwrap_or_default(),
         }
     }
@@ -154,6 +160,20 @@ impl<'a> ObservedRun<'a> {
         self.status
             .start_time
             .as_deref()
+            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or(self.created)
+    }
+
+    /// When the run started waiting: its first attempt's start (an earlier
+    /// attempt's, after a retry), else its creation.
+    pub fn waiting_since(&self) -> DateTime<Utc> {
+        self.status
+            .retries_status
+            .first()
+            .and_then(|a| a.get("startTime"))
+            .and_then(|t| t.as_str())
+            .or(self.status.start_time.as_deref())
             .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
             .map(|t| t.with_timezone(&Utc))
             .unwrap_or(self.created)

@@ -24,7 +24,7 @@ async fn exercise_every_write(ns: &TestNamespace, c: &ControllerProcess) -> Resu
     ns.apply(&pipeline_run("b", "promote", &[])).await?;
     wait_reason(ns, &lock_run("b"), "Waiting", slow()).await?;
     ns.apply(&pipeline_run("c", "promote", &[])).await?;
-    wait_reason(ns, &lock_run("b"), "Superseded", slow()).await?;
+    wait_superseded(ns, &lock_run("b")).await?;
     wait_until("the Superseded event on b", slow(), || async {
         let events = ns.kubectl(&[
             "get",
@@ -48,6 +48,7 @@ async fn exercise_every_write(ns: &TestNamespace, c: &ControllerProcess) -> Resu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
     let client = client().await?;
     for file in ["crd.yaml", "rbac.yaml", "deployment.yaml"] {
@@ -76,6 +77,7 @@ async fn controller_works_with_exactly_the_rbac_in_config() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn controller_works_with_exactly_the_namespaced_rbac() -> Result<()> {
     let client = client().await?;
     let crd = std::fs::read_to_string(repo_root().join("config/crd.yaml"))?;

@@ -27,6 +27,7 @@ async fn scrape(addr: &str) -> Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn metrics_count_a_small_scenario() -> Result<()> {
     let ns = TestNamespace::create("metrics").await?;
     let c = ControllerProcess::start_with(ns.name(), &["--http-addr", "127.0.0.1:0"], &[]).await?;
@@ -111,6 +112,7 @@ subjects:
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn ready_only_once_every_cache_has_synced() -> Result<()> {
     let ns = TestNamespace::create("readyz").await?;
     ns.apply(WITHOUT_PIPELINERUN_WATCH).await?;
@@ -180,6 +182,7 @@ async fn wait_events(ns: &TestNamespace, name: &str, want: &[&str]) -> Result<Ve
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn events_tell_each_run_its_story() -> Result<()> {
     let ns = TestNamespace::create("events").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -267,6 +270,7 @@ async fn wait_ready(c: &ControllerProcess, which: &str) -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_standby_takes_over_when_the_leader_dies() -> Result<()> {
     let ns = TestNamespace::create("failover").await?;
     let mut first = replica(&ns).await?;

@@ -8,7 +8,7 @@ use super::Context;
 use crate::decide::Outcome;
 use crate::mutex::{MutexStatus, RunKind, RunRef};
 use crate::observe::ObservedRun;
-use crate::run_status::{self, reason};
+use crate::run_status::{self, Reason};
 use crate::tekton::RunStatus;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -24,29 +24,30 @@ pub struct Transition {
 }
 
 /// The Event an outcome calls for, given the run's status before it.
-/// None when nothing new happened (e.g. a waiter that only moved up the queue).
+/// None when nothing new happened (e.g. a waiter that only moved up the
+/// queue), and for Superseded, which `writes::superseded_event` records.
 pub fn for_outcome(
     kind: RunKind,
     key: &str,
     outcome: &Outcome,
     before: &RunStatus,
 ) -> Option<Transition> {
-    let was = before
-        .succeeded()
-        .map(|c| c.reason.clone().unwrap_or_default());
-    let (_, _, message) = run_status::condition(kind, key, outcome);
+    let was = before.succeeded().and_then(|c| c.reason.clone());
+    let (_, note) = run_status::condition(kind, key, outcome);
     let (reason, type_) = match outcome {
-        Outcome::Waiting { .. } if was.as_deref() == Some(reason::WAITING) => return None,
-        Outcome::Waiting { .. } => (reason::WAITING, EventType::Normal),
-        Outcome::Acquired { .. } => (reason::ACQUIRED, EventType::Normal),
-        Outcome::NotAcquired { .. } => (reason::NOT_ACQUIRED, EventType::Normal),
-        Outcome::Superseded { .. } => (reason::SUPERSEDED, EventType::Normal),
+        Outcome::Waiting { .. } if was.as_deref() == Some(Reason::Waiting.as_str()) => {
+            return None;
+        }
+        Outcome::Superseded { .. } => return None,
+        Outcome::Waiting { .. } => (Reason::Waiting.as_str(), EventType::Normal),
+        Outcome::Acquired { .. } => (Reason::Acquired.as_str(), EventType::Normal),
+        Outcome::NotAcquired { .. } => (Reason::NotAcquired.as_str(), EventType::Normal),
         Outcome::TimedOut => ("TimedOut", EventType::Warning),
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
     };
     Some(Transition {
         reason,
-        note: message,
+        note,
         type_,
     })
 }
@@ -81,7 +82,7 @@ fn held_for(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
 
 pub fn invalid_params(message: &str) -> Transition {
     Transition {
-        reason: reason::INVALID_PARAMS,
+        reason: Reason::InvalidParams.as_str(),
         note: message.to_string(),
         type_: EventType::Warning,
     }

@@ -14,6 +14,8 @@ pub mod events;
 mod intake;
 mod leader;
 mod sync;
+#[cfg(test)]
+mod tests;
 mod writes;
 
 use crate::http::{self, Health};
