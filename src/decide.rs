@@ -37,22 +37,36 @@ pub struct RunView {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parent {
     pub name: String,
+    pub uid: String,
     pub state: ParentState,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParentState {
     Running,
-    /// Someone asked it to stop; it may still be running finally tasks.
+    /// Someone asked it to stop, or a task failed and it waits for the others
+    /// (`PipelineRunStopping`); it may still be running tasks.
     StopRequested,
-    /// Its Succeeded condition is final: nothing of it runs any more.
+    /// Done or deleted, but a pod of it has not ended yet: a cancelled step may
+    /// still be in its termination grace period.
+    Draining,
+    /// Its Succeeded condition is final and no pod of it still runs.
     Done,
-    /// Deleted (or replaced by another object of the same name).
+    /// Deleted (or replaced by another object of the same name), no pod left.
     Gone,
 }
 
 impl ParentState {
+    /// Over as far as Tekton is concerned: it starts nothing new.
     fn ended(self) -> bool {
+        matches!(
+            self,
+            ParentState::Draining | ParentState::Done | ParentState::Gone
+        )
+    }
+
+    /// Nothing of it can still run: only now does a held slot go free.
+    fn released(self) -> bool {
         matches!(self, ParentState::Done | ParentState::Gone)
     }
 }
@@ -66,6 +80,9 @@ pub enum Phase {
     },
     /// The run's condition is final; `superseded` if it ended superseded.
     Done { superseded: bool },
+    /// The run object was deleted while its PipelineRun held the slot: the hold
+    /// belongs to the PipelineRun, so it lasts until that is released.
+    Deleted,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,13 +193,17 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// A holder keeps the slot until its PipelineRun is done or gone, or
-    /// (standalone) until the run is deleted.
+    /// A holder keeps the slot until nothing of its PipelineRun can still run
+    /// (done or deleted, and every pod ended), even if its lock run was deleted.
+    /// A standalone run holds until it is deleted.
     fn release_ended_holders(&mut self) {
         let runs = &self.runs;
         self.st.holders.retain(|h| {
             runs.get(h.run.uid.as_str())
-                .is_some_and(|r| r.parent.as_ref().is_none_or(|p| !p.state.ended()))
+                .is_some_and(|r| match &r.parent {
+                    Some(p) => !p.state.released(),
+                    None => r.phase != Phase::Deleted,
+                })
         });
     }
 
@@ -439,6 +460,7 @@ impl<'a> Decider<'a> {
         let newcomer = Waiter {
             run: r.run.clone(),
             pipeline_run: r.parent.as_ref().map(|p| p.name.clone()),
+            pipeline_run_uid: r.parent.as_ref().map(|p| p.uid.clone()),
             group: r.group.clone(),
             age: r.age.clone(),
             priority: r.priority,
@@ -546,6 +568,7 @@ impl<'a> Decider<'a> {
             self.st.holders.push(Holder {
                 run: w.run,
                 pipeline_run: w.pipeline_run,
+                pipeline_run_uid: w.pipeline_run_uid,
                 token: self.st.last_token,
                 since: self.now,
                 waited_seconds: waited,

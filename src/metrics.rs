@@ -379,6 +379,7 @@ mod tests {
         Holder {
             run: run(uid),
             pipeline_run: None,
+            pipeline_run_uid: None,
             token: 1,
             since: DateTime::UNIX_EPOCH,
             waited_seconds: waited,
@@ -392,6 +393,7 @@ mod tests {
         Waiter {
             run: run(uid),
             pipeline_run: None,
+            pipeline_run_uid: None,
             group: "g".into(),
             age: age(),
             priority: 0,

@@ -141,6 +141,10 @@ pub struct Holder {
     /// The PipelineRun holding the slot; absent for a standalone run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid: the hold outlives a deleted lock run, not a
+    /// replaced PipelineRun of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
     pub token: i64,
     pub since: DateTime<Utc>,
     pub waited_seconds: i64,
@@ -155,6 +159,8 @@ pub struct Waiter {
     pub run: RunRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
     pub group: String,
     pub age: Age,
     #[serde(default)]

@@ -10,8 +10,13 @@ use chrono::{DateTime, Utc};
 
 /// Label Tekton copies from the PipelineRun: the Pipeline's name.
 pub const PIPELINE_LABEL: &str = "tekton.dev/pipeline";
-/// Label Tekton puts on every child of a PipelineRun.
+/// Label Tekton puts on every child of a PipelineRun, pods included.
 pub const PIPELINE_RUN_LABEL: &str = "tekton.dev/pipelineRun";
+/// The PipelineRun's uid, on its children (Tekton v0.50 and later).
+pub const PIPELINE_RUN_UID_LABEL: &str = "tekton.dev/pipelineRunUID";
+/// A field selector for pods that have not ended: a terminating pod is still
+/// Running until its processes have stopped.
+pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 
 #[derive(Clone, Debug)]
 pub struct ObservedRun<'a> {

@@ -3,9 +3,9 @@
 //! and the deadline of its current attempt.
 
 use crate::decide::{Parent, ParentState, Phase, RunView, Timeout};
-use crate::mutex::Age;
+use crate::mutex::{Age, Holder};
 use crate::observe::{ObservedRun, PIPELINE_LABEL, to_chrono};
-use crate::params::{RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
+use crate::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::run_status;
 use crate::tekton::pipelinerun::PipelineRun;
 use chrono::{DateTime, Utc};
@@ -13,10 +13,14 @@ use kube::ResourceExt;
 
 /// The owning PipelineRun as fetched: `object` is None when it is gone
 /// (deleted, being deleted, or replaced by another object of the same name).
+/// `pods_alive`: some pod of it has not ended (looked up only where it matters:
+/// for a holder whose PipelineRun has ended).
 #[derive(Clone, Copy, Debug)]
 pub struct FetchedParent<'a> {
     pub name: &'a str,
+    pub uid: &'a str,
     pub object: Option<&'a PipelineRun>,
+    pub pods_alive: bool,
 }
 
 /// A run as the decision core sees it, with the deadline of its current attempt.
@@ -40,7 +44,8 @@ pub fn member_view(
             run: o.run_ref(),
             parent: parent.map(|p| Parent {
                 name: p.name.to_string(),
-                state: parent_state(p.object),
+                uid: p.uid.to_string(),
+                state: parent_state(p.object, p.pods_alive),
             }),
             group: group(o, cfg, parent, &age),
             age,
@@ -53,6 +58,32 @@ pub fn member_view(
             phase: phase(o, cfg, deadline, now),
         },
         deadline,
+    }
+}
+
+/// A holder whose lock run was deleted, as the core sees it: its PipelineRun
+/// keeps the slot until released. Its params went with the run object, so the
+/// cancel mode (should a newer run supersede it) is the default one.
+pub fn deleted_holder_view(h: &Holder, parent: FetchedParent<'_>) -> MemberView {
+    MemberView {
+        view: RunView {
+            run: h.run.clone(),
+            parent: Some(Parent {
+                name: parent.name.to_string(),
+                uid: parent.uid.to_string(),
+                state: parent_state(parent.object, parent.pods_alive),
+            }),
+            group: h.group.clone(),
+            age: h.age.clone(),
+            priority: 0,
+            supersede: h.supersede,
+            cancel_mode: CancelMode::default(),
+            wait: true,
+            phase: Phase::Deleted,
+            waiting_since: h.since,
+            cancel_message: None,
+        },
+        deadline: None,
     }
 }
 
@@ -141,12 +172,15 @@ pub fn timeout(
     }
 }
 
-pub fn parent_state(pr: Option<&PipelineRun>) -> ParentState {
+/// Where the PipelineRun is in its life. Done or deleted is not the end while
+/// a pod of it still runs: a cancelled step gets SIGTERM and a grace period.
+pub fn parent_state(pr: Option<&PipelineRun>, pods_alive: bool) -> ParentState {
     match pr {
+        Some(p) if !p.is_done() && p.stopping() => ParentState::StopRequested,
+        Some(p) if !p.is_done() => ParentState::Running,
+        _ if pods_alive => ParentState::Draining,
         None => ParentState::Gone,
-        Some(p) if p.is_done() => ParentState::Done,
-        Some(p) if p.stop_requested() => ParentState::StopRequested,
-        Some(_) => ParentState::Running,
+        Some(_) => ParentState::Done,
     }
 }
 

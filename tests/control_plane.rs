@@ -212,6 +212,7 @@ async fn delete_and_watch(ns: &TestNamespace, pod: &Pod, grace_seconds: u32) -> 
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_deleted_pod_stays_terminating_until_its_step_has_handled_sigterm() -> Result<()> {
     let ns = TestNamespace::create("pod-grace").await?;
     let pod = started_step(
@@ -239,6 +240,7 @@ async fn a_deleted_pod_stays_terminating_until_its_step_has_handled_sigterm() ->
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_step_ignoring_sigterm_is_killed_when_the_grace_period_ends() -> Result<()> {
     let ns = TestNamespace::create("pod-kill").await?;
     let pod = started_step(
@@ -307,6 +309,7 @@ async fn children_of(ns: &TestNamespace, name: &str) -> Result<(usize, usize, us
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Result<()> {
     let ns = TestNamespace::create("cascade").await?;
     let ns = &ns;
@@ -352,6 +355,7 @@ async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Re
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_deleted_namespace_is_really_removed() -> Result<()> {
     let ns = TestNamespace::create("ns-delete").await?;
     let ns = &ns;
@@ -401,6 +405,7 @@ async fn pod_of_taskrun(ns: &TestNamespace, name: &str) -> Result<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn kubectl_logs_of_a_finished_step_returns_its_output() -> Result<()> {
     let ns = TestNamespace::create("logs-done").await?;
     ns.apply(&taskrun(
@@ -433,6 +438,7 @@ async fn kubectl_logs_of_a_finished_step_returns_its_output() -> Result<()> {
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn tkn_pipelinerun_logs_shows_both_tasks_in_order() -> Result<()> {
     let ns = TestNamespace::create("logs-tkn").await?;
     let step = |text: &str| {
@@ -517,6 +523,7 @@ impl Follower {
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn logs_follow_streams_a_running_step() -> Result<()> {
     let ns = TestNamespace::create("logs-follow").await?;
     // The step prints, then waits for the test's go-ahead (a ConfigMap), then prints again.

@@ -4,8 +4,9 @@
 //!   the Mutex object for the run's key exists.
 //! - `sync` reconciles each Mutex object (one per key): it reads the key's runs,
 //!   asks the pure decision core what to do, and applies it. It is triggered by
-//!   changes to the Mutex, to its runs and to their PipelineRuns, so a holder's
-//!   completion hands the slot over straight from the watch event.
+//!   changes to the Mutex, to its runs, to their PipelineRuns and to those
+//!   PipelineRuns' live pods, so a holder's end (its last pod gone) hands the
+//!   slot over straight from the watch event.
 //! - `leader` holds the Lease: every replica keeps its caches warm, only the
 //!   holder's reconcilers act. Correctness never rests on it: every grant is
 //!   a compare-and-swap on the Mutex status.
@@ -16,17 +17,20 @@ mod leader;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod triggers;
 mod writes;
 
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
 use crate::mutex::Mutex;
-use crate::observe::{Observe, PIPELINE_RUN_LABEL};
+use crate::observe::{LIVE_PODS, Observe, PIPELINE_RUN_LABEL};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -37,6 +41,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
+use triggers::{Triggers, mutex_of};
 
 pub use leader::LeaderElection;
 
@@ -146,30 +151,6 @@ where
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// The Mutexes that the runs of this PipelineRun belong to.
-fn mutexes_of_children<K>(store: &Store<K>, pr: &PipelineRun) -> Vec<ObjectRef<Mutex>>
-where
-    K: Observe + Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (name, ns) = (pr.name_any(), pr.namespace());
-    store
-        .state()
-        .iter()
-        .filter(|c| c.namespace() == ns && c.labels().get(PIPELINE_RUN_LABEL) == Some(&name))
-        .filter_map(|c| mutex_of(c.as_ref()))
-        .collect()
-}
-
-/// The Mutex object a run belongs to, if it is a valid Mutex run.
-fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
-    let o = obj.observe();
-    if !o.is_mutex() {
-        return None;
-    }
-    let cfg = o.config().ok()?;
-    Some(ObjectRef::new(&cfg.key).within(&o.namespace))
 }
 
 /// Which run kinds this cluster serves.
@@ -311,36 +292,13 @@ impl Controllers {
         let intake_runs = kinds
             .runs
             .then(|| Controller::new(runs.clone(), wc.clone()));
-
-        // A PipelineRun event concerns the Mutexes its runs belong to.
-        let (cr_store, run_store) = (
-            intake_crs.as_ref().map(|c| c.store()),
-            intake_runs.as_ref().map(|c| c.store()),
-        );
-        let pr_to_mutexes = move |pr: PipelineRun| {
-            let mut refs = cr_store
-                .as_ref()
-                .map(|s| mutexes_of_children(s, &pr))
-                .unwrap_or_default();
-            refs.extend(
-                run_store
-                    .as_ref()
-                    .map(|s| mutexes_of_children(s, &pr))
-                    .unwrap_or_default(),
-            );
-            let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
-            let ns = pr.namespace().unwrap_or_default();
-            metrics.pipeline_run_seen(&ns, &pr.name_any(), pr.is_done(), &keys);
-            refs
+        let sync = Controller::new(scoped::<Mutex>(client, namespace), wc.clone());
+        let triggers = Triggers {
+            custom_runs: intake_crs.as_ref().map(|c| c.store()),
+            runs: intake_runs.as_ref().map(|c| c.store()),
+            mutexes: sync.store(),
         };
-        let mut sync = Controller::new(scoped::<Mutex>(client, namespace), wc.clone())
-            .watches_stream(pr_stream, pr_to_mutexes);
-        if kinds.custom_runs {
-            sync = sync.watches(crs, wc.clone(), |cr| mutex_of(&cr));
-        }
-        if kinds.runs {
-            sync = sync.watches(runs, wc.clone(), |r| mutex_of(&r));
-        }
+        let sync = watch_related(sync, client, namespace, triggers, pr_stream, kinds, metrics);
         Controllers {
             sync,
             custom_runs: intake_crs,
@@ -427,6 +385,47 @@ async fn intake_when_acting<K: Observe + Resource>(
         return Ok(Action::await_change());
     }
     intake::reconcile(obj, ctx).await
+}
+
+/// What wakes a key: its runs, their PipelineRuns, and the pods of those.
+fn watch_related(
+    mut sync: Controller<Mutex>,
+    client: &Client,
+    namespace: &Option<String>,
+    triggers: Triggers,
+    pr_stream: impl Stream<Item = Result<PipelineRun, watcher::Error>> + Send + 'static,
+    kinds: &Served,
+    metrics: Arc<Metrics>,
+) -> Controller<Mutex> {
+    let wc = watcher::Config::default();
+    let by_pr = triggers.clone();
+    sync = sync.watches_stream(pr_stream, move |pr: PipelineRun| {
+        let refs = by_pr.of_pipeline_run(pr.namespace(), &pr.name_any());
+        let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
+        let ns = pr.namespace().unwrap_or_default();
+        metrics.pipeline_run_seen(&ns, &pr.name_any(), pr.is_done(), &keys);
+        refs
+    });
+    // Only pods of PipelineRuns that have not ended: a pod leaving this selector
+    // (it ended, or was removed) is what frees a draining holder's slot.
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
+    let live_pods = wc.clone().labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
+    let pod_stream = watcher(pods, live_pods).default_backoff().touched_objects();
+    sync = sync.watches_stream(pod_stream, move |pod: PartialObjectMeta<Pod>| {
+        match pod.labels().get(PIPELINE_RUN_LABEL) {
+            Some(pr) => triggers.of_pipeline_run(pod.namespace(), pr),
+            None => Vec::new(),
+        }
+    });
+    if kinds.custom_runs {
+        let api: Api<CustomRun> = scoped(client, namespace);
+        sync = sync.watches(api, wc.clone(), |cr| mutex_of(&cr));
+    }
+    if kinds.runs {
+        let api: Api<Run> = scoped(client, namespace);
+        sync = sync.watches(api, wc, |r| mutex_of(&r));
+    }
+    sync
 }
 
 fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(

@@ -8,7 +8,7 @@
 use super::{Context, Error, Fault, events, writes};
 use crate::decide::{self, Decision, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
-use crate::observe::{Observe, ObservedRun};
+use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::params::RunConfig;
 use crate::run_status;
 use crate::tekton::RunStatus;
@@ -17,6 +17,8 @@ use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use crate::view::{self, FetchedParent, MemberView};
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -47,11 +49,13 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     let Some(mutex) = api.get_opt(key).await? else {
         return Ok(Action::await_change());
     };
-    let fetched = fetch_runs(ctx, &mutex).await?;
-    let now = Utc::now();
-    let members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
-    let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
+    let mut fetched = fetch_runs(ctx, &mutex).await?;
     let current = mutex.status.clone().unwrap_or_default();
+    mark_draining_holders(ctx, ns, &current, &mut fetched).await?;
+    let now = Utc::now();
+    let mut members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
+    members.extend(deleted_holders(ctx, ns, &current, &members).await?);
+    let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let decision = decide::decide(&mutex.spec, &current, &views, now);
     if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
         warn!(
@@ -68,8 +72,31 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
 struct Fetched {
     run: AnyRun,
     config: RunConfig,
-    /// The controlling PipelineRun's name, and the object unless it is gone.
-    parent: Option<(String, Option<Arc<PipelineRun>>)>,
+    parent: Option<ParentFetched>,
+}
+
+/// A PipelineRun as fetched: the object unless it is gone, and whether a pod
+/// of it still runs (looked up only once it has ended and holds a slot).
+struct ParentFetched {
+    name: String,
+    uid: String,
+    object: Option<Arc<PipelineRun>>,
+    pods_alive: bool,
+}
+
+impl ParentFetched {
+    fn as_view(&self) -> FetchedParent<'_> {
+        FetchedParent {
+            name: &self.name,
+            uid: &self.uid,
+            object: self.object.as_deref(),
+            pods_alive: self.pods_alive,
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.object.as_ref().is_none_or(|p| p.is_done())
+    }
 }
 
 /// A run of either protocol.
@@ -97,10 +124,7 @@ struct Member {
 impl Member {
     fn view(f: &Fetched, now: DateTime<Utc>) -> Member {
         let o = f.run.observe();
-        let parent = f.parent.as_ref().map(|(name, object)| FetchedParent {
-            name,
-            object: object.as_deref(),
-        });
+        let parent = f.parent.as_ref().map(ParentFetched::as_view);
         Member {
             facts: view::member_view(&o, &f.config, parent, now),
             resource_version: o.resource_version.clone(),
@@ -162,7 +186,12 @@ where
             && (known(&o.uid) || config.spec_conflict(&mutex.spec).is_none())
         {
             let parent = match &o.parent {
-                Some((name, uid)) => Some((name.clone(), fetch_parent(ctx, ns, name, uid).await?)),
+                Some((name, uid)) => Some(ParentFetched {
+                    name: name.clone(),
+                    uid: uid.clone(),
+                    object: fetch_parent(ctx, ns, name, uid).await?,
+                    pods_alive: false,
+                }),
                 None => None,
             };
             found.push(Fetched {
@@ -329,4 +358,74 @@ fn next_wake(members: &[Member], decision: &Decision, now: DateTime<Utc>) -> Act
         }
         None => Action::requeue(RESYNC),
     }
+}
+
+/// A holder's slot stays taken while a pod of its ended PipelineRun still runs:
+/// a cancelled or timed-out step gets SIGTERM and a grace period, and may still
+/// be deploying. Asked of the API (not a cache) since a release depends on it.
+async fn mark_draining_holders(
+    ctx: &Context,
+    ns: &str,
+    status: &MutexStatus,
+    fetched: &mut [Fetched],
+) -> Result<(), Error> {
+    for f in fetched.iter_mut() {
+        let uid = f.run.observe().uid;
+        let holds = status.holders.iter().any(|h| h.run.uid == uid);
+        if let Some(p) = f.parent.as_mut().filter(|p| holds && p.ended()) {
+            p.pods_alive = pods_alive(ctx, ns, &p.name, &p.uid).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Holders whose lock run was deleted while their PipelineRun still runs (or
+/// drains). The slot belongs to the PipelineRun, not to the run object.
+async fn deleted_holders(
+    ctx: &Context,
+    ns: &str,
+    status: &MutexStatus,
+    members: &[Member],
+) -> Result<Vec<Member>, Error> {
+    let mut ghosts = Vec::new();
+    for h in &status.holders {
+        if members.iter().any(|m| m.run().uid == h.run.uid) {
+            continue;
+        }
+        // A standalone run, or a record from before uids were kept: released as before.
+        let (Some(name), Some(uid)) = (&h.pipeline_run, &h.pipeline_run_uid) else {
+            continue;
+        };
+        let object = fetch_parent(ctx, ns, name, uid).await?;
+        let ended = object.as_ref().is_none_or(|p| p.is_done());
+        let parent = ParentFetched {
+            name: name.clone(),
+            uid: uid.clone(),
+            pods_alive: ended && pods_alive(ctx, ns, name, uid).await?,
+            object,
+        };
+        ghosts.push(Member {
+            facts: view::deleted_holder_view(h, parent.as_view()),
+            resource_version: None,
+            status: RunStatus::default(),
+        });
+    }
+    Ok(ghosts)
+}
+
+/// Does a pod of this PipelineRun still exist in a non-terminal phase (running,
+/// pending, or terminating with a deletionTimestamp)?
+async fn pods_alive(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<bool, Error> {
+    let params = ListParams::default()
+        .labels(&format!("{PIPELINE_RUN_LABEL}={name}"))
+        .fields(LIVE_PODS);
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list_metadata(&params)
+        .await?;
+    // Pods of an older PipelineRun of the same name do not count.
+    Ok(pods.items.iter().any(|p| {
+        p.labels()
+            .get(PIPELINE_RUN_UID_LABEL)
+            .is_none_or(|u| u == uid)
+    }))
 }

@@ -19,6 +19,7 @@ fn run(i: usize) -> RunView {
         },
         parent: Some(Parent {
             name: format!("pr{i}"),
+            uid: format!("pr-uid-{i}"),
             state: ParentState::Running,
         }),
         group: "deploy".into(),
@@ -800,6 +801,47 @@ fn a_pipelinerun_never_supersedes_itself() {
 }
 
 #[test]
+fn holder_keeps_the_slot_while_a_pod_of_its_ended_pipelinerun_drains() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    // Cancelled: Tekton marks it done at once, its step is in its grace period.
+    runs[0].parent.as_mut().unwrap().state = ParentState::Draining;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(queue(&d2), ["pr1"]);
+    finish(&mut runs, 0);
+    let d3 = decide(&spec, &d2.status, &runs, t(7));
+    assert_eq!(holders(&d3), ["pr1"]);
+    assert_eq!(d3.status.last_token, 2);
+}
+
+#[test]
+fn a_deleted_lock_run_keeps_the_slot_until_its_pipelinerun_is_released() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].phase = Phase::Deleted;
+    for state in [
+        ParentState::Running,
+        ParentState::StopRequested,
+        ParentState::Draining,
+    ] {
+        runs[0].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert_eq!(holders(&d2), ["pr0"], "{state:?}");
+        assert!(outcome(&d2, 0).is_none(), "a deleted run is told nothing");
+    }
+    for state in [ParentState::Done, ParentState::Gone] {
+        runs[0].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(7));
+        assert_eq!(holders(&d2), ["pr1"], "{state:?}");
+    }
+}
+
+#[test]
 fn tokens_never_wrap() {
     let spec = MutexSpec::default();
     let status = MutexStatus {
@@ -874,4 +916,38 @@ fn an_older_arrival_behind_a_newer_waiter_is_stale() {
     let d2 = decide(&spec, &d.status, &runs, t(4));
     assert!(matches!(outcome(&d2, 1), Some(Outcome::Superseded { by, .. }) if by == "pr2"));
     assert_eq!(queue(&d2), ["pr2"]);
+}
+
+#[test]
+fn a_deleted_standalone_holder_is_released() {
+    let spec = MutexSpec::default();
+    let lone = with(run(0), |r| r.parent = None);
+    let mut runs = vec![lone, run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].phase = Phase::Deleted;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr1"]);
+}
+
+#[test]
+fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
+    let spec = MutexSpec::default();
+    for state in [
+        ParentState::Draining,
+        ParentState::Done,
+        ParentState::StopRequested,
+    ] {
+        let mut runs = vec![run(0), run(1)];
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+        apply(&mut runs, &d);
+        runs[1].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert!(queue(&d2).is_empty(), "{state:?}");
+        assert!(
+            matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })),
+            "{state:?}: {:?}",
+            outcome(&d2, 1)
+        );
+    }
 }

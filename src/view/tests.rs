@@ -51,10 +51,12 @@ fn pipeline_run(labels: Value, spec: Value, status: Value) -> PipelineRun {
 fn view_of(cr: &CustomRun, pr: Option<&PipelineRun>, now: i64) -> MemberView {
     let o = cr.observe();
     let cfg = o.config().unwrap();
-    let parent = o
-        .parent
-        .as_ref()
-        .map(|(name, _)| FetchedParent { name, object: pr });
+    let parent = o.parent.as_ref().map(|(name, uid)| FetchedParent {
+        name,
+        uid,
+        object: pr,
+        pods_alive: false,
+    });
     member_view(&o, &cfg, parent, t(now))
 }
 
@@ -182,10 +184,36 @@ fn parent_state_from_the_fetched_pipelinerun() {
         json!({"status": "CancelledRunFinally"}),
         json!({"conditions": [{"type": "Succeeded", "status": "False", "reason": "Cancelled"}]}),
     );
-    assert_eq!(parent_state(Some(&running)), ParentState::Running);
-    assert_eq!(parent_state(Some(&stopping)), ParentState::StopRequested);
-    assert_eq!(parent_state(Some(&done)), ParentState::Done);
-    assert_eq!(parent_state(None), ParentState::Gone);
+    let failing = pipeline_run(
+        json!({}),
+        json!({}),
+        json!({"conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "PipelineRunStopping"}]}),
+    );
+    assert_eq!(parent_state(Some(&running), false), ParentState::Running);
+    assert_eq!(
+        parent_state(Some(&stopping), false),
+        ParentState::StopRequested
+    );
+    assert_eq!(
+        parent_state(Some(&failing), false),
+        ParentState::StopRequested
+    );
+    assert_eq!(parent_state(Some(&done), false), ParentState::Done);
+    assert_eq!(parent_state(None, false), ParentState::Gone);
+}
+
+#[test]
+fn an_ended_pipelinerun_with_a_live_pod_is_draining() {
+    let done = pipeline_run(
+        json!({}),
+        json!({"status": "Cancelled"}),
+        json!({"conditions": [{"type": "Succeeded", "status": "False", "reason": "Cancelled"}]}),
+    );
+    assert_eq!(parent_state(Some(&done), true), ParentState::Draining);
+    assert_eq!(parent_state(None, true), ParentState::Draining);
+    // A live pod of a running PipelineRun is just its work.
+    let running = pipeline_run(json!({}), json!({}), json!({}));
+    assert_eq!(parent_state(Some(&running), true), ParentState::Running);
 }
 
 #[test]
