@@ -52,6 +52,7 @@ export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
 cd "$REPO_ROOT"
 status=0
 cargo test --workspace --no-fail-fast "$@" || status=$?
+"$here/chaos.sh" --ci || status=$? # a short fault campaign (fixed seeds); README: Chaos campaign
 phase "cargo test --workspace"
 if (( status != 0 )); then
   log "test: FAILED (cargo test exit code $status)"

@@ -261,7 +261,11 @@ pub fn liveness(runs: &[RunFacts], stuck: &[String]) -> Vec<Violation> {
         .iter()
         .filter_map(|name| runs.iter().find(|r| &r.name == name))
         .map(|r| {
-            let msg = r.lock_message.clone().unwrap_or_default();
+            let msg = match (&r.lock_message, r.lock_seen) {
+                (Some(m), _) => m.clone(),
+                (None, true) => "no status".into(),
+                (None, false) => "none seen".into(),
+            };
             let behind: Vec<&str> = msg
                 .split_once("held by ")
                 .map(|(_, rest)| rest.split(" (").next().unwrap_or(""))
@@ -276,7 +280,7 @@ pub fn liveness(runs: &[RunFacts], stuck: &[String]) -> Vec<Violation> {
                 )
             } else {
                 format!(
-                    "{} waits behind {} which ended (lock run: {msg:?})",
+                    "{} waits behind {} which ended (lock run: {msg})",
                     r.name,
                     behind.join(", ")
                 )

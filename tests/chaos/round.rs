@@ -143,14 +143,15 @@ impl Stage<'_> {
                 self.start_replica(0)?;
                 "controller restarted".into()
             }
+            Op::ReplicaUp if self.replicas[1].is_some() => "second replica: already running".into(),
             Op::ReplicaUp => {
                 self.start_replica(1)?;
                 "second replica started".into()
             }
-            Op::ReplicaDown => {
-                self.replicas[1] = None;
-                "second replica killed".into()
-            }
+            Op::ReplicaDown => match self.replicas[1].take() {
+                Some(_) => "second replica killed".into(),
+                None => "second replica: none running".into(),
+            },
             Op::Pause => match self.replicas.iter_mut().flatten().find(|r| !r.paused) {
                 Some(r) => {
                     r.signal("STOP")?;
@@ -355,6 +356,10 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         stuck: &stuck,
     });
     let mut timeline = std::mem::take(&mut *timeline.lock().unwrap());
+    let planned = ops(plan)
+        .into_iter()
+        .map(|(t, kind, op)| (t, format!("PLANNED {} {op:?}", kind.name())));
+    timeline.extend(planned);
     timeline.extend(mark_lines(&deploys));
     timeline.extend(completion_lines(&prs, t0));
     timeline.sort();
