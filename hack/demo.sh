@@ -37,6 +37,7 @@ banner() { echo; bold "== $* =="; }
 
 CONTROLLER_PID=
 WORK=$(mktemp -d)
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local rc=$?
   if [[ -n $CONTROLLER_PID ]] && kill -0 "$CONTROLLER_PID" 2>/dev/null; then
@@ -48,11 +49,14 @@ cleanup() {
   if [[ ${DEMO_DOWN:-} == 1 ]]; then
     "$here/cluster.sh" down || true
   elif [[ -f $CLUSTER_DIR/kubeconfig ]]; then
-    log "demo: the local cluster is still up: eval \"\$(hack/cluster.sh env)\" to look around; hack/cluster.sh down to stop it"
+    log "demo: the local cluster is still up; look around with: eval \"\$(hack/cluster.sh env)\""
+    log "demo:   tkn pipelinerun list -n $PIPELINES_NS; tkn pipelinerun logs -n $PIPELINES_NS guarded-${VERSIONS[-1]} (a deploy's output)"
+    log "demo: stop it with hack/cluster.sh down"
   fi
   log "demo: finished in $(( $(date +%s) - t_start ))s"
   exit "$rc"
 }
+# shellcheck disable=SC2317 # run through wait_for
 not_running() { ! kill -0 "$1" 2>/dev/null; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -109,6 +113,7 @@ kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -n 20 "$CONTROLLER_LOG" >&2; die
 
 now_ms() { local us=${EPOCHREALTIME/[.,]/}; echo $(( us / 1000 )); }
 
+# shellcheck disable=SC2317 # run through wait_for
 all_done() {
   local states
   states=$(k -n "$PIPELINES_NS" get pipelinerun -l "demo-scenario=$1" \
@@ -162,7 +167,8 @@ EOF
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 summary_of() {
-  local left="$(field present "$1")/$(field expected "$1") resources left"
+  local left
+  left="$(field present "$1")/$(field expected "$1") resources left"
   [[ $(field present "$1") == 0 ]] || left+=" (version $(field versions "$1"))"
   echo "$left, max $(field max_overlap "$1") deploying at once"
 }

@@ -1,14 +1,21 @@
 //! pod-runner: a kubelet stand-in for the local control plane.
 //!
-//! Watches pods owned by TaskRuns (all namespaces, whatever their nodeName: there is no
-//! scheduler), runs each step's script or command on the host in order, and reports the result
-//! through the pod status subresource so the real Tekton controller finishes the TaskRun.
+//! Registers a Node, watches pods owned by TaskRuns (all namespaces), binds the unscheduled
+//! ones to its Node (there is no scheduler), runs each step's script or command on the host in
+//! order, and reports the result through the pod status subresource so the real Tekton
+//! controller finishes the TaskRun.
+//!
+//! Its kubelet endpoint serves the step logs, so that `kubectl logs` and `tkn ... logs` work.
 //!
 //! A deleted pod is stopped as a kubelet stops it: SIGTERM to the step's process group, its
 //! grace period, SIGKILL; the pod object is removed only once its processes have ended.
 //!
-//! Usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]...
+//! Usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]... [--node-name NAME]
+//!        [--kubelet-port PORT --tls-cert FILE --tls-key FILE --client-ca FILE]
 
+mod kubelet;
+mod logs;
+mod node;
 mod plan;
 mod run;
 mod stop;
@@ -19,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
@@ -30,39 +38,69 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::node::{bind, register};
 use crate::run::{Host, run_pod};
 use crate::stop::{StopHandle, grace_period, stop_channel};
 
-fn parse_args() -> Result<Host> {
-    let mut kubeconfig = None;
-    let mut work_dir = None;
-    let mut path_prefix = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value()?)),
-            "--work-dir" => work_dir = Some(PathBuf::from(value()?)),
-            "--path-prefix" => path_prefix.push(PathBuf::from(value()?)),
-            "-h" | "--help" => {
-                println!(
-                    "usage: pod-runner --kubeconfig FILE --work-dir DIR [--path-prefix DIR]..."
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?} (try --help)"),
-        }
+/// Kubelet stand-in for the local control plane: runs TaskRun pods' steps on this host.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Kubeconfig of the cluster; every step gets a copy defaulting to its pod's namespace.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: PathBuf,
+    /// Where per-pod directories (scripts, step output) are made.
+    #[arg(long)]
+    work_dir: PathBuf,
+    /// A directory put first on every step's PATH (repeatable).
+    #[arg(long)]
+    path_prefix: Vec<PathBuf>,
+    /// The Node this pod-runner registers and binds the pods it runs to.
+    #[arg(long, default_value = "pod-runner")]
+    node_name: String,
+    /// Serve the kubelet log endpoint on 127.0.0.1:PORT (HTTPS), for `kubectl logs`.
+    #[arg(long, requires_all = ["tls_cert", "tls_key", "client_ca"])]
+    kubelet_port: Option<u16>,
+    /// Serving certificate of the kubelet endpoint (PEM, with an IP SAN 127.0.0.1).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// CA whose client certificates (the API server's) the kubelet endpoint accepts.
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
+}
+
+impl Args {
+    /// Starts the kubelet log endpoint, if asked to; returns its port.
+    async fn serve_kubelet(&self, work_dir: PathBuf) -> Result<Option<u16>> {
+        let (Some(port), Some(cert), Some(key), Some(ca)) = (
+            self.kubelet_port,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.client_ca,
+        ) else {
+            return Ok(None);
+        };
+        let tls = kubelet::tls_config(cert, key, ca)?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("listening on 127.0.0.1:{port}"))?;
+        tokio::spawn(kubelet::serve(listener, tls, work_dir));
+        info!(port, "serving the kubelet log endpoint on 127.0.0.1");
+        Ok(Some(port))
     }
-    let kubeconfig = kubeconfig
-        .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from))
-        .context("--kubeconfig FILE (or KUBECONFIG) is required")?;
-    let work_dir = work_dir.context("--work-dir DIR is required")?;
-    std::fs::create_dir_all(&work_dir)?;
-    Ok(Host {
-        kubeconfig: std::path::absolute(kubeconfig)?,
-        work_dir: std::path::absolute(work_dir)?,
-        path_prefix,
-    })
+
+    fn host(&self) -> Result<Host> {
+        std::fs::create_dir_all(&self.work_dir)
+            .with_context(|| format!("creating {}", self.work_dir.display()))?;
+        Ok(Host {
+            kubeconfig: std::path::absolute(&self.kubeconfig)?,
+            work_dir: std::path::absolute(&self.work_dir)?,
+            path_prefix: self.path_prefix.clone(),
+        })
+    }
 }
 
 fn owned_by_taskrun(pod: &Pod) -> bool {
@@ -86,6 +124,8 @@ fn finished(pod: &Pod) -> bool {
 struct Runner {
     client: Client,
     host: Host,
+    /// Our Node: unscheduled pods are bound to it, pods bound elsewhere are not ours.
+    node: String,
     running: HashMap<String, StopHandle>,
     /// Pods whose run ended (by uid), so that a later update does not start them again.
     done: HashSet<String>,
@@ -102,10 +142,12 @@ impl Runner {
             self.deleting(pod, uid);
             return;
         }
+        let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         if finished(&pod)
             || self.running.contains_key(&uid)
             || self.done.contains(&uid)
             || !owned_by_taskrun(&pod)
+            || bound_to.as_ref().is_some_and(|n| *n != self.node)
         {
             return;
         }
@@ -113,12 +155,25 @@ impl Runner {
         self.running.insert(uid.clone(), handle.clone());
         let (client, host, tx) = (self.client.clone(), self.host.clone(), self.done_tx.clone());
         let shutting_down = self.shutting_down.clone();
+        let node = self.node.clone();
         tokio::spawn(async move {
             let key = key(&pod);
             let api: Api<Pod> =
                 Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
             let name = pod.name_any();
-            if let Err(e) = run_pod(client, pod, host, signal).await {
+            // Bound first, as a scheduler would: a pod on a node gets a graceful deletion
+            // (the API server deletes an unscheduled pod at once).
+            let bound = match bound_to {
+                Some(_) => Ok(pod),
+                None => bind(&api, &name, &node)
+                    .await
+                    .map(|()| with_node(pod, &node)),
+            };
+            let ran = match bound {
+                Ok(pod) => run_pod(client, pod, host, signal).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = ran {
                 error!(pod = %key, "pod failed to run: {e:#}");
             }
             // Deleted while it ran: its processes have ended now, so finish the deletion.
@@ -141,6 +196,10 @@ impl Runner {
             handle.request(grace);
             return;
         }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if node.is_some_and(|n| n != self.node) {
+            return; // another node's pod
+        }
         let api: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let name = pod.name_any();
@@ -150,11 +209,20 @@ impl Runner {
     /// A pod object is gone (e.g. force-deleted): stop what still runs of it, with the grace
     /// period its last state gave.
     fn deleted(&mut self, pod: &Pod) {
-        if let Some(handle) = pod.uid().and_then(|uid| self.running.get(&uid)) {
+        if let Some(handle) = pod.uid().and_then(|uid| self.running.get(&uid))
+            && !handle.requested()
+        {
             info!(pod = %key(pod), "pod object removed: stopping its steps");
             handle.request(grace_period(pod));
         }
     }
+}
+
+fn with_node(mut pod: Pod, node: &str) -> Pod {
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.node_name = Some(node.to_string());
+    }
+    pod
 }
 
 /// Removes the pod object for good (grace period 0), only if it is still the same pod.
@@ -183,11 +251,14 @@ async fn main() -> Result<()> {
         )
         .with_ansi(false)
         .init();
-    let host = parse_args()?;
+    let args = Args::parse();
+    let host = args.host()?;
     let kubeconfig = Kubeconfig::read_from(&host.kubeconfig)
         .with_context(|| format!("reading {}", host.kubeconfig.display()))?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     let client = Client::try_from(config)?;
+    let port = args.serve_kubelet(host.work_dir.clone()).await?;
+    register(&client, &args.node_name, port).await?;
 
     let pods: Api<Pod> = Api::all(client.clone());
     let mut events = watcher::watcher(
@@ -200,6 +271,7 @@ async fn main() -> Result<()> {
     let mut runner = Runner {
         client,
         host,
+        node: args.node_name.clone(),
         running: HashMap::new(),
         done: HashSet::new(),
         done_tx,

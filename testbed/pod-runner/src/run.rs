@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -13,6 +14,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use crate::logs::{StepLog, log_path};
 use crate::plan::{Program, StepPlan, plan_pod};
 use crate::stop::{StopSignal, kill_leftovers, wait_or_stop};
 
@@ -164,6 +166,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal)
             warn!(pod = %format!("{ns}/{name}"), "{msg}");
             let t = now();
             for c in &spec.containers {
+                StepLog::end(&pod_dir, &c.name);
                 writer.set(
                     &c.name,
                     terminated(&StepResult {
@@ -187,6 +190,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal)
         if failed || stop.requested() {
             // Tekton's entrypoint skips the steps after a failure and exits 1; a kubelet starts
             // no container of a pod being deleted.
+            StepLog::end(&pod_dir, &plan.container);
             writer.set(
                 &plan.container,
                 terminated(&StepResult {
@@ -211,6 +215,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal)
             warn!(pod = %format!("{ns}/{name}"), step = %plan.container, "step could not start: {note}");
             append_log(&pod_dir, &plan.container, &format!("pod-runner: {note}\n"));
         }
+        StepLog::end(&pod_dir, &plan.container);
         let mut result = StepResult {
             exit_code: code,
             reason: if code == 0 { "Completed" } else { "Error" },
@@ -219,7 +224,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal)
             message: results_message(&pod_dir),
         };
         info!(pod = %format!("{ns}/{name}"), step = %plan.container, exit_code = code,
-              log = %pod_dir.join(format!("{}.log", plan.container)).display(), "step finished");
+              log = %log_path(&pod_dir, &plan.container).display(), "step finished");
         if code != 0 {
             if plan.on_error.as_deref() == Some("continue") {
                 // Like Tekton's entrypoint: exit 0, and report the real code in the message.
@@ -238,6 +243,7 @@ pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal)
     let end = now();
     for c in &spec.containers {
         if !c.name.starts_with(crate::plan::STEP_PREFIX) {
+            StepLog::end(&pod_dir, &c.name);
             writer.set(
                 &c.name,
                 terminated(&StepResult {
@@ -297,13 +303,26 @@ fn results_message(pod_dir: &Path) -> String {
 }
 
 fn append_log(pod_dir: &Path, container: &str, text: &str) {
-    use std::io::Write;
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(pod_dir.join(format!("{container}.log")))
-    {
-        let _ = f.write_all(text.as_bytes());
+    if let Ok(mut log) = StepLog::open(pod_dir, container) {
+        let _ = log.write(text.as_bytes());
+    }
+}
+
+/// Copies a step's output from its pipe into its log until every writer has closed it.
+fn copy_output(mut pipe: std::io::PipeReader, mut log: StepLog) {
+    use std::io::Read;
+    let mut buf = [0u8; 8192];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if let Err(e) = log.write(&buf[..n]) {
+                    warn!("writing step output: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return warn!("reading step output: {e}"),
+        }
     }
 }
 
@@ -477,11 +496,10 @@ async fn run_step(
         _ => program,
     };
 
-    let log_path = pod_dir.join(format!("{}.log", plan.container));
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)?;
+    // stdout and stderr share one pipe (their order kept), read by a copier that timestamps
+    // each line for the kubelet log endpoint.
+    let log = StepLog::open(pod_dir, &plan.container)?;
+    let (pipe, pipe_writer) = std::io::pipe()?;
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(plan.args.iter().map(|a| rewrite(a, pod_dir)))
         .current_dir(&cwd)
@@ -489,13 +507,16 @@ async fn run_step(
         .env("PATH", &path)
         .env("KUBECONFIG", kubeconfig)
         .stdin(Stdio::null())
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
+        .stdout(Stdio::from(pipe_writer.try_clone()?))
+        .stderr(Stdio::from(pipe_writer))
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
+    let spawned = cmd.spawn();
+    // Our copies of the pipe's write end: the copier sees EOF once the step's processes are gone.
+    drop(cmd);
+    let mut child = spawned
         .with_context(|| format!("starting {} for {}", program.display(), plan.container))?;
+    let copier = tokio::task::spawn_blocking(move || copy_output(pipe, log));
     let pgid = child
         .id()
         .context("the step exited before its pid was known")? as i32;
@@ -505,6 +526,14 @@ async fn run_step(
     let ended = wait_or_stop(&mut child, pgid, stop).await?;
     kill_leftovers(pgid).await;
     group.0 = None;
+    // The log is complete before the step is reported terminated. Bounded: a process that left
+    // the group may hold the pipe open.
+    if tokio::time::timeout(Duration::from_secs(5), copier)
+        .await
+        .is_err()
+    {
+        warn!(step = %plan.container, "step output still open 5 s after the step ended");
+    }
     let code = exit_code(ended.status);
     if ended.stopped {
         info!(step = %plan.container, exit_code = code, "step ended after its pod's deletion");
