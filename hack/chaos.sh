@@ -90,7 +90,7 @@ export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
 # campaign: runs the ignored campaign test with the CHAOS_* settings in the environment.
 campaign() {
   # No backtrace under the verdict: the report says what failed.
-  (cd "$REPO_ROOT" && RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 cargo test --quiet --test chaos -- --ignored --nocapture --exact campaign)
+  (cd "$REPO_ROOT" && CHAOS_CAMPAIGN=1 RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 cargo test --quiet --test chaos -- --ignored --nocapture --exact campaign)
 }
 
 t0=$(date +%s)

@@ -4,7 +4,9 @@
 # environment is wiped out), then with it (one at a time; the newest version wins).
 #
 #   hack/demo.sh                  build what is missing, start the cluster and the controller,
-#                                 run both scenarios, print the story
+#                                 run both scenarios, print the story, and draw the first round of
+#                                 each as a picture: target/demo/timeline.svg (from the timeline data
+#                                 target/demo/timeline.json; hack/picture.sh draws it)
 #
 # Environment:
 #   DEMO_ROUNDS=N     run each scenario N times (default 1); the first round is shown in full
@@ -64,6 +66,10 @@ trap 'exit 130' INT TERM
 # ------------------------------------------------------------------ build and start everything
 
 banner "1. Build and start the local control plane and the controller"
+PICTURE_DIR=$REPO_ROOT/target/demo
+rm -f "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
+mkdir -p "$PICTURE_DIR"
+"$here/picture.sh" python >/dev/null # matplotlib for the picture (installed the first time)
 "$here/build.sh" # etcd, kube-apiserver, kubectl, the Tekton controller and tkn (cached after the first time)
 log "demo: building the controller and the pod-runner (cargo build; the first build takes a few minutes)"
 (cd "$REPO_ROOT" && cargo build -p tekton-mutex -p pod-runner)
@@ -159,8 +165,9 @@ EOF
     printf ', "environment": '; k -n "$ENV_NS" get configmap,service,serviceaccount -l chart-release=jx -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
     printf '}\n'
   } >"$WORK/state.json"
-  local out
-  out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS")
+  local out timeline=()
+  (( round == 1 )) && timeline=("$PICTURE_DIR/timeline.json") # the picture shows the first round
+  out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS" "${timeline[@]}")
   grep -v '^RESULT ' <<<"$out" || true
   RESULT_LINE=$(grep '^RESULT ' <<<"$out")
 }
@@ -201,6 +208,8 @@ for (( r = 1; r <= ROUNDS; r++ )); do
   guarded_summary+=("$(summary_of "$RESULT_LINE")")
 done
 
+"$here/picture.sh" render "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
+
 echo
 bold "tkn customrun list -n $PIPELINES_NS   (the guarded round's locks)"
 "$TKN" customrun list -n "$PIPELINES_NS"
@@ -217,6 +226,7 @@ done
 echo
 echo "  unguarded: the environment was wiped out in $wiped of $ROUNDS round(s) (damaged in $damaged of $ROUNDS)"
 echo "  guarded:   the environment was left intact at the newest version in $intact of $ROUNDS round(s)"
+echo "  picture:   $PICTURE_DIR/timeline.svg (round 1 of both, on one time axis)"
 if (( intact == ROUNDS )); then
   bold "  OK: with the Mutex, the promotions ran one at a time and the newest version won."
   exit 0

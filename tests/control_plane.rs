@@ -67,6 +67,7 @@ spec:
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn pipelinerun_scripts_act_on_the_real_api_server() -> Result<()> {
     let ns = TestNamespace::create("control-plane").await?;
     ns.apply(PIPELINE).await?;
@@ -211,6 +212,7 @@ async fn delete_and_watch(ns: &TestNamespace, pod: &Pod, grace_seconds: u32) -> 
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_deleted_pod_stays_terminating_until_its_step_has_handled_sigterm() -> Result<()> {
     let ns = TestNamespace::create("pod-grace").await?;
     let pod = started_step(
@@ -238,6 +240,7 @@ async fn a_deleted_pod_stays_terminating_until_its_step_has_handled_sigterm() ->
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_step_ignoring_sigterm_is_killed_when_the_grace_period_ends() -> Result<()> {
     let ns = TestNamespace::create("pod-kill").await?;
     let pod = started_step(
@@ -306,6 +309,7 @@ async fn children_of(ns: &TestNamespace, name: &str) -> Result<(usize, usize, us
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Result<()> {
     let ns = TestNamespace::create("cascade").await?;
     let ns = &ns;
@@ -321,7 +325,7 @@ async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Re
             &format!("PipelineRun {name} to have a TaskRun, a CustomRun and a pod"),
             secs(120),
             || async move {
-                let (tr, cr, pods, _) = children_of(&ns, name).await?;
+                let (tr, cr, pods, _) = children_of(ns, name).await?;
                 Ok((tr == 1 && cr == 1 && pods == 1).then_some(()))
             },
         )
@@ -336,7 +340,7 @@ async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Re
             &format!("PipelineRun {name} and its TaskRuns, CustomRuns and pods to be gone"),
             secs(120),
             || async move {
-                let left = children_of(&ns, name).await?;
+                let left = children_of(ns, name).await?;
                 Ok((left == (0, 0, 0, false)).then_some(left))
             },
         )
@@ -344,13 +348,14 @@ async fn deleting_a_pipelinerun_deletes_its_taskruns_customruns_and_pods() -> Re
         ensure!(
             left.is_ok(),
             "{name} deletion: (TaskRuns, CustomRuns, pods, PipelineRun) left: {:?}: {left:?}",
-            children_of(&ns, name).await?
+            children_of(ns, name).await?
         );
     }
     Ok(())
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_deleted_namespace_is_really_removed() -> Result<()> {
     let ns = TestNamespace::create("ns-delete").await?;
     let ns = &ns;
@@ -358,7 +363,7 @@ async fn a_deleted_namespace_is_really_removed() -> Result<()> {
     ns.apply(r#"{apiVersion: v1, kind: ConfigMap, metadata: {name: data}, data: {a: b}}"#)
         .await?;
     wait_until("the PipelineRun's pod to exist", secs(120), || async {
-        let (_, _, pods, _) = children_of(&ns, "running").await?;
+        let (_, _, pods, _) = children_of(ns, "running").await?;
         Ok((pods == 1).then_some(()))
     })
     .await?;
@@ -400,6 +405,7 @@ async fn pod_of_taskrun(ns: &TestNamespace, name: &str) -> Result<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn kubectl_logs_of_a_finished_step_returns_its_output() -> Result<()> {
     let ns = TestNamespace::create("logs-done").await?;
     ns.apply(&taskrun(
@@ -432,6 +438,7 @@ async fn kubectl_logs_of_a_finished_step_returns_its_output() -> Result<()> {
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn tkn_pipelinerun_logs_shows_both_tasks_in_order() -> Result<()> {
     let ns = TestNamespace::create("logs-tkn").await?;
     let step = |text: &str| {
@@ -516,6 +523,7 @@ impl Follower {
 }
 
 #[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
 async fn logs_follow_streams_a_running_step() -> Result<()> {
     let ns = TestNamespace::create("logs-follow").await?;
     // The step prints, then waits for the test's go-ahead (a ConfigMap), then prints again.

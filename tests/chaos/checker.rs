@@ -93,6 +93,8 @@ pub struct RunFacts {
     pub done: Option<bool>,
     pub reason: Option<String>,
     pub spec_status: Option<String>,
+    /// Its `tekton-mutex.dev/superseded-by` annotation.
+    pub superseded_by: Option<String>,
     /// Its lock run at the end, if one was seen: condition status, reason, message.
     pub lock_seen: bool,
     pub lock_status: Option<String>,
@@ -334,10 +336,12 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
             && r.newer_in_group
             && lock == Some("Acquired")
             && r.spec_status.as_deref() == Some(r.cancel_mode.as_str());
+        let annotated = r.supersede_on && r.superseded_by.is_some();
         let explained = r.user_cancelled
             || r.lock_run_deleted
             || r.superseded()
             || superseded_holder
+            || annotated
             || (r.has_pipeline_timeout && r.reason.as_deref() == Some("PipelineRunTimeout"));
         if cancelled && !explained {
             v(format!(

@@ -109,6 +109,8 @@ pub struct PrFinal {
     pub done: bool,
     pub reason: Option<String>,
     pub spec_status: Option<String>,
+    /// The controller's `tekton-mutex.dev/superseded-by` annotation, if any.
+    pub superseded_by: Option<String>,
     pub created_s: i64,
     pub completion_s: Option<i64>,
 }
@@ -145,6 +147,10 @@ pub async fn pipeline_runs(client: &Client, ns: &str) -> Result<BTreeMap<String,
                 done: cond["status"] == "True" || cond["status"] == "False",
                 reason: cond["reason"].as_str().map(String::from),
                 spec_status: text("/spec/status").filter(|s| !s.is_empty()),
+                superseded_by: pr
+                    .annotations()
+                    .get("tekton-mutex.dev/superseded-by")
+                    .cloned(),
                 created_s: pr
                     .metadata
                     .creation_timestamp

@@ -492,6 +492,7 @@ fn run_facts(
                 done: pr.map(|p| p.done),
                 reason: pr.and_then(|p| p.reason.clone()),
                 spec_status: pr.and_then(|p| p.spec_status.clone()),
+                superseded_by: pr.and_then(|p| p.superseded_by.clone()),
                 lock_seen: lock.is_some(),
                 lock_status: lock.and_then(|l| l.status.clone()),
                 lock_reason: lock.and_then(|l| l.reason.clone()),

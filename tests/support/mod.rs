@@ -21,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod controller;
+pub mod ops;
 pub mod pipelines;
 pub mod timeline;
 
