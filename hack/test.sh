@@ -75,6 +75,7 @@ for arg in "$@"; do
   fi
 done
 cargo test --workspace --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || status=$?
+"$here/chaos.sh" --ci || status=$? # a short fault campaign (fixed seeds); README: Chaos campaign
 phase "cargo test --workspace"
 if (( status != 0 )); then
   log "test: FAILED (cargo test exit code $status)"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The chaos campaign (issue 12): randomized rounds of PipelineRuns on a few keys with faults
+# injected at random times (controller SIGKILL/SIGSTOP/second replica, kube-apiserver and etcd
+# restarts, users cancelling and deleting, Mutex deletion and status loss, an admission policy
+# denying the controller's cancels), checked by an independent checker. Exits non-zero on any
+# violation. Each round prints the seed that reproduces it.
+#
+#   hack/chaos.sh --rounds 100            the full campaign (random seeds, printed)
+#   hack/chaos.sh --seed 12345            one round again (repeat --seed, or a comma list)
+#   hack/chaos.sh --faults controller,apiserver,users,mutex,admission   (default: all; also
+#                                         single kinds such as etcd-restart, or none)
+#   hack/chaos.sh --runs 20-40            PipelineRuns per round
+#   hack/chaos.sh --unguarded             the same rounds without the lock task: must fail
+#   hack/chaos.sh --expect-violations     succeed only if violations are found (check of the checker)
+#   hack/chaos.sh --ci                    the short campaign hack/test.sh runs (fixed seeds,
+#                                         CHAOS_CI_FAULTS or the fault set that passes today),
+#                                         then one unguarded round that must be caught
+#
+# Uses the running local cluster (hack/cluster.sh up) if there is one and leaves it up; otherwise
+# starts one and stops it at the end. Controller logs: target/chaos/<seed>-<namespace>/.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/lib.sh
+source "$here/lib.sh"
+
+# The CI campaign: fixed seeds, and the faults the code on main survives today (issues 9 and 10
+# track the rest; widen this as they land).
+CI_SEEDS=${CHAOS_CI_SEEDS:-101,202,303}
+CI_FAULTS=${CHAOS_CI_FAULTS:-controller,admission}
+CI_RUNS=${CHAOS_CI_RUNS:-20-24}
+
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+
+rounds="" seeds="" faults=all runs=20-40 unguarded="" expect="" ci=""
+while (( $# )); do
+  case $1 in
+    --rounds) rounds=${2:?--rounds needs a number}; shift 2 ;;
+    --seed) seeds=${seeds:+$seeds,}${2:?--seed needs a number}; shift 2 ;;
+    --faults) faults=${2:?--faults needs a list}; shift 2 ;;
+    --runs) runs=${2:?--runs needs MIN-MAX}; shift 2 ;;
+    --unguarded) unguarded=1; shift ;;
+    --expect-violations) expect=1; shift ;;
+    --ci) ci=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+  esac
+done
+[[ -z $rounds || $rounds =~ ^[0-9]+$ ]] || die "--rounds needs a number, got '$rounds'"
+[[ -z $seeds || $seeds =~ ^[0-9,]+$ ]] || die "--seed needs numbers, got '$seeds'"
+[[ $runs =~ ^[0-9]+-[0-9]+$ ]] || die "--runs needs MIN-MAX, got '$runs'"
+
+lock_cluster
+started_cluster=""
+# stop_leftover_controllers: controllers a killed campaign left behind, by their recorded pid
+# (only if that pid is still one of this checkout's tekton-mutex processes).
+stop_leftover_controllers() {
+  local f pid
+  for f in "$REPO_ROOT"/target/chaos/pids/*; do
+    [[ -f $f ]] || continue
+    pid=${f##*/}
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$REPO_ROOT/target/debug/tekton-mutex run"; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$f"
+  done
+}
+
+cleanup() {
+  local rc=$?
+  stop_leftover_controllers
+  if [[ -n $started_cluster ]]; then
+    "$here/cluster.sh" down || log "warning: hack/cluster.sh down failed"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+if [[ -f $CLUSTER_DIR/ready ]] && KUBECONFIG=$CLUSTER_DIR/kubeconfig \
+    "$(component_bin kubectl)" get --raw /readyz >/dev/null 2>&1; then
+  log "chaos: using the running cluster in $CLUSTER_DIR"
+else
+  "$here/cluster.sh" up
+  started_cluster=1
+fi
+export KUBECONFIG=$CLUSTER_DIR/kubeconfig
+TEKTON_MUTEX_KUBECTL=$(component_bin kubectl)
+TEKTON_MUTEX_TKN=$(component_bin tkn)
+export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
+
+# campaign: runs the ignored campaign test with the CHAOS_* settings in the environment.
+campaign() {
+  # No backtrace under the verdict: the report says what failed.
+  (cd "$REPO_ROOT" && CHAOS_CAMPAIGN=1 RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 cargo test --quiet --test chaos -- --ignored --nocapture --exact campaign)
+}
+
+t0=$(date +%s)
+if [[ -n $ci ]]; then
+  log "chaos: CI campaign, seeds $CI_SEEDS, faults $CI_FAULTS"
+  CHAOS_SEEDS=$CI_SEEDS CHAOS_FAULTS=$CI_FAULTS CHAOS_RUNS=$CI_RUNS campaign
+  log "chaos: check of the checker: one unguarded round must be caught"
+  CHAOS_SEEDS=${CI_SEEDS%%,*} CHAOS_FAULTS=none CHAOS_RUNS=$CI_RUNS \
+    CHAOS_UNGUARDED=1 CHAOS_EXPECT_VIOLATIONS=1 campaign
+else
+  export CHAOS_FAULTS=$faults CHAOS_RUNS=$runs CHAOS_SEEDS=$seeds CHAOS_ROUNDS=${rounds:-1}
+  export CHAOS_UNGUARDED=$unguarded CHAOS_EXPECT_VIOLATIONS=$expect
+  campaign
+fi
+log "chaos: campaign passed in $(( $(date +%s) - t0 ))s"

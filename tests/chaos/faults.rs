@@ -1,0 +1,257 @@
+//! Fault injection: controller replicas (SIGKILL, SIGSTOP/SIGCONT, a second replica), restarts
+//! of the local control plane's kube-apiserver and etcd, and a user's actions.
+
+use super::manifest::{USER_ANNOTATION, deny_policy};
+use crate::support::{apply_yaml, dynamic_api, repo_root, secs, wait_until};
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tekton_mutex::mutex::Mutex;
+use tekton_mutex::tekton::customrun::CustomRun;
+
+/// One controller process (`tekton-mutex run --namespace NS`), with its pid at hand for signals.
+pub struct Replica {
+    child: Child,
+    pub paused: bool,
+}
+
+impl Replica {
+    pub fn start(namespace: &str, log: &Path) -> Result<Self> {
+        let out = std::fs::File::create(log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
+            .args(["run", "--namespace", namespace])
+            .env("KUBECONFIG", crate::support::kubeconfig_path())
+            .env("RUST_LOG", "info,tekton_mutex=debug,kube=warn")
+            .env("NO_COLOR", "1")
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting tekton-mutex")?;
+        // Recorded so that hack/chaos.sh can stop it should this process die without unwinding.
+        let pids = repo_root().join("target/chaos/pids");
+        std::fs::create_dir_all(&pids)?;
+        std::fs::write(pids.join(child.id().to_string()), namespace)?;
+        Ok(Self {
+            child,
+            paused: false,
+        })
+    }
+
+    pub fn signal(&mut self, sig: &str) -> Result<()> {
+        let ok = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill -s {sig} {} failed", self.child.id());
+        }
+        self.paused = sig == "STOP";
+        Ok(())
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let pid = self.child.id().to_string();
+        let _ = std::fs::remove_file(repo_root().join("target/chaos/pids").join(pid));
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cluster_dir() -> PathBuf {
+    std::env::var_os("TEKTON_MUTEX_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cluster"))
+}
+
+fn gone_or_zombie(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+/// Restarts a component of hack/cluster.sh (`etcd` or `kube-apiserver`) with the same command
+/// line: SIGTERM the recorded pid, wait for it to exit, stay down `down`, start it again in its
+/// own session logging to the same file, and record the new pid where `cluster.sh down` finds it.
+pub async fn restart_component(name: &str, down: Duration) -> Result<()> {
+    let dir = cluster_dir();
+    let pid_file = dir.join("pids").join(format!("{name}.pid"));
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {}", pid_file.display()))?
+        .trim()
+        .parse()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    if !args.iter().any(|a| a.contains(&*dir.to_string_lossy())) {
+        bail!("pid {pid} of {name} is not this cluster's ({args:?})");
+    }
+    let gone = || async move { Ok(gone_or_zombie(pid).then_some(())) };
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    // A kube-apiserver with open watches may take long to drain: SIGKILL after a grace period.
+    if wait_until(&format!("{name} to exit"), secs(15), gone)
+        .await
+        .is_err()
+    {
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()?;
+        wait_until(&format!("{name} to die"), secs(15), gone).await?;
+    }
+    tokio::time::sleep(down).await; // the fault's downtime, not a synchronization
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join("logs").join(format!("{name}.log")))?;
+    // Through bash, to close fd 9: the per-checkout lock hack/chaos.sh holds (flock) must not
+    // be inherited by a component that outlives the campaign.
+    let child = Command::new("bash")
+        .args(["-c", "exec 9>&-; exec setsid \"$@\"", "restart"])
+        .args(&args)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("restarting {name}"))?;
+    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+    // The child is reaped by `cluster.sh down` (or by init once this process exits).
+    std::mem::forget(child);
+    Ok(())
+}
+
+/// Waits until the API server answers a read that goes to etcd.
+pub async fn wait_api(client: &Client) -> Result<()> {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    wait_until("the API server to serve again", secs(120), || {
+        let ns = ns.clone();
+        async move { Ok(ns.get("default").await.ok().map(|_| ())) }
+    })
+    .await
+}
+
+async fn prs(client: &Client, ns: &str) -> Result<Api<DynamicObject>> {
+    dynamic_api(client, Some(ns), "tekton.dev/v1", "PipelineRun").await
+}
+
+/// A user cancels PipelineRun `pr` with `mode` (marked as a user's, see the admission fault).
+pub async fn cancel_run(client: &Client, ns: &str, pr: &str, mode: &str) -> Result<()> {
+    let api = prs(client, ns).await?;
+    let patch = json!({
+        "metadata": {"annotations": {USER_ANNOTATION: format!("cancel {mode}")}},
+        "spec": {"status": mode},
+    });
+    api.patch(pr, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+pub async fn delete_run(client: &Client, ns: &str, pr: &str) -> Result<()> {
+    prs(client, ns)
+        .await?
+        .delete(pr, &DeleteParams::background())
+        .await?;
+    Ok(())
+}
+
+/// Deletes the lock CustomRun(s) of PipelineRun `pr`; returns how many.
+pub async fn delete_lock_run(client: &Client, ns: &str, pr: &str) -> Result<usize> {
+    let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("tekton.dev/pipelineRun={pr}"));
+    let runs = api.list(&lp).await?.items;
+    for r in &runs {
+        api.delete(&r.name_any(), &DeleteParams::default()).await?;
+    }
+    Ok(runs.len())
+}
+
+pub async fn delete_mutex(client: &Client, ns: &str, key: &str) -> Result<()> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    api.delete(key, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// Wipes a Mutex's status, as a restore of a backup without status would.
+pub async fn wipe_mutex_status(client: &Client, ns: &str, key: &str) -> Result<()> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    api.patch_status(
+        key,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": null})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Starts denying the controller's PipelineRun cancels in `ns`; waits until the API server
+/// enforces it (a dry-run cancel is refused).
+pub async fn deny_cancels(client: &Client, ns: &str, probe_pr: &str) -> Result<()> {
+    let (policy, binding) = deny_policy(ns);
+    let yaml = format!("{policy}\n---\n{binding}");
+    apply_yaml(client, None, &yaml).await?;
+    let api = prs(client, ns).await?;
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let patch = json!({"spec": {"status": "Cancelled"}});
+    // Bounded: if the probe run is gone or already cancelled, enforcement is simply not proven.
+    let _ = wait_until("the admission policy to be enforced", secs(10), || {
+        let api = api.clone();
+        let (dry, patch) = (dry.clone(), patch.clone());
+        async move {
+            match api.patch(probe_pr, &dry, &Patch::Merge(&patch)).await {
+                Err(kube::Error::Api(e)) if e.code == 422 || e.code == 403 => Ok(Some(())),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(Some(())),
+                _ => Ok(None),
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+pub async fn allow_cancels(client: &Client, ns: &str) -> Result<()> {
+    let name = format!("chaos-deny-cancel-{ns}");
+    let bindings = dynamic_api(
+        client,
+        None,
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+    )
+    .await?;
+    let policies = dynamic_api(
+        client,
+        None,
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+    )
+    .await?;
+    for api in [bindings, policies] {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

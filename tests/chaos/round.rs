@@ -1,0 +1,571 @@
+//! One round on the local control plane: create the runs in bursts, inject the faults on
+//! schedule, wait for every run to end (bounded), then hand the observations to the checker.
+
+use super::checker::{self, Age, Deploy, EndSeen, RunFacts, Violation};
+use super::faults::{self, Replica};
+use super::manifest;
+use super::observe::{self, LockFinal, PrFinal, Watches, now_ms};
+use super::plan::{FaultKind, RoundPlan, Supersede};
+use crate::support::controller::install_crd;
+use crate::support::{TestNamespace, apply_yaml, dynamic_api, repo_root, secs, wait_until};
+use anyhow::{Context, Result};
+use kube::Client;
+use kube::api::{DynamicObject, PostParams};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+/// A timestamped line of the round's timeline (ms since the round started).
+pub type Line = (u64, String);
+
+pub struct RoundResult {
+    pub seed: u64,
+    pub runs: usize,
+    pub faults: BTreeMap<&'static str, usize>,
+    pub violations: Vec<Violation>,
+    pub stuck: Vec<String>,
+    /// Handover latencies (ms) on capacity-1 keys, and whether a fault was near.
+    pub handovers: Vec<(u64, bool)>,
+    pub timeline: Vec<Line>,
+    pub wall: Duration,
+}
+
+/// A fault broken into the instants at which something is done.
+#[derive(Clone, Debug)]
+enum Op {
+    Kill,
+    Restart,
+    ReplicaUp,
+    ReplicaDown,
+    Pause,
+    Resume,
+    Restart2(&'static str, u64),
+    Cancel(usize, &'static str),
+    DeleteRun(usize),
+    DeleteLockRun(usize),
+    DeleteMutex(usize),
+    WipeMutex(usize),
+    DenyOn,
+    DenyOff,
+}
+
+fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
+    let mut out = vec![];
+    for f in &plan.faults {
+        let (at, end, k) = (f.at_ms, f.at_ms + f.for_ms, f.kind);
+        let mut add = |t, op| out.push((t, k, op));
+        match k {
+            FaultKind::ControllerKill => {
+                add(at, Op::Kill);
+                add(end, Op::Restart);
+            }
+            FaultKind::ControllerReplica => {
+                add(at, Op::ReplicaUp);
+                add(end, Op::ReplicaDown);
+            }
+            FaultKind::ControllerPause => {
+                add(at, Op::Pause);
+                add(end, Op::Resume);
+            }
+            FaultKind::ApiserverRestart => add(at, Op::Restart2("kube-apiserver", f.for_ms)),
+            FaultKind::EtcdRestart => add(at, Op::Restart2("etcd", f.for_ms)),
+            FaultKind::UserCancel => add(at, Op::Cancel(f.run, f.mode)),
+            FaultKind::UserDeleteRun => add(at, Op::DeleteRun(f.run)),
+            FaultKind::UserDeleteLockRun => add(at, Op::DeleteLockRun(f.run)),
+            FaultKind::MutexDelete => add(at, Op::DeleteMutex(f.key)),
+            FaultKind::MutexWipe => add(at, Op::WipeMutex(f.key)),
+            FaultKind::AdmissionDeny => {
+                add(at, Op::DenyOn);
+                add(end, Op::DenyOff);
+            }
+        }
+    }
+    out.sort_by_key(|(t, _, _)| *t);
+    out
+}
+
+/// What the campaign's "users" did, for the checker.
+#[derive(Default)]
+struct UserActs {
+    cancelled: BTreeSet<String>,
+    deleted: BTreeSet<String>,
+    lock_deleted: BTreeSet<String>,
+}
+
+struct Stage<'a> {
+    plan: &'a RoundPlan,
+    client: Client,
+    ns: String,
+    t0: u64,
+    log_dir: PathBuf,
+    replicas: [Option<Replica>; 2],
+    started: usize,
+    denials: usize,
+    acts: UserActs,
+    timeline: Arc<StdMutex<Vec<Line>>>,
+}
+
+impl Stage<'_> {
+    fn note(&self, text: String) {
+        let t = now_ms().saturating_sub(self.t0);
+        self.timeline.lock().unwrap().push((t, text));
+    }
+
+    fn start_replica(&mut self, slot: usize) -> Result<()> {
+        if self.plan.unguarded || self.replicas[slot].is_some() {
+            return Ok(());
+        }
+        self.started += 1;
+        let log = self
+            .log_dir
+            .join(format!("controller-{}-{}.log", slot, self.started));
+        self.replicas[slot] = Some(Replica::start(&self.ns, &log)?);
+        Ok(())
+    }
+
+    fn run_name(&self, i: usize) -> &str {
+        &self.plan.runs[i.min(self.plan.runs.len() - 1)].name
+    }
+
+    async fn apply(&mut self, op: &Op) -> Result<String> {
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        let key = |k: usize| self.plan.keys[k].name.clone();
+        Ok(match op {
+            Op::Kill => match self.replicas[0].take() {
+                Some(mut r) => {
+                    r.kill();
+                    "controller SIGKILL".into()
+                }
+                None => "controller SIGKILL: none running".into(),
+            },
+            Op::Restart => {
+                self.start_replica(0)?;
+                "controller restarted".into()
+            }
+            Op::ReplicaUp if self.replicas[1].is_some() => "second replica: already running".into(),
+            Op::ReplicaUp => {
+                self.start_replica(1)?;
+                "second replica started".into()
+            }
+            Op::ReplicaDown => match self.replicas[1].take() {
+                Some(_) => "second replica killed".into(),
+                None => "second replica: none running".into(),
+            },
+            Op::Pause => match self.replicas.iter_mut().flatten().find(|r| !r.paused) {
+                Some(r) => {
+                    r.signal("STOP")?;
+                    "a replica SIGSTOP".into()
+                }
+                None => "SIGSTOP: no replica running".into(),
+            },
+            Op::Resume => {
+                for r in self.replicas.iter_mut().flatten().filter(|r| r.paused) {
+                    r.signal("CONT")?;
+                }
+                "replicas SIGCONT".into()
+            }
+            Op::Restart2(name, down) => {
+                self.note(format!("FAULT {name} SIGTERM, to be restarted"));
+                faults::restart_component(name, Duration::from_millis(*down)).await?;
+                faults::wait_api(&c).await?;
+                format!("{name} restarted (down {down} ms + start-up)")
+            }
+            Op::Cancel(i, mode) => {
+                let pr = self.run_name(*i).to_string();
+                let r = faults::cancel_run(&c, &ns, &pr, mode).await;
+                if r.is_ok() {
+                    self.acts.cancelled.insert(pr.clone());
+                }
+                format!("user cancels {pr} ({mode}): {}", outcome(&r))
+            }
+            Op::DeleteRun(i) => {
+                let pr = self.run_name(*i).to_string();
+                let r = faults::delete_run(&c, &ns, &pr).await;
+                if r.is_ok() {
+                    self.acts.deleted.insert(pr.clone());
+                }
+                format!("user deletes PipelineRun {pr}: {}", outcome(&r))
+            }
+            Op::DeleteLockRun(i) => {
+                let pr = self.run_name(*i).to_string();
+                let r = faults::delete_lock_run(&c, &ns, &pr).await;
+                if matches!(r, Ok(n) if n > 0) {
+                    self.acts.lock_deleted.insert(pr.clone());
+                }
+                format!("user deletes the lock run of {pr}: {r:?}")
+            }
+            Op::DeleteMutex(k) => {
+                let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
+                format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
+            }
+            Op::WipeMutex(k) => {
+                let r = faults::wipe_mutex_status(&c, &ns, &key(*k)).await;
+                format!("user wipes Mutex {} status: {}", key(*k), outcome(&r))
+            }
+            Op::DenyOn => {
+                self.denials += 1;
+                faults::deny_cancels(&c, &ns, self.run_name(0)).await?;
+                "admission policy denies PipelineRun cancels".into()
+            }
+            Op::DenyOff => {
+                self.denials = self.denials.saturating_sub(1);
+                if self.denials == 0 {
+                    faults::allow_cancels(&c, &ns).await?;
+                }
+                "admission policy lifted".into()
+            }
+        })
+    }
+
+    /// Runs the fault schedule; returns how many faults of each kind were injected.
+    async fn inject(&mut self) -> Result<BTreeMap<&'static str, usize>> {
+        let mut counts = BTreeMap::new();
+        for (at, kind, op) in ops(self.plan) {
+            sleep_until(self.t0 + at).await;
+            let text = self.apply(&op).await?;
+            if !matches!(op, Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff) {
+                *counts.entry(kind.name()).or_default() += 1;
+            }
+            self.note(format!("FAULT {text}"));
+        }
+        // Whatever the schedule left: resume, one replica, no denial.
+        self.apply(&Op::Resume).await?;
+        self.start_replica(0)?;
+        if self.denials > 0 {
+            faults::allow_cancels(&self.client, &self.ns).await?;
+            self.denials = 0;
+        }
+        Ok(counts)
+    }
+}
+
+fn outcome(r: &Result<()>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(e) => format!("failed: {e:#}"),
+    }
+}
+
+/// Sleeps until a wall-clock instant (ms since the epoch): the round's schedule, not a wait for
+/// a condition.
+async fn sleep_until(ms: u64) {
+    let now = now_ms();
+    if ms > now {
+        tokio::time::sleep(Duration::from_millis(ms - now)).await;
+    }
+}
+
+/// Creates the runs on schedule, retrying while the API server is away.
+fn spawn_creations(
+    plan: &RoundPlan,
+    client: Client,
+    ns: &str,
+    t0: u64,
+    timeline: Arc<StdMutex<Vec<Line>>>,
+) -> tokio::task::JoinHandle<Result<()>> {
+    let ns = ns.to_string();
+    let runs: Vec<_> = plan
+        .runs
+        .iter()
+        .map(|r| (r.at_ms, r.name.clone(), manifest::pipeline_run(plan, r)))
+        .collect();
+    tokio::spawn(async move {
+        let api = dynamic_api(&client, Some(&ns), "tekton.dev/v1", "PipelineRun").await?;
+        for (at, name, body) in runs {
+            sleep_until(t0 + at).await;
+            let pr: DynamicObject = serde_json::from_value(body)?;
+            wait_until(
+                &format!("PipelineRun {name} to be created"),
+                secs(120),
+                || {
+                    let (api, pr) = (api.clone(), pr.clone());
+                    async move {
+                        match api.create(&PostParams::default(), &pr).await {
+                            Ok(_) => Ok(Some(())),
+                            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                            Err(_) => Ok(None),
+                        }
+                    }
+                },
+            )
+            .await?;
+            let t = now_ms().saturating_sub(t0);
+            timeline
+                .lock()
+                .unwrap()
+                .push((t, format!("created {name}")));
+        }
+        Ok(())
+    })
+}
+
+pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
+    let wall = Instant::now();
+    let ns = TestNamespace::create(&format!("chaos-{}", plan.seed)).await?;
+    let client = ns.client();
+    let log_dir = repo_root()
+        .join("target/chaos")
+        .join(format!("{}-{}", plan.seed, ns.name()));
+    std::fs::create_dir_all(&log_dir)?;
+    install_crd(&repo_root().join("config/crd.yaml")).await?;
+    if !plan.unguarded {
+        let yaml: Vec<String> = manifest::mutexes(plan)
+            .iter()
+            .map(|m| m.to_string())
+            .collect();
+        apply_yaml(&client, Some(ns.name()), &yaml.join("\n---\n")).await?;
+    }
+    let watches = Watches::start(&client, ns.name());
+    let timeline = Arc::new(StdMutex::new(Vec::new()));
+    let t0 = now_ms();
+    let mut stage = Stage {
+        plan,
+        client: client.clone(),
+        ns: ns.name().to_string(),
+        t0,
+        log_dir,
+        replicas: [None, None],
+        started: 0,
+        denials: 0,
+        acts: UserActs::default(),
+        timeline: timeline.clone(),
+    };
+    stage.start_replica(0)?;
+    let creations = spawn_creations(plan, client.clone(), ns.name(), t0, timeline.clone());
+    let counts = stage.inject().await?;
+    creations.await??;
+    let stuck = wait_all_done(plan, &client, ns.name(), t0, &stage.acts).await?;
+    settle(&client, ns.name(), &watches).await;
+    let prs = observe::pipeline_runs(&client, ns.name()).await?;
+    let locks = observe::lock_runs(&client, ns.name()).await?;
+    drop(stage.replicas);
+    let seen = std::mem::take(&mut *watches.seen.lock().unwrap());
+    let end_ms = now_ms().saturating_sub(t0);
+    let deploys = deploys(&seen, t0, end_ms);
+    let facts = run_facts(plan, &prs, &locks, &stage.acts);
+    let capacity = plan
+        .keys
+        .iter()
+        .map(|k| (k.name.clone(), k.capacity))
+        .collect();
+    let violations = checker::check(&checker::Round {
+        capacity: &capacity,
+        deploys: &deploys,
+        runs: &facts,
+        stuck: &stuck,
+    });
+    let mut timeline = std::mem::take(&mut *timeline.lock().unwrap());
+    let planned = ops(plan)
+        .into_iter()
+        .map(|(t, kind, op)| (t, format!("PLANNED {} {op:?}", kind.name())));
+    timeline.extend(planned);
+    timeline.extend(mark_lines(&deploys));
+    timeline.extend(completion_lines(&prs, t0));
+    timeline.sort();
+    let text: Vec<String> = timeline
+        .iter()
+        .map(|(t, l)| format!("+{:>7.3}s  {l}", *t as f64 / 1000.0))
+        .collect();
+    std::fs::write(stage.log_dir.join("timeline.txt"), text.join("\n") + "\n")?;
+    Ok(RoundResult {
+        seed: plan.seed,
+        runs: plan.runs.len(),
+        faults: counts,
+        handovers: handovers(plan, &deploys, &prs, &timeline, t0),
+        violations,
+        stuck,
+        timeline,
+        wall: wall.elapsed(),
+    })
+}
+
+/// Waits, up to the round's liveness bound, until every PipelineRun a user did not delete is
+/// done; returns those that are not.
+async fn wait_all_done(
+    plan: &RoundPlan,
+    client: &Client,
+    ns: &str,
+    t0: u64,
+    acts: &UserActs,
+) -> Result<Vec<String>> {
+    let deadline = t0 + plan.liveness_bound_ms();
+    let expected: Vec<&str> = plan
+        .runs
+        .iter()
+        .map(|r| r.name.as_str())
+        .filter(|n| !acts.deleted.contains(*n))
+        .collect();
+    let budget = Duration::from_millis(deadline.saturating_sub(now_ms()));
+    let pending = |prs: &BTreeMap<String, PrFinal>| -> Vec<String> {
+        expected
+            .iter()
+            .filter(|n| prs.get(**n).is_none_or(|p| !p.done))
+            .map(|n| n.to_string())
+            .collect()
+    };
+    let done = wait_until("every PipelineRun to end", budget, || async {
+        let prs = observe::pipeline_runs(client, ns).await.unwrap_or_default();
+        Ok(pending(&prs).is_empty().then_some(()))
+    })
+    .await;
+    if done.is_ok() {
+        return Ok(vec![]);
+    }
+    let prs = observe::pipeline_runs(client, ns)
+        .await
+        .context("listing PipelineRuns")?;
+    Ok(pending(&prs))
+}
+
+/// Lets the last steps stopped by SIGTERM write their end marks (bounded by the grace period).
+async fn settle(client: &Client, ns: &str, watches: &Watches) {
+    let _ = client;
+    let _ = ns;
+    let _ = wait_until("every deploy to have ended", secs(45), || async {
+        let seen = watches.seen.lock().unwrap();
+        let open = seen.marks.values().filter(|m| !m.end).any(|m| {
+            !seen.marks.contains_key(&format!("mark-{}-end", m.pr))
+                && !seen.pods_gone_ms.contains_key(&m.pr)
+        });
+        Ok((!open).then_some(()))
+    })
+    .await;
+}
+
+fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {
+    let rel = |ms: u64| ms.saturating_sub(t0);
+    seen.marks
+        .values()
+        .filter(|m| !m.end)
+        .map(|m| {
+            let (end, end_seen) = match seen.marks.get(&format!("mark-{}-end", m.pr)) {
+                Some(e) => (rel(e.ms), EndSeen::Mark),
+                None => match seen.pods_gone_ms.get(&m.pr) {
+                    Some(&g) => (rel(g), EndSeen::PodGone),
+                    None => (end_ms, EndSeen::Unknown),
+                },
+            };
+            Deploy {
+                pr: m.pr.clone(),
+                key: m.key.clone(),
+                group: m.group.clone(),
+                token: m.token,
+                start_ms: rel(m.ms),
+                end_ms: end.max(rel(m.ms)),
+                end_seen,
+            }
+        })
+        .collect()
+}
+
+fn run_facts(
+    plan: &RoundPlan,
+    prs: &BTreeMap<String, PrFinal>,
+    locks: &BTreeMap<String, LockFinal>,
+    acts: &UserActs,
+) -> Vec<RunFacts> {
+    let mut facts: Vec<RunFacts> = plan
+        .runs
+        .iter()
+        .map(|r| {
+            let group = &plan.groups[r.group];
+            let pr = prs.get(&r.name);
+            let lock = locks.get(&r.name);
+            RunFacts {
+                group: group.name.clone(),
+                supersede_running: group.supersede == Supersede::Running && !plan.unguarded,
+                cancel_mode: r.cancel_mode.to_string(),
+                newer_in_group: false,
+                name: r.name.clone(),
+                key: plan.key_of(r).name.clone(),
+                supersede_on: group.supersede != Supersede::None && !plan.unguarded,
+                age: pr.map(|p| Age {
+                    has_sequence: r.sequence.is_some(),
+                    sequence: r.sequence.unwrap_or(0),
+                    created_s: p.created_s,
+                    name: r.name.clone(),
+                }),
+                has_pipeline_timeout: r.pipeline_timeout_s.is_some(),
+                user_cancelled: acts.cancelled.contains(&r.name),
+                lock_run_deleted: acts.lock_deleted.contains(&r.name),
+                done: pr.map(|p| p.done),
+                reason: pr.and_then(|p| p.reason.clone()),
+                spec_status: pr.and_then(|p| p.spec_status.clone()),
+                superseded_by: pr.and_then(|p| p.superseded_by.clone()),
+                lock_seen: lock.is_some(),
+                lock_status: lock.and_then(|l| l.status.clone()),
+                lock_reason: lock.and_then(|l| l.reason.clone()),
+                lock_message: lock.and_then(|l| l.message.clone()),
+            }
+        })
+        .collect();
+    let ages: Vec<(String, Option<Age>)> = facts
+        .iter()
+        .map(|f| (f.group.clone(), f.age.clone()))
+        .collect();
+    for f in &mut facts {
+        f.newer_in_group = ages
+            .iter()
+            .any(|(g, a)| *g == f.group && a.is_some() && *a > f.age);
+    }
+    facts
+}
+
+fn mark_lines(deploys: &[Deploy]) -> Vec<Line> {
+    deploys
+        .iter()
+        .flat_map(|d| {
+            let what = format!("{} key {} group {} token {}", d.pr, d.key, d.group, d.token);
+            [
+                (d.start_ms, format!("deploy START {what}")),
+                (d.end_ms, format!("deploy END ({:?}) {what}", d.end_seen)),
+            ]
+        })
+        .collect()
+}
+
+fn completion_lines(prs: &BTreeMap<String, PrFinal>, t0: u64) -> Vec<Line> {
+    prs.iter()
+        .filter_map(|(name, p)| {
+            let t = (p.completion_s? * 1000) as u64;
+            Some((
+                t.saturating_sub(t0),
+                format!("{name} done ({:?}, second resolution)", p.reason),
+            ))
+        })
+        .collect()
+}
+
+/// Capacity-1 handovers: the next deploy's start minus the previous one's end, when the next
+/// run already existed; flagged when a fault was injected in between (or just before).
+fn handovers(
+    plan: &RoundPlan,
+    deploys: &[Deploy],
+    prs: &BTreeMap<String, PrFinal>,
+    timeline: &[Line],
+    t0: u64,
+) -> Vec<(u64, bool)> {
+    let faults: Vec<u64> = timeline
+        .iter()
+        .filter(|(_, l)| l.starts_with("FAULT"))
+        .map(|(t, _)| *t)
+        .collect();
+    let mut out = vec![];
+    for key in plan.keys.iter().filter(|k| k.capacity == 1) {
+        let mut ds: Vec<&Deploy> = deploys.iter().filter(|d| d.key == key.name).collect();
+        ds.sort_by_key(|d| d.start_ms);
+        for w in ds.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let created = prs.get(&b.pr).map(|p| (p.created_s * 1000) as u64);
+            if b.start_ms < a.end_ms || created.is_none_or(|c| c.saturating_sub(t0) > a.end_ms) {
+                continue;
+            }
+            let near = faults
+                .iter()
+                .any(|&f| f + 5_000 >= a.end_ms && f <= b.start_ms);
+            out.push((b.start_ms - a.end_ms, near));
+        }
+    }
+    out
+}
