@@ -50,6 +50,11 @@ impl ControllerProcess {
         Ok(Self { child, log })
     }
 
+    /// The process id (for reading its memory and CPU from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kill it hard, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
