@@ -91,7 +91,8 @@ impl Counters {
                     && WRITE_VERBS.contains(&v.as_str())
             })
             .map(|(_, n)| n)
-            .sum()
+            .sum::<f64>()
+            + 0.0 // an empty f64 sum is -0.0
     }
 
     /// Writes to `resource`/`subresource` ("" for the object itself), `verbs` or all write verbs.
@@ -103,7 +104,8 @@ impl Counters {
                 r == resource && s == subresource && verbs.contains(&v.as_str())
             })
             .map(|(_, n)| n)
-            .sum()
+            .sum::<f64>()
+            + 0.0 // an empty f64 sum is -0.0
     }
 
     /// The writes the controller makes (the benchmark itself only creates and deletes runs):
@@ -138,7 +140,8 @@ impl Counters {
                 WORKLOAD.contains(&r.as_str()) && WRITE_VERBS.contains(&v.as_str())
             })
             .map(|(_, n)| n)
-            .sum()
+            .sum::<f64>()
+            + 0.0 // an empty f64 sum is -0.0
     }
 
     pub fn to_json(&self) -> Value {

@@ -3,9 +3,9 @@
 //! part (holder's PipelineRun seen done -> next lock run seen Acquired) and the whole chain
 //! (deploy step end -> next deploy step start), hop by hop.
 
-use crate::report::Summary;
-use crate::watch::{Kind, Obs, Recorder, now};
-use crate::{Bench, create_all, objects};
+use super::report::Summary;
+use super::watch::{Kind, Obs, Recorder, now};
+use super::{Bench, create_all, objects};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -78,10 +78,11 @@ pub fn read_marks(path: &Path) -> Result<HashMap<String, (Option<f64>, Option<f6
     Ok(out)
 }
 
-/// Pods over time: the most alive at once, the most alive for `waiter_task` at once, and the
-/// pod-seconds `waiter_task` pods were alive. A pod is alive from first seen to phase
-/// Succeeded/Failed or deletion.
-pub fn pod_occupancy(log: &[Obs], waiter_task: &str) -> (usize, usize, f64) {
+/// Pods over time: the most alive at once, the most held by waiters at once, and the pod-seconds
+/// waiters held. A waiter's pod is one of a pipeline task other than `work` (the deploy and the
+/// release): it exists only to wait. A pod is alive from first seen to phase Succeeded/Failed or
+/// deletion.
+pub fn pod_occupancy(log: &[Obs], work: &[&str]) -> (usize, usize, f64) {
     let mut alive: HashMap<String, (f64, bool)> = HashMap::new();
     let mut ended: std::collections::HashSet<String> = Default::default();
     let (mut max_all, mut max_waiters, mut waiter_secs) = (0, 0, 0.0);
@@ -99,7 +100,10 @@ pub fn pod_occupancy(log: &[Obs], waiter_task: &str) -> (usize, usize, f64) {
             ended.insert(o.name.clone());
             continue;
         }
-        let waiter = o.pipeline_task.as_deref() == Some(waiter_task);
+        let waiter = !o
+            .pipeline_task
+            .as_deref()
+            .is_some_and(|t| work.contains(&t));
         alive.entry(o.name.clone()).or_insert((o.at, waiter));
         max_all = max_all.max(alive.len());
         max_waiters = max_waiters.max(alive.values().filter(|(_, w)| *w).count());
@@ -124,10 +128,10 @@ impl QueueResult {
             "idle_gap": Summary::of_seconds(&self.gaps).to_json(),
             "controller_handover": Summary::of_seconds(&self.controller).to_json(),
             "hops": self.hops.to_json(),
-            "makespan_s": crate::report::round(self.makespan),
+            "makespan_s": super::report::round(self.makespan),
             "max_pods_alive": self.max_pods,
             "max_waiter_pods": self.max_waiter_pods,
-            "waiter_pod_seconds": crate::report::round(self.waiter_pod_seconds),
+            "waiter_pod_seconds": super::report::round(self.waiter_pod_seconds),
         })
     }
 }
@@ -142,7 +146,7 @@ pub fn marks_file(bench: &Bench, ns: &str) -> Result<PathBuf> {
 /// Creates `n` PipelineRuns of `pipeline` at once and waits until all are done; returns the
 /// creation time.
 pub async fn drain(
-    ns: &crate::support::TestNamespace,
+    ns: &super::support::TestNamespace,
     rec: &Recorder,
     pipeline: &str,
     n: usize,
@@ -173,7 +177,7 @@ pub async fn drain(
 
 /// Drains a queue of `n` Mutex deploys on one key and analyses every handover.
 pub async fn mutex_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
-    let ns = crate::support::TestNamespace::create("bench-mutex").await?;
+    let ns = super::support::TestNamespace::create("bench-mutex").await?;
     let _controller = bench.controller(&ns).await?;
     let marks = marks_file(bench, ns.name())?;
     let kinds = [Kind::CustomRun, Kind::PipelineRun, Kind::TaskRun, Kind::Pod];
@@ -232,7 +236,7 @@ pub async fn mutex_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
         .iter()
         .filter_map(|pr| rec.first(Kind::PipelineRun, pr, "done"))
         .fold(t0, f64::max);
-    let (max_pods, max_waiter_pods, waiter_pod_seconds) = pod_occupancy(&rec.log(), "lock");
+    let (max_pods, max_waiter_pods, waiter_pod_seconds) = pod_occupancy(&rec.log(), &["deploy"]);
     Ok(QueueResult {
         gaps,
         hops,

@@ -2,18 +2,18 @@
 //! the Mutex and once with a TaskRun that loops "create a Lease, or wait for its deletion",
 //! released by a finally task: idle gap, makespan, and pods held by waiters.
 
-use crate::handover::{
+use super::handover::{
     Hops, QueueResult, drain, marks_file, mutex_queue, pod_occupancy, read_marks,
 };
-use crate::report::Summary;
-use crate::watch::{Kind, Recorder};
-use crate::{Bench, objects};
+use super::report::Summary;
+use super::watch::{Kind, Recorder};
+use super::{Bench, objects};
 use anyhow::Result;
 use serde_json::json;
 
 /// Drains a queue of `n` lease-guarded deploys and analyses every handover.
 async fn lease_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
-    let ns = crate::support::TestNamespace::create("bench-lease").await?;
+    let ns = super::support::TestNamespace::create("bench-lease").await?;
     let marks = marks_file(bench, ns.name())?;
     let kinds = [Kind::PipelineRun, Kind::TaskRun, Kind::Pod, Kind::Lease];
     let rec = Recorder::start(&bench.client, ns.name(), &kinds, true).await?;
@@ -68,7 +68,8 @@ async fn lease_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
         .iter()
         .filter_map(|pr| rec.first(Kind::PipelineRun, pr, "done"))
         .fold(t0, f64::max);
-    let (max_pods, max_waiter_pods, waiter_pod_seconds) = pod_occupancy(&log, "acquire");
+    let (max_pods, max_waiter_pods, waiter_pod_seconds) =
+        pod_occupancy(&log, &["deploy", "release"]);
     Ok(QueueResult {
         gaps,
         hops,

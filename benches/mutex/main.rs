@@ -9,7 +9,7 @@
 //!       [--keys 1000] [--runs-per-key 10] [--history 10000] [--settle-ms 1500]
 
 #[path = "../../tests/support/mod.rs"]
-mod support;
+pub mod support;
 
 mod apiserver;
 mod handover;
@@ -159,6 +159,30 @@ impl Bench {
     }
 }
 
+/// No new grant for this long means the handover has stalled (figures then say how many keys
+/// were not handed over, instead of failing the part).
+pub const STALL: Duration = Duration::from_secs(60);
+
+/// Waits until `count()` reaches `target` (runs seen Acquired), or until none has been for [`STALL`];
+/// returns whether it stalled.
+pub async fn wait_or_stall(count: impl Fn() -> usize, target: usize, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    let (mut last, mut since) = (0, std::time::Instant::now());
+    loop {
+        let n = count();
+        if n >= target {
+            return false;
+        }
+        if n != last {
+            (last, since) = (n, std::time::Instant::now());
+        }
+        if since.elapsed() >= STALL || std::time::Instant::now() >= deadline {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await; // poll of our own record, bounded
+    }
+}
+
 /// Creates objects, `concurrency` at a time.
 pub async fn create_all(
     api: &Api<DynamicObject>,
@@ -292,7 +316,7 @@ async fn main() {
     }
 }
 
-async fn run(args: &[String]) -> Result<()> {
+pub async fn run(args: &[String]) -> Result<()> {
     let opts = Opts::parse(args)?;
     let started = chrono::Utc::now();
     let mut bench = Bench {

@@ -3,10 +3,10 @@
 //! a time, and grants one at a time (delete the holder), each followed by a quiet period. Writes
 //! are the API server's `apiserver_request_total` deltas.
 
-use crate::apiserver::{Counters, settle};
-use crate::report::Summary;
-use crate::watch::{Kind, Recorder, now};
-use crate::{Bench, create_all, objects};
+use super::apiserver::{Counters, settle};
+use super::report::Summary;
+use super::watch::{Kind, Recorder, now};
+use super::{Bench, create_all, objects};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -28,7 +28,7 @@ fn holder(rec: &Recorder) -> Option<String> {
 
 async fn one_queue(bench: &Bench, n: usize) -> Result<Value> {
     let (client, settle_for) = (&bench.client, bench.opts.settle);
-    let ns = crate::support::TestNamespace::create(&format!("bench-writes-{n}")).await?;
+    let ns = super::support::TestNamespace::create(&format!("bench-writes-{n}")).await?;
     let _controller = bench.controller(&ns).await?;
     let rec = Recorder::start(client, ns.name(), &[Kind::CustomRun], false).await?;
     let api = ns.dynamic("tekton.dev/v1beta1", "CustomRun").await?;
