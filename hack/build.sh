@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the local control plane from Go modules: kube-apiserver, kubectl, etcd,
-# the Tekton Pipelines controller and tkn. Each binary lands in a cache outside
-# the repo, keyed by its wrapper module's go.mod+go.sum, and is skipped when present.
+# Builds the local control plane from Go modules: etcd, kube-apiserver,
+# kube-controller-manager, kubectl, the Tekton Pipelines controller and tkn. Each binary
+# lands in a cache outside the repo, keyed by its wrapper module's go.mod+go.sum, and is
+# skipped when present.
 #
 #   hack/build.sh            build whatever is missing
 #   TEKTON_MUTEX_CACHE=DIR   where binaries go (default ~/.cache/tekton-mutex)
@@ -25,6 +26,7 @@ tkn_ver=$(module_version "$here/tools/tkn" github.com/tektoncd/cli)
 components=(
   "etcd|etcd|go.etcd.io/etcd/server/v3|"
   "kube-apiserver|kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|$kube_ldflags"
+  "kube-controller-manager|kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|$kube_ldflags"
   "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl|$kube_ldflags"
   "tekton-controller|tekton|github.com/tektoncd/pipeline/cmd/controller|"
   "tkn|tkn|github.com/tektoncd/cli/cmd/tkn|-X github.com/tektoncd/cli/pkg/cmd/version.clientVersion=$tkn_ver"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The local control plane: etcd, kube-apiserver, the Tekton Pipelines controller and the
-# pod-runner (a kubelet stand-in that runs TaskRun steps on this host), all on 127.0.0.1.
+# The local control plane: etcd, kube-apiserver, kube-controller-manager, the Tekton Pipelines
+# controller and the pod-runner (a kubelet stand-in that runs TaskRun steps on this host),
+# all on 127.0.0.1.
 #
 #   hack/cluster.sh up     build what is missing, start everything, prove it with a PipelineRun
 #   hack/cluster.sh down   stop exactly what `up` started (by pid) and remove the state
@@ -13,15 +14,27 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/lib.sh
 source "$here/lib.sh"
 
-COMPONENTS=(etcd kube-apiserver tekton-controller pod-runner) # start order
+COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
 LOGS=$CLUSTER_DIR/logs
 PIDS=$CLUSTER_DIR/pids
 KUBECONFIG_FILE=$CLUSTER_DIR/kubeconfig
 TEKTON_NS=tekton-pipelines
 SMOKE_NS=tekton-mutex-smoke
+# The kube-controller-manager controllers that need neither a kubelet nor a cloud: garbage
+# collection (owner references), namespace deletion, ServiceAccounts and their tokens, the
+# workload controllers (they only create objects), endpoints and quotas. Off: node lifecycle,
+# node IPAM, taint eviction, pod GC (it force-deletes terminating pods that no node owns),
+# volumes, daemonsets (they need nodes), HPA (needs metrics), CSR signing and cloud controllers.
+KCM_CONTROLLERS=garbage-collector-controller,namespace-controller,serviceaccount-controller
+KCM_CONTROLLERS+=,serviceaccount-token-controller,legacy-serviceaccount-token-cleaner-controller
+KCM_CONTROLLERS+=,root-ca-certificate-publisher-controller,clusterrole-aggregation-controller
+KCM_CONTROLLERS+=,deployment-controller,replicaset-controller,replicationcontroller-controller
+KCM_CONTROLLERS+=,statefulset-controller,job-controller,cronjob-controller,ttl-after-finished-controller
+KCM_CONTROLLERS+=,disruption-controller,resourcequota-controller,endpoints-controller
+KCM_CONTROLLERS+=,endpointslice-controller,endpointslice-mirroring-controller
 POD_RUNNER=$REPO_ROOT/target/debug/pod-runner
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
 # ---------------------------------------------------------------- process bookkeeping
 
@@ -63,13 +76,44 @@ stop_component() {
   rm -f "$PIDS/$name.pid"
 }
 
-# stop_all: in reverse start order (the pod-runner kills the steps it runs; the apiserver
-# needs etcd to shut down cleanly).
+# leftover_pids: step processes still running in this cluster's pod directories (each step
+# runs in <pods>/<ns>/<pod>/root), e.g. when the pod-runner had to be killed.
+leftover_pids() {
+  local d pid cwd
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    cwd=$(readlink "$d/cwd" 2>/dev/null) || continue
+    [[ $cwd == "$CLUSTER_DIR/pods/"* ]] && echo "$pid"
+  done
+  return 0
+}
+
+no_leftovers() { [[ -z $(leftover_pids) ]]; }
+
+# sweep_leftovers: TERM, wait (bounded), then KILL whatever leftover_pids finds.
+sweep_leftovers() {
+  local pids
+  pids=$(leftover_pids)
+  [[ -n $pids ]] || return 0
+  log "stopping leftover processes of $CLUSTER_DIR: $(echo "$pids" | tr '\n' ' ')"
+  # shellcheck disable=SC2086 # one pid per word
+  kill -TERM $pids 2>/dev/null || true
+  if ! wait_for "leftover processes to exit" 10 no_leftovers; then
+    pids=$(leftover_pids)
+    # shellcheck disable=SC2086
+    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+  fi
+}
+
+# stop_all: in reverse start order (the pod-runner stops the steps it runs; the
+# controllers need the apiserver, the apiserver needs etcd, to shut down cleanly), then
+# whatever is left of this cluster.
 stop_all() {
   local i
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
     stop_component "${COMPONENTS[$i]}"
   done
+  sweep_leftovers
 }
 
 # fail_component NAME WHY: stop everything started so far, show the component's log tail, exit.
@@ -159,6 +203,16 @@ is_up() {
 
 # ---------------------------------------------------------------- up
 
+# sign_cert NAME SUBJECT EXTENSIONS: pki/NAME.{key,crt}, signed by the cluster CA.
+sign_cert() {
+  local pki=$CLUSTER_DIR/pki
+  openssl req -new -nodes -newkey rsa:2048 -keyout "$pki/$1.key" -out "$pki/$1.csr" \
+    -subj "$2" 2>/dev/null
+  printf '%b\n' "$3" >"$pki/$1.ext"
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
+    -CAcreateserial -out "$pki/$1.crt" -days 30 -extfile "$pki/$1.ext" 2>/dev/null
+}
+
 write_pki() {
   local pki=$CLUSTER_DIR/pki
   mkdir -p "$pki"
@@ -170,6 +224,11 @@ write_pki() {
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/ext.cnf"
   openssl x509 -req -in "$pki/serving.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
     -CAcreateserial -out "$pki/serving.crt" -days 30 -extfile "$pki/ext.cnf" 2>/dev/null
+  # The pod-runner's kubelet endpoint, and the client certificate the apiserver shows it.
+  sign_cert kubelet "/CN=pod-runner" \
+    'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth'
+  sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+    'extendedKeyUsage=clientAuth'
   od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$pki/admin.token"
   printf '%s,admin,admin,"system:masters"\n' "$(<"$pki/admin.token")" >"$pki/tokens.csv"
 }
@@ -221,11 +280,11 @@ install_tekton() {
       "enable-api-fields":"beta"}}' >/dev/null
 }
 
-# ensure_namespace NS: the namespace and its `default` ServiceAccount (no controller-manager
-# creates it here).
+# ensure_namespace NS: the namespace, once the controller-manager gave it its `default`
+# ServiceAccount (Tekton runs pods as it).
 ensure_namespace() {
   kc create namespace "$1" --dry-run=client -o yaml | kc apply -f - >/dev/null
-  kc -n "$1" create serviceaccount default --dry-run=client -o yaml | kc apply -f - >/dev/null
+  wait_for "the default ServiceAccount of namespace $1" 60 kc -n "$1" get serviceaccount default
 }
 
 pipelinerun_state() {
@@ -261,7 +320,7 @@ EOF
   local deadline=$(( $(date +%s) + 120 ))
   until smoke_done "$name"; do
     local c
-    for c in tekton-controller pod-runner; do
+    for c in kube-controller-manager tekton-controller pod-runner; do
       alive "$c" || fail_component "$c" "the process exited during the readiness PipelineRun"
     done
     (( $(date +%s) < deadline )) || break
@@ -302,12 +361,12 @@ cmd_up() {
     "$here/build.sh"
   fi
   log "building pod-runner (cargo build -p pod-runner)"
-  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building hack/pod-runner failed"
+  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building testbed/pod-runner failed"
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
-  local ports etcd_port peer_port api_port probes_port profiling_port
-  ports=$(free_ports 5)
-  read -r etcd_port peer_port api_port probes_port profiling_port <<<"$ports"
+  local ports etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port
+  ports=$(free_ports 7)
+  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port <<<"$ports"
   echo "$api_port" >"$CLUSTER_DIR/apiserver.port"
   write_pki
 
@@ -333,6 +392,10 @@ cmd_up() {
     --service-account-key-file "$CLUSTER_DIR/pki/sa.key" \
     --service-account-signing-key-file "$CLUSTER_DIR/pki/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
+    --kubelet-client-certificate "$CLUSTER_DIR/pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$CLUSTER_DIR/pki/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$CLUSTER_DIR/pki/ca.crt" \
+    --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
     --disable-admission-plugins ServiceAccount \
     --enable-priority-and-fairness=false \
@@ -341,6 +404,22 @@ cmd_up() {
   write_kubeconfig "$api_port"
 
   install_tekton
+
+  # After Tekton's CRDs, so that the garbage collector knows them from its first discovery.
+  # Signs ServiceAccount tokens with the apiserver's key; serves its health on loopback with
+  # the apiserver's serving certificate (IP SAN 127.0.0.1).
+  start kube-controller-manager "$(component_bin kube-controller-manager)" \
+    --kubeconfig "$KUBECONFIG_FILE" \
+    --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
+    --authentication-skip-lookup \
+    --bind-address 127.0.0.1 --secure-port "$kcm_port" \
+    --tls-cert-file "$CLUSTER_DIR/pki/serving.crt" --tls-private-key-file "$CLUSTER_DIR/pki/serving.key" \
+    --service-account-private-key-file "$CLUSTER_DIR/pki/sa.key" \
+    --root-ca-file "$CLUSTER_DIR/pki/ca.crt" \
+    --controllers "$KCM_CONTROLLERS" \
+    --leader-elect=false --profiling=false
+  healthy_or_fail kube-controller-manager "/healthz" 60 \
+    curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" "https://127.0.0.1:$kcm_port/healthz"
 
   start tekton-controller env \
     SYSTEM_NAMESPACE="$TEKTON_NS" METRICS_DOMAIN=tekton.dev/pipeline \
@@ -357,10 +436,18 @@ cmd_up() {
   healthy_or_fail tekton-controller "its /health probe" 60 \
     curl -sf --max-time 2 "http://127.0.0.1:$probes_port/health"
 
+  # Node pod-runner, whose kubelet endpoint serves the step logs (kubectl logs, tkn logs).
   start pod-runner "$POD_RUNNER" \
     --kubeconfig "$KUBECONFIG_FILE" --work-dir "$CLUSTER_DIR/pods" \
+    --node-name pod-runner --kubelet-port "$kubelet_port" \
+    --tls-cert "$CLUSTER_DIR/pki/kubelet.crt" --tls-key "$CLUSTER_DIR/pki/kubelet.key" \
+    --client-ca "$CLUSTER_DIR/pki/ca.crt" \
     --path-prefix "$(dirname "$(component_bin kubectl)")" --path-prefix "$(dirname "$(component_bin tkn)")"
   healthy_or_fail pod-runner "its watch to start" 30 grep -q "watching TaskRun pods" "$LOGS/pod-runner.log"
+  healthy_or_fail pod-runner "its kubelet endpoint" 30 \
+    curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" \
+    --cert "$CLUSTER_DIR/pki/apiserver-kubelet-client.crt" --key "$CLUSTER_DIR/pki/apiserver-kubelet-client.key" \
+    "https://127.0.0.1:$kubelet_port/healthz"
 
   smoke_test
   date +%s >"$CLUSTER_DIR/ready"
@@ -380,6 +467,7 @@ cmd_down() {
 cmd_env() {
   [[ -f $KUBECONFIG_FILE ]] || log "warning: no cluster is up (run hack/cluster.sh up)"
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_FILE"
+  # shellcheck disable=SC2016 # $PATH is for the shell that evals this line
   printf 'export PATH=%q:%q:"$PATH"\n' "$(dirname "$(component_bin kubectl)")" "$(dirname "$(component_bin tkn)")"
 }
 

@@ -4,7 +4,9 @@
 # environment is wiped out), then with it (one at a time; the newest version wins).
 #
 #   hack/demo.sh                  build what is missing, start the cluster and the controller,
-#                                 run both scenarios, print the story
+#                                 run both scenarios, print the story, and draw the first round of
+#                                 each as a picture: target/demo/timeline.svg (from the timeline data
+#                                 target/demo/timeline.json; hack/picture.sh draws it)
 #
 # Environment:
 #   DEMO_ROUNDS=N     run each scenario N times (default 1); the first round is shown in full
@@ -37,6 +39,7 @@ banner() { echo; bold "== $* =="; }
 
 CONTROLLER_PID=
 WORK=$(mktemp -d)
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local rc=$?
   if [[ -n $CONTROLLER_PID ]] && kill -0 "$CONTROLLER_PID" 2>/dev/null; then
@@ -48,11 +51,14 @@ cleanup() {
   if [[ ${DEMO_DOWN:-} == 1 ]]; then
     "$here/cluster.sh" down || true
   elif [[ -f $CLUSTER_DIR/kubeconfig ]]; then
-    log "demo: the local cluster is still up: eval \"\$(hack/cluster.sh env)\" to look around; hack/cluster.sh down to stop it"
+    log "demo: the local cluster is still up; look around with: eval \"\$(hack/cluster.sh env)\""
+    log "demo:   tkn pipelinerun list -n $PIPELINES_NS; tkn pipelinerun logs -n $PIPELINES_NS guarded-${VERSIONS[-1]} (a deploy's output)"
+    log "demo: stop it with hack/cluster.sh down"
   fi
   log "demo: finished in $(( $(date +%s) - t_start ))s"
   exit "$rc"
 }
+# shellcheck disable=SC2317 # run through wait_for
 not_running() { ! kill -0 "$1" 2>/dev/null; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -60,6 +66,10 @@ trap 'exit 130' INT TERM
 # ------------------------------------------------------------------ build and start everything
 
 banner "1. Build and start the local control plane and the controller"
+PICTURE_DIR=$REPO_ROOT/target/demo
+rm -f "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
+mkdir -p "$PICTURE_DIR"
+"$here/picture.sh" python >/dev/null # matplotlib for the picture (installed the first time)
 "$here/build.sh" # etcd, kube-apiserver, kubectl, the Tekton controller and tkn (cached after the first time)
 log "demo: building the controller and the pod-runner (cargo build; the first build takes a few minutes)"
 (cd "$REPO_ROOT" && cargo build -p tekton-mutex -p pod-runner)
@@ -109,6 +119,7 @@ kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -n 20 "$CONTROLLER_LOG" >&2; die
 
 now_ms() { local us=${EPOCHREALTIME/[.,]/}; echo $(( us / 1000 )); }
 
+# shellcheck disable=SC2317 # run through wait_for
 all_done() {
   local states
   states=$(k -n "$PIPELINES_NS" get pipelinerun -l "demo-scenario=$1" \
@@ -154,15 +165,17 @@ EOF
     printf ', "environment": '; k -n "$ENV_NS" get configmap,service,serviceaccount -l chart-release=jx -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
     printf '}\n'
   } >"$WORK/state.json"
-  local out
-  out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS")
+  local out timeline=()
+  (( round == 1 )) && timeline=("$PICTURE_DIR/timeline.json") # the picture shows the first round
+  out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS" "${timeline[@]}")
   grep -v '^RESULT ' <<<"$out" || true
   RESULT_LINE=$(grep '^RESULT ' <<<"$out")
 }
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 summary_of() {
-  local left="$(field present "$1")/$(field expected "$1") resources left"
+  local left
+  left="$(field present "$1")/$(field expected "$1") resources left"
   [[ $(field present "$1") == 0 ]] || left+=" (version $(field versions "$1"))"
   echo "$left, max $(field max_overlap "$1") deploying at once"
 }
@@ -195,6 +208,8 @@ for (( r = 1; r <= ROUNDS; r++ )); do
   guarded_summary+=("$(summary_of "$RESULT_LINE")")
 done
 
+"$here/picture.sh" render "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
+
 echo
 bold "tkn customrun list -n $PIPELINES_NS   (the guarded round's locks)"
 "$TKN" customrun list -n "$PIPELINES_NS"
@@ -211,6 +226,7 @@ done
 echo
 echo "  unguarded: the environment was wiped out in $wiped of $ROUNDS round(s) (damaged in $damaged of $ROUNDS)"
 echo "  guarded:   the environment was left intact at the newest version in $intact of $ROUNDS round(s)"
+echo "  picture:   $PICTURE_DIR/timeline.svg (round 1 of both, on one time axis)"
 if (( intact == ROUNDS )); then
   bold "  OK: with the Mutex, the promotions ran one at a time and the newest version won."
   exit 0

@@ -30,7 +30,7 @@ component_dir() {
 component_bin() {
   case "$1" in
     etcd) echo "$(component_dir etcd)/etcd" ;;
-    kube-apiserver|kubectl) echo "$(component_dir kubernetes)/$1" ;;
+    kube-apiserver|kube-controller-manager|kubectl) echo "$(component_dir kubernetes)/$1" ;;
     tekton-controller) echo "$(component_dir tekton)/controller" ;;
     tkn) echo "$(component_dir tkn)/tkn" ;;
     *) die "unknown component $1" ;;

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The one test command: builds the local control plane if needed, starts it, runs the whole
-# Rust suite against it (`cargo test --workspace`, extra args passed through), and always stops
-# the cluster again. Exits non-zero on any failure.
+# The one test command: runs the lint gates (hack/lint.sh), builds the local control plane if
+# needed, starts it, runs the whole Rust suite against it, and always stops the cluster again.
+# Exits non-zero on any failure. Plain `cargo test` runs only the hermetic tests; the cluster
+# tests are marked `#[ignore = "needs hack/cluster.sh up"]` and run here through
+# `--include-ignored`.
 #
-#   hack/test.sh                    everything
-#   hack/test.sh -- --nocapture     extra args go to `cargo test --workspace`
+#   hack/test.sh                          everything
+#   hack/test.sh --test mutex_core        args before `--` go to `cargo test`
+#   hack/test.sh -- --nocapture waiters   args after `--` go to the test binaries
+#   TEKTON_MUTEX_SKIP_LINT=1              skip the lint gates (say so when you report a run)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/lib.sh
@@ -25,6 +29,7 @@ phase() { # phase NAME: log the time the previous phase took
   phase_start=$now
 }
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local rc=$?
   if (( rc != 0 )) && [[ -d $CLUSTER_DIR/logs ]]; then
@@ -39,8 +44,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ -n ${TEKTON_MUTEX_SKIP_LINT:-} ]]; then
+  log "test: WARNING: lint gates skipped (TEKTON_MUTEX_SKIP_LINT is set)"
+else
+  "$here/lint.sh"
+  phase "lint"
+fi
 "$here/build.sh"
 phase "build"
+"$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed
+phase "picture tests"
 TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
 phase "cluster up"
 
@@ -51,7 +64,17 @@ export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
 
 cd "$REPO_ROOT"
 status=0
-cargo test --workspace --no-fail-fast "$@" || status=$?
+cargo_args=() test_args=() after_dashes=0
+for arg in "$@"; do
+  if (( after_dashes )); then
+    test_args+=("$arg")
+  elif [[ $arg == -- ]]; then
+    after_dashes=1
+  else
+    cargo_args+=("$arg")
+  fi
+done
+cargo test --workspace --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || status=$?
 phase "cargo test --workspace"
 if (( status != 0 )); then
   log "test: FAILED (cargo test exit code $status)"

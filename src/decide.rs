@@ -27,28 +27,46 @@ pub struct RunView {
     pub supersede: Supersede,
     pub cancel_mode: CancelMode,
     pub wait: bool,
+    /// When this run started waiting (its first attempt's start): waited-seconds counts from here.
+    pub waiting_since: DateTime<Utc>,
+    /// Why it was asked to stop (`spec.statusMessage`), when Tekton or a person said.
+    pub cancel_message: Option<String>,
     pub phase: Phase,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parent {
     pub name: String,
+    pub uid: String,
     pub state: ParentState,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParentState {
     Running,
-    /// Someone asked it to stop; it may still be running finally tasks.
+    /// Someone asked it to stop, or a task failed and it waits for the others
+    /// (`PipelineRunStopping`); it may still be running tasks.
     StopRequested,
-    /// Its Succeeded condition is final: nothing of it runs any more.
+    /// Done or deleted, but a pod of it has not ended yet: a cancelled step may
+    /// still be in its termination grace period.
+    Draining,
+    /// Its Succeeded condition is final and no pod of it still runs.
     Done,
-    /// Deleted (or replaced by another object of the same name).
+    /// Deleted (or replaced by another object of the same name), no pod left.
     Gone,
 }
 
 impl ParentState {
+    /// Over as far as Tekton is concerned: it starts nothing new.
     fn ended(self) -> bool {
+        matches!(
+            self,
+            ParentState::Draining | ParentState::Done | ParentState::Gone
+        )
+    }
+
+    /// Nothing of it can still run: only now does a held slot go free.
+    fn released(self) -> bool {
         matches!(self, ParentState::Done | ParentState::Gone)
     }
 }
@@ -60,8 +78,11 @@ pub enum Phase {
         cancel_requested: bool,
         timeout: Timeout,
     },
-    /// The run's condition is final, with this reason.
-    Done { reason: String },
+    /// The run's condition is final; `superseded` if it ended superseded.
+    Done { superseded: bool },
+    /// The run object was deleted while its PipelineRun held the slot: the hold
+    /// belongs to the PipelineRun, so it lasts until that is released.
+    Deleted,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,8 +111,10 @@ pub enum Outcome {
     NotAcquired {
         holders: Vec<String>,
     },
+    /// A newer run of its group holds or waits for the key.
     Superseded {
         by: String,
+        group: String,
     },
     Cancelled {
         why: String,
@@ -103,6 +126,8 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cancel {
     pub pipeline_run: String,
+    /// The cancel applies to this PipelineRun only, not to one re-created under its name.
+    pub pipeline_run_uid: String,
     pub mode: CancelMode,
     /// The newer PipelineRun that superseded it.
     pub superseded_by: String,
@@ -116,146 +141,30 @@ pub struct Decision {
     pub cancels: Vec<Cancel>,
 }
 
-/// Reason a run's condition carries once superseded.
-pub const SUPERSEDED: &str = "Superseded";
+/// Whether a run should be out of the queue, and what to tell it if so.
+#[derive(Clone, Debug, PartialEq)]
+enum Leaving {
+    Stay,
+    /// Leaves with nothing to report: its condition is already final.
+    Leave,
+    LeaveWith(Outcome),
+}
 
+/// The decision, as a script of named steps over one working state.
 pub fn decide(
     spec: &MutexSpec,
     prev: &MutexStatus,
     runs: &[RunView],
     now: DateTime<Utc>,
 ) -> Decision {
-    let by_uid: HashMap<&str, &RunView> = runs.iter().map(|r| (r.run.uid.as_str(), r)).collect();
-    let mut d = Decider {
-        spec,
-        st: prev.clone(),
-        outcomes: Vec::new(),
-        cancels: Vec::new(),
-        now,
-        runs: &by_uid,
-    };
-
-    // A holder keeps the slot until its PipelineRun is done or gone, or (standalone) until the run is deleted.
-    d.st.holders.retain(|h| {
-        by_uid
-            .get(h.run.uid.as_str())
-            .is_some_and(|r| r.parent.as_ref().is_none_or(|p| !p.state.ended()))
-    });
-
-    // Waiters leave when deleted, done, cancelled, timed out, or when their PipelineRun ended.
-    let queue = std::mem::take(&mut d.st.queue);
-    for w in queue {
-        let Some(r) = by_uid.get(w.run.uid.as_str()) else {
-            continue;
-        };
-        match d.leaving(r) {
-            Some(outcome) => d.depart(r, outcome),
-            None => d.st.queue.push(w),
-        }
-    }
-
-    // Newcomers, oldest first, so that one batch decides as if they came one by one.
-    let known: HashSet<&str> =
-        d.st.holders
-            .iter()
-            .map(|h| h.run.uid.as_str())
-            .chain(d.st.queue.iter().map(|w| w.run.uid.as_str()))
-            .collect();
-    let mut arrivals: Vec<&RunView> = runs
-        .iter()
-        .filter(|r| matches!(r.phase, Phase::Live { .. }) && !known.contains(r.run.uid.as_str()))
-        .collect();
-    arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));
-    for r in arrivals {
-        if d.reenter(r) {
-            continue;
-        }
-        if let Some(outcome) = d.leaving(r) {
-            d.depart(r, outcome);
-            continue;
-        }
-        d.arrive(r);
-        d.grant();
-    }
-    d.grant();
-
-    // A holder older than a waiting `supersede: running` run of its group is asked to stop;
-    // it keeps the slot until its PipelineRun, finally tasks included, is done.
-    for h in &d.st.holders {
-        if h.supersede == Supersede::None {
-            continue;
-        }
-        let newer = d
-            .st
-            .queue
-            .iter()
-            .filter(|w| w.group == h.group && w.supersede == Supersede::Running && w.age > h.age)
-            .max_by(|a, b| a.age.cmp(&b.age));
-        if let (Some(w), Some(r)) = (newer, by_uid.get(h.run.uid.as_str())) {
-            d.cancels
-                .extend(cancel_of(r, &label(&w.pipeline_run, &w.run)));
-        }
-    }
-
-    // A superseded run whose PipelineRun still runs (say the controller stopped between the
-    // two writes) gets its cancel again.
-    for r in runs {
-        if matches!(&r.phase, Phase::Done { reason } if reason == SUPERSEDED) {
-            let by = d
-                .mark(&r.group)
-                .and_then(|m| m.pipeline_run.clone())
-                .unwrap_or_else(|| "a newer run".into());
-            d.cancels.extend(cancel_of(r, &by));
-        }
-    }
-
-    // Every live member is told where it stands.
-    let holder_names = d.holder_names();
-    let of = d.st.queue.len();
-    for (i, w) in d.st.queue.iter().enumerate() {
-        let retry = by_uid.get(w.run.uid.as_str()).is_some_and(|r| {
-            matches!(
-                r.phase,
-                Phase::Live {
-                    timeout: Timeout::Retry,
-                    ..
-                }
-            )
-        });
-        d.outcomes.push((
-            w.run.clone(),
-            Outcome::Waiting {
-                position: i + 1,
-                of,
-                holders: holder_names.clone(),
-                retry,
-            },
-        ));
-    }
-    for h in &d.st.holders {
-        if by_uid
-            .get(h.run.uid.as_str())
-            .is_some_and(|r| matches!(r.phase, Phase::Live { .. }))
-        {
-            d.outcomes.push((
-                h.run.clone(),
-                Outcome::Acquired {
-                    token: h.token,
-                    waited_seconds: h.waited_seconds,
-                },
-            ));
-        }
-    }
-
-    d.st.holding = holder_names.join(",");
-    d.st.waiting = d.st.queue.len() as i64;
-    let mut seen = HashSet::new();
-    d.cancels.retain(|c| seen.insert(c.pipeline_run.clone()));
-    Decision {
-        status: d.st,
-        outcomes: d.outcomes,
-        cancels: d.cancels,
-    }
+    let runs = siblings_share_age(runs);
+    let mut d = Decider::new(spec, prev, &runs, now);
+    d.release_ended_holders();
+    d.drop_leavers();
+    d.admit_arrivals();
+    d.supersede_running();
+    d.recancel_superseded();
+    d.report()
 }
 
 struct Decider<'a> {
@@ -264,68 +173,252 @@ struct Decider<'a> {
     outcomes: Vec<(RunRef, Outcome)>,
     cancels: Vec<Cancel>,
     now: DateTime<Utc>,
-    runs: &'a HashMap<&'a str, &'a RunView>,
+    all: &'a [RunView],
+    runs: HashMap<&'a str, &'a RunView>,
 }
 
-impl Decider<'_> {
-    /// Should this run be out of the queue? `Some(outcome)` if so, with the
-    /// outcome to report when the run is still live.
-    fn leaving(&self, r: &RunView) -> Option<Option<Outcome>> {
-        if let Phase::Done { .. } = r.phase {
-            return Some(None);
+impl<'a> Decider<'a> {
+    fn new(
+        spec: &'a MutexSpec,
+        prev: &MutexStatus,
+        all: &'a [RunView],
+        now: DateTime<Utc>,
+    ) -> Self {
+        Decider {
+            spec,
+            st: prev.clone(),
+            outcomes: Vec::new(),
+            cancels: Vec::new(),
+            now,
+            all,
+            runs: all.iter().map(|r| (r.run.uid.as_str(), r)).collect(),
         }
+    }
+
+    /// A holder keeps the slot until nothing of its PipelineRun can still run
+    /// (done or deleted, and every pod ended), even if its lock run was deleted.
+    /// A standalone run holds until it is deleted.
+    fn release_ended_holders(&mut self) {
+        let runs = &self.runs;
+        self.st.holders.retain(|h| {
+            runs.get(h.run.uid.as_str())
+                .is_some_and(|r| match &r.parent {
+                    Some(p) => !p.state.released(),
+                    None => r.phase != Phase::Deleted,
+                })
+        });
+    }
+
+    /// Waiters leave when deleted, done, cancelled, timed out, superseded, or
+    /// when their PipelineRun ended or is stopping.
+    fn drop_leavers(&mut self) {
+        for w in std::mem::take(&mut self.st.queue) {
+            let Some(&r) = self.runs.get(w.run.uid.as_str()) else {
+                continue;
+            };
+            match self.leaving(r) {
+                Leaving::Stay => self.st.queue.push(w),
+                leaving => self.depart(r, leaving),
+            }
+        }
+    }
+
+    /// Newcomers, oldest first, so that one batch decides as if they came one by one.
+    fn admit_arrivals(&mut self) {
+        let known: HashSet<&str> = self
+            .st
+            .holders
+            .iter()
+            .map(|h| h.run.uid.as_str())
+            .chain(self.st.queue.iter().map(|w| w.run.uid.as_str()))
+            .collect();
+        let mut arrivals: Vec<&'a RunView> = self
+            .all
+            .iter()
+            .filter(|r| {
+                matches!(r.phase, Phase::Live { .. }) && !known.contains(r.run.uid.as_str())
+            })
+            .collect();
+        arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));
+        for r in arrivals {
+            if self.reenter(r) {
+                continue;
+            }
+            match self.leaving(r) {
+                Leaving::Stay if r.wait => {
+                    self.arrive(r);
+                    self.grant();
+                }
+                Leaving::Stay => self.try_without_waiting(r),
+                leaving => self.depart(r, leaving),
+            }
+        }
+        self.grant();
+    }
+
+    /// A holder older than a waiting `supersede: running` run of its group is asked
+    /// to stop; it keeps the slot until its PipelineRun, finally tasks included, is done.
+    fn supersede_running(&mut self) {
+        for h in &self.st.holders {
+            if h.supersede == Supersede::None {
+                continue;
+            }
+            let newer = self
+                .st
+                .queue
+                .iter()
+                .filter(|w| {
+                    w.group == h.group
+                        && w.supersede == Supersede::Running
+                        && w.age > h.age
+                        && !same_party(w.party(), h.party())
+                })
+                .max_by(|a, b| a.age.cmp(&b.age));
+            if let (Some(w), Some(r)) = (newer, self.runs.get(h.run.uid.as_str())) {
+                self.cancels
+                    .extend(cancel_of(r, &label(&w.pipeline_run, &w.run)));
+            }
+        }
+    }
+
+    /// A superseded run whose PipelineRun still runs (say the controller stopped
+    /// between the two writes) gets its cancel again.
+    fn recancel_superseded(&mut self) {
+        for r in self.all {
+            if r.phase == (Phase::Done { superseded: true }) {
+                let by = self
+                    .mark(&r.group)
+                    .and_then(|m| m.pipeline_run.clone())
+                    .unwrap_or_else(|| "a newer run".into());
+                self.cancels.extend(cancel_of(r, &by));
+            }
+        }
+    }
+
+    /// Every live member is told where it stands; the summary fields follow the lists.
+    fn report(mut self) -> Decision {
+        let holder_names = self.holder_names();
+        let of = self.st.queue.len();
+        for (i, w) in self.st.queue.iter().enumerate() {
+            let retry = self.runs.get(w.run.uid.as_str()).is_some_and(|r| {
+                matches!(
+                    r.phase,
+                    Phase::Live {
+                        timeout: Timeout::Retry,
+                        ..
+                    }
+                )
+            });
+            let waiting = Outcome::Waiting {
+                position: i + 1,
+                of,
+                holders: holder_names.clone(),
+                retry,
+            };
+            self.outcomes.push((w.run.clone(), waiting));
+        }
+        for h in &self.st.holders {
+            let live = self
+                .runs
+                .get(h.run.uid.as_str())
+                .is_some_and(|r| matches!(r.phase, Phase::Live { .. }));
+            if live {
+                let acquired = Outcome::Acquired {
+                    token: h.token,
+                    waited_seconds: h.waited_seconds,
+                };
+                self.outcomes.push((h.run.clone(), acquired));
+            }
+        }
+        self.st.holding = holder_names.join(",");
+        self.st.waiting = self.st.queue.len() as i64;
+        let mut seen = HashSet::new();
+        self.cancels.retain(|c| seen.insert(c.pipeline_run.clone()));
+        Decision {
+            status: self.st,
+            outcomes: self.outcomes,
+            cancels: self.cancels,
+        }
+    }
+
+    /// Should this run be out of the queue, and with what outcome?
+    fn leaving(&self, r: &RunView) -> Leaving {
+        let Phase::Live {
+            cancel_requested,
+            timeout,
+        } = r.phase
+        else {
+            return Leaving::Leave;
+        };
         // Superseded wins over the cancel that superseding itself causes: the
         // PipelineRun is cancelled first, and Tekton then cancels the run too.
         if let Some(by) = self.stale(r) {
-            return Some(Some(Outcome::Superseded { by }));
+            let group = r.group.clone();
+            return Leaving::LeaveWith(Outcome::Superseded { by, group });
         }
-        match &r.phase {
-            Phase::Done { .. } => Some(None),
-            Phase::Live {
-                cancel_requested: true,
-                ..
-            } => Some(Some(Outcome::Cancelled {
-                why: "the run was cancelled while waiting".into(),
-            })),
-            Phase::Live {
-                timeout: Timeout::Final,
-                ..
-            } => Some(Some(Outcome::TimedOut)),
-            Phase::Live { .. } => match &r.parent {
-                Some(p) if p.state.ended() => Some(Some(Outcome::Cancelled {
-                    why: format!("PipelineRun {} ended while waiting", p.name),
-                })),
-                // Never grant a slot to a PipelineRun that is being stopped.
-                Some(p) if p.state == ParentState::StopRequested => {
-                    Some(Some(Outcome::Cancelled {
-                        why: format!("PipelineRun {} is being stopped", p.name),
-                    }))
-                }
-                _ => None,
-            },
+        let cancelled = |why: String| Leaving::LeaveWith(Outcome::Cancelled { why });
+        if cancel_requested {
+            return cancelled(match &r.cancel_message {
+                Some(m) => format!("the run was cancelled while waiting: {m}"),
+                None => "the run was cancelled while waiting".into(),
+            });
+        }
+        if timeout == Timeout::Final {
+            return Leaving::LeaveWith(Outcome::TimedOut);
+        }
+        match &r.parent {
+            Some(p) if p.state.ended() => {
+                cancelled(format!("PipelineRun {} ended while waiting", p.name))
+            }
+            // Never grant a slot to a PipelineRun that is being stopped.
+            Some(p) if p.state == ParentState::StopRequested => {
+                cancelled(format!("PipelineRun {} is being stopped", p.name))
+            }
+            _ => Leaving::Stay,
         }
     }
 
     /// Record why a run left (or never joined) the queue; a superseded run's
     /// PipelineRun is cancelled.
-    fn depart(&mut self, r: &RunView, outcome: Option<Outcome>) {
-        if let Some(Outcome::Superseded { by }) = &outcome {
+    fn depart(&mut self, r: &RunView, leaving: Leaving) {
+        let Leaving::LeaveWith(outcome) = leaving else {
+            return;
+        };
+        if let Outcome::Superseded { by, .. } = &outcome {
             self.cancels.extend(cancel_of(r, by));
         }
-        self.outcomes.extend(outcome.map(|o| (r.run.clone(), o)));
+        self.outcomes.push((r.run.clone(), outcome));
     }
 
     fn mark(&self, group: &str) -> Option<&GroupMark> {
         self.st.groups.iter().find(|m| m.group == group)
     }
 
-    /// Stale: a newer run of the group has already enrolled (and maybe deployed).
-    /// Returns who superseded it. Runs with `supersede: none` are a pure queue:
-    /// never superseded, never marking.
+    /// Stale: a newer run of the group was granted (and maybe deployed), or waits
+    /// now. Returns who superseded it. Runs with `supersede: none` are a pure
+    /// queue: never superseded, never marking.
     fn stale(&self, r: &RunView) -> Option<String> {
+        if r.supersede == Supersede::None {
+            return None;
+        }
+        let own = |party: Party| r.parent.as_ref().is_some_and(|p| is_parent(party, p));
+        let waiting = self
+            .st
+            .queue
+            .iter()
+            .filter(|w| {
+                w.group == r.group
+                    && w.supersede != Supersede::None
+                    && w.age > r.age
+                    && !own(w.party())
+            })
+            .max_by(|a, b| a.age.cmp(&b.age));
+        if let Some(w) = waiting {
+            return Some(label(&w.pipeline_run, &w.run));
+        }
         let m = self
             .mark(&r.group)
-            .filter(|m| r.supersede != Supersede::None && m.newest > r.age)?;
+            .filter(|m| m.newest > r.age && !own((&m.pipeline_run, &m.pipeline_run_uid)))?;
         Some(
             m.pipeline_run
                 .clone()
@@ -351,85 +444,120 @@ impl Decider<'_> {
             .st
             .holders
             .iter()
-            .find(|h| h.pipeline_run.as_ref() == Some(&parent.name))
+            .find(|h| is_parent(h.party(), parent))
         else {
             return false;
         };
         let outcome = Outcome::Acquired {
             token: h.token,
-            waited_seconds: (self.now - r.age.created).num_seconds().max(0),
+            waited_seconds: self.waited(r),
         };
         self.outcomes.push((r.run.clone(), outcome));
         true
     }
 
+    /// Queue a live arrival. A run that supersedes marks its group and supersedes
+    /// older waiters of it.
     fn arrive(&mut self, r: &RunView) {
-        if !r.wait && self.st.holders.len() >= self.spec.capacity as usize {
-            self.outcomes.push((
-                r.run.clone(),
-                Outcome::NotAcquired {
-                    holders: self.holder_names(),
-                },
-            ));
-            return;
-        }
-
         let newcomer = Waiter {
             run: r.run.clone(),
             pipeline_run: r.parent.as_ref().map(|p| p.name.clone()),
+            pipeline_run_uid: r.parent.as_ref().map(|p| p.uid.clone()),
             group: r.group.clone(),
             age: r.age.clone(),
             priority: r.priority,
             supersede: r.supersede,
         };
-        let by = label(&newcomer.pipeline_run, &newcomer.run);
         if r.supersede != Supersede::None {
-            let mark = GroupMark {
-                group: r.group.clone(),
-                newest: r.age.clone(),
-                pipeline_run: newcomer.pipeline_run.clone(),
-            };
-            match self.st.groups.iter_mut().find(|m| m.group == r.group) {
-                Some(m) if m.newest >= r.age => {}
-                Some(m) => *m = mark,
-                None => self.st.groups.push(mark),
-            }
-            let (older, keep): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
-                .into_iter()
-                .partition(|w| {
-                    w.group == r.group && w.age < r.age && w.supersede != Supersede::None
-                });
-            self.st.queue = keep;
-            for w in older {
-                if let Some(victim) = self.runs.get(w.run.uid.as_str()) {
-                    self.cancels.extend(cancel_of(victim, &by));
-                }
-                self.outcomes
-                    .push((w.run, Outcome::Superseded { by: by.clone() }));
-            }
+            self.supersede_older_waiters(&newcomer);
         }
         self.st.queue.push(newcomer);
     }
 
+    /// `wait: "false"`: join only if that gets the slot now, in the order the queue
+    /// would grant it (a slot freed in this same sync goes to whoever is first);
+    /// otherwise leave no trace and answer `NotAcquired`.
+    fn try_without_waiting(&mut self, r: &RunView) {
+        let (st, outcomes, cancels) = (self.st.clone(), self.outcomes.len(), self.cancels.len());
+        self.arrive(r);
+        self.grant();
+        if self.st.queue.iter().any(|w| w.run.uid == r.run.uid) {
+            self.st = st;
+            self.outcomes.truncate(outcomes);
+            self.cancels.truncate(cancels);
+            self.grant();
+            let holders = self.holder_names();
+            self.outcomes
+                .push((r.run.clone(), Outcome::NotAcquired { holders }));
+        }
+    }
+
+    /// Remember the newest run the group was granted: later arrivals older than it
+    /// are stale. Recorded at grant, so a run cancelled, timed out or superseded
+    /// while waiting leaves no mark; and a run alone in its group (a standalone
+    /// run, a PipelineRun without a pipeline label) leaves none, as nothing can
+    /// ever be older in it.
+    fn mark_group(&mut self, w: &Waiter) {
+        if w.supersede == Supersede::None || w.group == w.age.name {
+            return;
+        }
+        let mark = GroupMark {
+            group: w.group.clone(),
+            newest: w.age.clone(),
+            pipeline_run: w.pipeline_run.clone(),
+            pipeline_run_uid: w.pipeline_run_uid.clone(),
+        };
+        match self.st.groups.iter_mut().find(|m| m.group == w.group) {
+            Some(m) if m.newest >= w.age => {}
+            Some(m) => *m = mark,
+            None => self.st.groups.push(mark),
+        }
+    }
+
+    fn supersede_older_waiters(&mut self, newer: &Waiter) {
+        let by = label(&newer.pipeline_run, &newer.run);
+        let (older, keep): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
+            .into_iter()
+            .partition(|w| {
+                w.group == newer.group
+                    && w.age < newer.age
+                    && w.supersede != Supersede::None
+                    && !same_party(w.party(), newer.party())
+            });
+        self.st.queue = keep;
+        for w in older {
+            if let Some(victim) = self.runs.get(w.run.uid.as_str()) {
+                self.cancels.extend(cancel_of(victim, &by));
+            }
+            self.outcomes.push((
+                w.run,
+                Outcome::Superseded {
+                    by: by.clone(),
+                    group: w.group,
+                },
+            ));
+        }
+    }
+
     /// Hand free slots to the head of the queue.
     fn grant(&mut self) {
-        let order = self.spec.order;
-        self.st.queue.sort_by(|a, b| {
-            let by_age = match order {
-                Order::OldestFirst => a.age.cmp(&b.age),
-                Order::NewestFirst => b.age.cmp(&a.age),
-            };
-            Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
-        });
+        self.sort_queue();
         while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
+            // Tokens never wrap or repeat: at i64::MAX the key grants no more.
+            let Some(token) = self.st.last_token.checked_add(1) else {
+                break;
+            };
             let w = self.st.queue.remove(0);
-            self.st.last_token += 1;
-            let waited = (self.now - w.age.created).num_seconds().max(0);
+            self.st.last_token = token;
+            let waited = self
+                .runs
+                .get(w.run.uid.as_str())
+                .map_or(0, |r| self.waited(r));
             // Other lock runs of the same PipelineRun share the grant.
             if w.pipeline_run.is_some() {
                 let (same, rest): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
                     .into_iter()
-                    .partition(|o| o.pipeline_run == w.pipeline_run);
+                    .partition(|o| same_party(o.party(), w.party()));
                 self.st.queue = rest;
                 for o in same {
                     let outcome = Outcome::Acquired {
@@ -439,9 +567,11 @@ impl Decider<'_> {
                     self.outcomes.push((o.run, outcome));
                 }
             }
+            self.mark_group(&w);
             self.st.holders.push(Holder {
                 run: w.run,
                 pipeline_run: w.pipeline_run,
+                pipeline_run_uid: w.pipeline_run_uid,
                 token: self.st.last_token,
                 since: self.now,
                 waited_seconds: waited,
@@ -452,12 +582,84 @@ impl Decider<'_> {
         }
     }
 
+    /// Priority first, then age in the Mutex's order.
+    fn sort_queue(&mut self) {
+        let order = self.spec.order;
+        self.st.queue.sort_by(|a, b| {
+            let by_age = match order {
+                Order::OldestFirst => a.age.cmp(&b.age),
+                Order::NewestFirst => b.age.cmp(&a.age),
+            };
+            Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
+        });
+    }
+
+    /// Seconds since the run started waiting.
+    fn waited(&self, r: &RunView) -> i64 {
+        (self.now - r.waiting_since).num_seconds().max(0)
+    }
+
     fn holder_names(&self) -> Vec<String> {
         self.st
             .holders
             .iter()
             .map(|h| label(&h.pipeline_run, &h.run))
             .collect()
+    }
+}
+
+/// Lock runs of one PipelineRun are one party: they share its age, with the
+/// highest `sequence` any of them gives, so the PipelineRun never supersedes itself.
+fn siblings_share_age(runs: &[RunView]) -> Vec<RunView> {
+    let mut ages: HashMap<&str, &Age> = HashMap::new();
+    for r in runs {
+        if let Some(p) = &r.parent {
+            let age = ages.entry(p.uid.as_str()).or_insert(&r.age);
+            if r.age > **age {
+                *age = &r.age;
+            }
+        }
+    }
+    runs.iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(age) = r.parent.as_ref().and_then(|p| ages.get(p.uid.as_str())) {
+                r.age = (*age).clone();
+            }
+            r
+        })
+        .collect()
+}
+
+/// Which PipelineRun a status entry stands for: its name and uid (None for a
+/// standalone run; the uid is None too in entries written before uids were kept).
+type Party<'e> = (&'e Option<String>, &'e Option<String>);
+
+impl Waiter {
+    fn party(&self) -> Party<'_> {
+        (&self.pipeline_run, &self.pipeline_run_uid)
+    }
+}
+
+impl Holder {
+    fn party(&self) -> Party<'_> {
+        (&self.pipeline_run, &self.pipeline_run_uid)
+    }
+}
+
+/// Two entries of one PipelineRun: by uid, or by name where an entry has no uid.
+fn same_party((name_a, uid_a): Party, (name_b, uid_b): Party) -> bool {
+    match (uid_a, uid_b) {
+        (Some(a), Some(b)) => a == b,
+        _ => name_a.is_some() && name_a == name_b,
+    }
+}
+
+/// Does this entry stand for the run's own PipelineRun `p`?
+fn is_parent((name, uid): Party, p: &Parent) -> bool {
+    match uid {
+        Some(uid) => *uid == p.uid,
+        None => name.as_deref() == Some(p.name.as_str()),
     }
 }
 
@@ -473,6 +675,7 @@ fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
         .filter(|p| p.state == ParentState::Running)?;
     Some(Cancel {
         pipeline_run: p.name.clone(),
+        pipeline_run_uid: p.uid.clone(),
         mode: r.cancel_mode,
         superseded_by: by.to_string(),
         group: r.group.clone(),

@@ -4,11 +4,14 @@
 pub mod controller;
 pub mod decide;
 pub mod duration;
+pub mod http;
+pub mod manifests;
 pub mod mutex;
 pub mod observe;
 pub mod params;
 pub mod run_status;
 pub mod tekton;
+pub mod view;
 
 /// The Mutex CRD as YAML, generated from the Rust types (committed as config/crd.yaml).
 pub fn crd_yaml() -> String {
@@ -20,3 +23,8 @@ pub fn crd_yaml() -> String {
     )
 }
 pub mod metrics;
+
+/// The crate version, as `tekton-mutex version` prints it.
+pub const VERSION: &str = env!("TEKTON_MUTEX_VERSION");
+/// The git revision it was built from (see build.rs), or "unknown".
+pub const REVISION: &str = env!("TEKTON_MUTEX_REVISION");

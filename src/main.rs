@@ -1,87 +1,193 @@
-//! `tekton-mutex run` starts the controller; `tekton-mutex crd` prints the Mutex CRD.
+//! The `tekton-mutex` command: `run` the controller, print the `crd`, or the `version`.
 
-use tekton_mutex::controller::{self, Fault, Options};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tekton_mutex::controller::{self, LeaderElection, Options};
+use tekton_mutex::manifests::{self, Install};
 
-const USAGE: &str = "usage:
-  tekton-mutex run [--namespace NS] [--http-addr ADDR]
-                                      start the controller (in-cluster config, else KUBECONFIG);
-                                      ADDR (e.g. 0.0.0.0:8080) serves /healthz, /readyz, /metrics
-  tekton-mutex crd                    print the Mutex CustomResourceDefinition
+#[derive(Parser)]
+#[command(
+    name = "tekton-mutex",
+    version = tekton_mutex::VERSION,
+    about = "A Tekton custom task that lets a pipeline say: one at a time here."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-environment:
-  RUST_LOG                log filter (default: info)
-  TEKTON_MUTEX_NAMESPACE  watch only this namespace (same as --namespace)";
+#[derive(Subcommand)]
+enum Command {
+    /// Start the controller (in-cluster config, else KUBECONFIG).
+    Run(RunArgs),
+    /// Print the Mutex CustomResourceDefinition.
+    Crd,
+    /// Print the version and the git revision it was built from.
+    Version,
+    /// Print the install manifests with the image pinned (hack/release.sh writes release.yaml with it).
+    Manifests {
+        /// The controller image, pinned by digest: NAME[:TAG]@sha256:...
+        #[arg(long)]
+        image: String,
+        /// The version to label every object with (app.kubernetes.io/version).
+        #[arg(long, default_value = tekton_mutex::VERSION)]
+        version: String,
+        /// The namespace-scoped install (Role instead of ClusterRole, no CRD).
+        #[arg(long)]
+        namespaced: bool,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Watch and act in this namespace only (a Role is enough); default: all namespaces.
+    #[arg(long, short = 'n', env = "TEKTON_MUTEX_NAMESPACE")]
+    namespace: Option<String>,
+    /// Serve /healthz, /readyz and /metrics here, e.g. 0.0.0.0:8080.
+    #[arg(long, value_name = "ADDR")]
+    http_addr: Option<SocketAddr>,
+    /// Log as human-readable text or as one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "TEKTON_MUTEX_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(flatten)]
+    leader: LeaderArgs,
+}
+
+#[derive(Args)]
+struct LeaderArgs {
+    /// Act only while holding a coordination.k8s.io Lease, so that one replica
+    /// of several acts at a time while the others wait warm.
+    #[arg(long)]
+    leader_elect: bool,
+    /// The Lease's name.
+    #[arg(long, default_value = "tekton-mutex")]
+    lease_name: String,
+    /// The Lease's namespace; default: POD_NAMESPACE, else --namespace, else tekton-mutex.
+    #[arg(long)]
+    lease_namespace: Option<String>,
+    /// How long the Lease is valid after its last renewal, in seconds:
+    /// a standby takes over at most this long after the leader dies.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..))]
+    lease_duration: u64,
+    /// The leader renews this many seconds before the Lease would expire.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    lease_renew_margin: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = match args.first().map(String::as_str) {
-        Some("crd") if args.len() == 1 => {
+    let code = match Cli::parse().command {
+        Command::Crd => {
             print!("{}", tekton_mutex::crd_yaml());
             0
         }
-        Some("run") => match parse_run_args(&args[1..]) {
-            Ok(opts) => run(opts).await,
-            Err(e) => {
-                eprintln!("error: {e}\n\n{USAGE}");
-                2
-            }
-        },
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
+        Command::Version => {
+            println!(
+                "tekton-mutex {} (revision {})",
+                tekton_mutex::VERSION,
+                tekton_mutex::REVISION
+            );
             0
         }
-        _ => {
-            eprintln!("{USAGE}");
-            2
+        Command::Manifests {
+            image,
+            version,
+            namespaced,
+        } => {
+            let install = match namespaced {
+                true => Install::Namespaced,
+                false => Install::Cluster,
+            };
+            match manifests::render(install, &image, &version) {
+                Ok(text) => {
+                    print!("{text}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    2
+                }
+            }
         }
+        Command::Run(args) => run(args).await,
     };
     std::process::exit(code);
 }
 
-fn parse_run_args(args: &[String]) -> Result<Options, String> {
-    let mut opts = Options {
-        namespace: std::env::var("TEKTON_MUTEX_NAMESPACE")
-            .ok()
-            .filter(|s| !s.is_empty()),
-        ..Default::default()
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--namespace" | "-n" => {
-                opts.namespace = Some(it.next().ok_or("--namespace needs a value")?.clone())
-            }
-            "--http-addr" => {
-                let v = it
-                    .next()
-                    .ok_or("--http-addr needs a value, e.g. 0.0.0.0:8080")?;
-                opts.http_addr = Some(v.parse().map_err(|_| {
-                    format!("--http-addr {v:?} is not an address like 0.0.0.0:8080")
-                })?);
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube=warn".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
     }
-    opts.fault = match std::env::var("TEKTON_MUTEX_FAULT").ok().as_deref() {
-        None | Some("") => None,
-        Some("exit-after-lock-write") => Some(Fault::ExitAfterLockWrite),
-        Some(other) => {
-            return Err(format!(
-                "unknown TEKTON_MUTEX_FAULT {other:?} (known: exit-after-lock-write)"
-            ));
-        }
-    };
-    Ok(opts)
 }
 
-async fn run(opts: Options) -> i32 {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .init();
+fn options(args: RunArgs) -> Result<Options, String> {
+    let l = args.leader;
+    if l.lease_renew_margin >= l.lease_duration {
+        return Err(format!(
+            "--lease-renew-margin ({}) must be shorter than --lease-duration ({})",
+            l.lease_renew_margin, l.lease_duration
+        ));
+    }
+    let leader_election = l.leader_elect.then(|| LeaderElection {
+        lease_name: l.lease_name,
+        lease_namespace: l
+            .lease_namespace
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .or_else(|| args.namespace.clone())
+            .unwrap_or_else(|| "tekton-mutex".into()),
+        identity: std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id())),
+        duration: Duration::from_secs(l.lease_duration),
+        renew_margin: Duration::from_secs(l.lease_renew_margin),
+    });
+    Ok(Options {
+        namespace: args.namespace,
+        http_addr: args.http_addr,
+        leader_election,
+        #[cfg(feature = "fault-injection")]
+        fault: controller::Fault::from_env()?,
+    })
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "tekton-mutex".into())
+}
+
+async fn run(args: RunArgs) -> i32 {
+    init_logs(args.log_format);
+    let opts = match options(args) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("{e}");
+            return 2;
+        }
+    };
     let client = match kube::Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -95,5 +201,50 @@ async fn run(opts: Options) -> i32 {
             tracing::error!(error = %e, "controller stopped");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn run_args(args: &[&str]) -> Result<RunArgs, String> {
+        let all = ["tekton-mutex", "run"].iter().chain(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Run(a) => Ok(a),
+            _ => Err("not run".into()),
+        }
+    }
+
+    #[test]
+    fn the_cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_flags_become_options() {
+        let a = run_args(&["--log-format", "json", "-n", "ci", "--leader-elect"]).unwrap();
+        assert!(matches!(a.log_format, LogFormat::Json));
+        let o = options(a).unwrap();
+        assert_eq!(o.namespace.as_deref(), Some("ci"));
+        let le = o.leader_election.unwrap();
+        assert_eq!(le.duration, Duration::from_secs(15));
+        assert_eq!(le.renew_margin, Duration::from_secs(5));
+        assert!(run_args(&["--log-format", "xml"]).is_err());
+        assert!(run_args(&["--http-addr", "not-an-address"]).is_err());
+    }
+
+    #[test]
+    fn a_renew_margin_must_fit_in_the_lease() {
+        let a = run_args(&[
+            "--leader-elect",
+            "--lease-duration",
+            "5",
+            "--lease-renew-margin",
+            "5",
+        ])
+        .unwrap();
+        assert!(options(a).unwrap_err().contains("shorter"));
     }
 }

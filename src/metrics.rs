@@ -1,129 +1,467 @@
-//! Health and Prometheus metrics over a deliberately tiny HTTP/1.1 server:
-//! three GET routes do not justify a web framework in a lock controller.
+//! Prometheus metrics (the `prometheus-client` crate), named `tekton_mutex_*`
+//! in the style of Tekton's `tekton_pipelines_controller_*`.
+//!
+//! Labels are bounded: `namespace` (one series per namespace that uses a
+//! Mutex, never per key or run), `verb`/`resource` (a fixed set of writes),
+//! `kind`/`controller` (a fixed set of errors), `param` (the Mutex params).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tracing::{info, warn};
+use crate::mutex::{Mutex, MutexStatus};
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Ns {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Param {
+    pub namespace: String,
+    /// The param at fault, or the kind of mistake (bounded, see `reason_of`).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorKind {
+    pub controller: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Write {
+    pub verb: String,
+    pub resource: String,
+}
+
+type Seconds = Family<Ns, Histogram, fn() -> Histogram>;
+
+/// Waits range from a fraction of a second to hours.
+fn wait_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.25, 2.0, 16))
+}
+
+/// Handover is driven by watch events: milliseconds to a few seconds.
+fn handover_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
 pub struct Metrics {
-    pub grants: AtomicU64,
-    pub superseded: AtomicU64,
-    pub pipeline_runs_cancelled: AtomicU64,
-    pub timed_out: AtomicU64,
-    pub invalid: AtomicU64,
-    pub reconcile_errors: AtomicU64,
-    /// Set once the controller's watches are running.
-    pub ready: AtomicBool,
+    registry: Registry,
+    pub grants: Family<Ns, Counter>,
+    pub supersedes: Family<Ns, Counter>,
+    pub cancels: Family<Ns, Counter>,
+    pub timeouts: Family<Ns, Counter>,
+    pub invalid_params: Family<Param, Counter>,
+    pub reconcile_errors: Family<ErrorKind, Counter>,
+    pub api_writes: Family<Write, Counter>,
+    pub wait_seconds: Seconds,
+    pub handover_seconds: Seconds,
+    /// When the watch first showed a holder's PipelineRun done, by (namespace, key, PipelineRun).
+    done_seen: std::sync::Mutex<HashMap<(String, String, String), DateTime<Utc>>>,
+    /// Keys whose slot was freed with waiters queued but not yet handed over.
+    freed: std::sync::Mutex<HashMap<(String, String), DateTime<Utc>>>,
+    mutexes: Arc<OnceLock<Store<Mutex>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Metrics {
-    pub fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+    pub fn new() -> Self {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            grants: Family::default(),
+            supersedes: Family::default(),
+            cancels: Family::default(),
+            timeouts: Family::default(),
+            invalid_params: Family::default(),
+            reconcile_errors: Family::default(),
+            api_writes: Family::default(),
+            wait_seconds: Family::new_with_constructor(wait_buckets),
+            handover_seconds: Family::new_with_constructor(handover_buckets),
+            done_seen: Default::default(),
+            freed: Default::default(),
+            mutexes: Default::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "tekton_mutex_grants",
+            "Slots granted (fencing tokens handed out)",
+            m.grants.clone(),
+        );
+        r.register(
+            "tekton_mutex_supersedes",
+            "Runs marked Superseded",
+            m.supersedes.clone(),
+        );
+        r.register(
+            "tekton_mutex_cancels",
+            "Superseded PipelineRuns cancelled",
+            m.cancels.clone(),
+        );
+        r.register(
+            "tekton_mutex_timeouts",
+            "Runs that timed out waiting",
+            m.timeouts.clone(),
+        );
+        r.register(
+            "tekton_mutex_invalid_params",
+            "Runs failed as InvalidParams, by reason (the param at fault)",
+            m.invalid_params.clone(),
+        );
+        r.register(
+            "tekton_mutex_reconcile_errors",
+            "Reconciles that failed and were retried, by kind of error",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "tekton_mutex_api_writes",
+            "Writes to the Kubernetes API, by verb and resource",
+            m.api_writes.clone(),
+        );
+        r.register(
+            "tekton_mutex_wait_seconds",
+            "How long a run waited before it was granted (its waitedSeconds)",
+            m.wait_seconds.clone(),
+        );
+        r.register(
+            "tekton_mutex_handover_seconds",
+            "From the watch event that shows a holder done to the next grant written",
+            m.handover_seconds.clone(),
+        );
+        r.register_collector(Box::new(LockGauges(m.mutexes.clone())));
+        m
     }
 
+    /// The holders and waiters gauges read the Mutex cache from now on.
+    pub fn watch_mutexes(&self, store: Store<Mutex>) {
+        let _ = self.mutexes.set(store);
+    }
+
+    /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        let counters: [(&str, &str, &AtomicU64); 6] = [
-            (
-                "tekton_mutex_grants_total",
-                "Slots granted (fencing tokens handed out).",
-                &self.grants,
-            ),
-            (
-                "tekton_mutex_superseded_total",
-                "Runs marked Superseded.",
-                &self.superseded,
-            ),
-            (
-                "tekton_mutex_pipelineruns_cancelled_total",
-                "Superseded PipelineRuns cancelled.",
-                &self.pipeline_runs_cancelled,
-            ),
-            (
-                "tekton_mutex_timed_out_total",
-                "Runs that timed out waiting.",
-                &self.timed_out,
-            ),
-            (
-                "tekton_mutex_invalid_runs_total",
-                "Runs failed as InvalidParams.",
-                &self.invalid,
-            ),
-            (
-                "tekton_mutex_reconcile_errors_total",
-                "Reconciles that failed and were retried.",
-                &self.reconcile_errors,
-            ),
-        ];
         let mut out = String::new();
-        for (name, help, v) in counters {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-                v.load(Ordering::Relaxed)
-            ));
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "could not encode metrics");
         }
         out
     }
-}
 
-/// Serves `/healthz`, `/readyz` and `/metrics` until the process ends.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            continue;
+    pub fn api_write(&self, verb: &str, resource: &str) {
+        self.api_writes
+            .get_or_create(&Write {
+                verb: verb.into(),
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    pub fn reconcile_error(&self, controller: &str, kind: &str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorKind {
+                controller: controller.into(),
+                kind: kind.into(),
+            })
+            .inc();
+    }
+
+    pub fn invalid(&self, namespace: &str, message: &str) {
+        self.invalid_params
+            .get_or_create(&Param {
+                namespace: namespace.into(),
+                reason: reason_of(message).into(),
+            })
+            .inc();
+    }
+
+    /// A PipelineRun event: if it shows a holder's PipelineRun done, the
+    /// release starts now as far as the controller can see (for handover).
+    pub fn pipeline_run_seen(&self, namespace: &str, name: &str, done: bool, keys: &[String]) {
+        let Some(store) = self.mutexes.get().filter(|_| done) else {
+            return;
         };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n = conn.read(&mut buf).await.unwrap_or(0);
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = match path {
-                "/healthz" => ("200 OK", "ok\n".to_string()),
-                "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
-                    ("200 OK", "ok\n".to_string())
-                }
-                "/readyz" => ("503 Service Unavailable", "starting\n".to_string()),
-                "/metrics" => ("200 OK", metrics.render()),
-                _ => ("404 Not Found", "not found\n".to_string()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            if let Err(e) = conn.write_all(response.as_bytes()).await {
-                warn!(error = %e, "http response failed");
+        let mut seen = self.done_seen.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            let m = store.get(&kube::runtime::reflector::ObjectRef::new(key).within(namespace));
+            let holds = m.and_then(|m| m.status.clone()).is_some_and(|s| {
+                s.holders
+                    .iter()
+                    .any(|h| h.pipeline_run.as_deref() == Some(name))
+            });
+            if holds {
+                let id = (namespace.to_string(), key.clone(), name.to_string());
+                seen.entry(id).or_insert_with(Utc::now);
             }
-        });
+        }
+    }
+
+    /// Counts what a written Mutex status changed: grants with their wait,
+    /// and the handover from a freed slot to the next grant.
+    /// `seen` is when the sync that wrote it started.
+    pub fn status_written(
+        &self,
+        namespace: &str,
+        key: &str,
+        before: &MutexStatus,
+        after: &MutexStatus,
+        seen: DateTime<Utc>,
+    ) {
+        let ns = Ns {
+            namespace: namespace.into(),
+        };
+        let held = |s: &MutexStatus, uid: &str| s.holders.iter().any(|h| h.run.uid == uid);
+        let granted = after
+            .holders
+            .iter()
+            .filter(|h| !held(before, &h.run.uid))
+            .inspect(|h| {
+                self.grants.get_or_create(&ns).inc();
+                self.wait_seconds
+                    .get_or_create(&ns)
+                    .observe(h.waited_seconds as f64);
+            })
+            .count();
+        let released = self.released_at(namespace, key, before, after, seen);
+        let slot = (namespace.to_string(), key.to_string());
+        let mut freed = self.freed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = released.filter(|_| !before.queue.is_empty()) {
+            freed.entry(slot.clone()).or_insert(at);
+        }
+        if granted > 0
+            && let Some(since) = freed.remove(&slot)
+        {
+            let latency = (Utc::now() - since).to_std().unwrap_or_default();
+            self.handover_seconds
+                .get_or_create(&ns)
+                .observe(latency.as_secs_f64());
+        }
+        if after.queue.is_empty() {
+            freed.remove(&slot);
+        }
+    }
+
+    /// When the earliest holder this write let go was seen done (else `seen`).
+    fn released_at(
+        &self,
+        namespace: &str,
+        key: &str,
+        before: &MutexStatus,
+        after: &MutexStatus,
+        seen: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let mut done = self.done_seen.lock().unwrap_or_else(|e| e.into_inner());
+        before
+            .holders
+            .iter()
+            .filter(|h| !after.holders.iter().any(|a| a.run.uid == h.run.uid))
+            .map(|h| {
+                let id = (
+                    namespace.to_string(),
+                    key.to_string(),
+                    h.pipeline_run.clone().unwrap_or_default(),
+                );
+                done.remove(&id).unwrap_or(seen).min(seen)
+            })
+            .min()
     }
 }
 
-/// Binds the address and logs where it serves (port 0 picks a free port).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let listener = TcpListener::bind(addr).await?;
-    info!(addr = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
-    Ok(listener)
+/// A bounded reason for an InvalidParams message: the known param it names
+/// (messages start with it), else the kind of mistake.
+fn reason_of(message: &str) -> &'static str {
+    const PARAMS: [&str; 9] = [
+        "key",
+        "supersede",
+        "group",
+        "cancel-mode",
+        "sequence",
+        "priority",
+        "wait",
+        "timeout",
+        "retries",
+    ];
+    let named = message
+        .strip_prefix("param \"")
+        .or_else(|| message.strip_prefix("spec."))
+        .or_else(|| message.starts_with("key ").then_some("key"));
+    if let Some(rest) = named
+        && let Some(p) = PARAMS.into_iter().find(|p| {
+            rest.strip_prefix(p)
+                .is_some_and(|r| r.is_empty() || r.starts_with(['"', ' ']))
+        })
+    {
+        return p;
+    }
+    if message.starts_with("unknown param") {
+        "unknown-param"
+    } else if message.starts_with("customSpec") {
+        "spec"
+    } else {
+        "other"
+    }
+}
+
+/// Holders and waiters per namespace, read from the Mutex cache at scrape
+/// time, so a warm standby reports them too.
+#[derive(Debug)]
+struct LockGauges(Arc<OnceLock<Store<Mutex>>>);
+
+impl Collector for LockGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut holders: BTreeMap<String, i64> = BTreeMap::new();
+        let mut waiters: BTreeMap<String, i64> = BTreeMap::new();
+        if let Some(store) = self.0.get() {
+            for m in store.state() {
+                let ns = m.namespace().unwrap_or_default();
+                let s = m.status.clone().unwrap_or_default();
+                *holders.entry(ns.clone()).or_default() += s.holders.len() as i64;
+                *waiters.entry(ns).or_default() += s.queue.len() as i64;
+            }
+        }
+        for (name, help, values) in [
+            (
+                "tekton_mutex_holders",
+                "Runs holding a slot, per namespace",
+                holders,
+            ),
+            (
+                "tekton_mutex_waiters",
+                "Runs waiting for a slot, per namespace",
+                waiters,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (namespace, v) in values {
+                let labels = Ns { namespace };
+                ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mutex::{Age, Holder, RunKind, RunRef, Supersede, Waiter};
+
+    fn run(uid: &str) -> RunRef {
+        RunRef {
+            kind: RunKind::CustomRun,
+            name: uid.into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn age() -> Age {
+        Age {
+            sequence: None,
+            created: DateTime::UNIX_EPOCH,
+            name: "p".into(),
+        }
+    }
+
+    fn holder(uid: &str, waited: i64) -> Holder {
+        Holder {
+            run: run(uid),
+            pipeline_run: None,
+            pipeline_run_uid: None,
+            token: 1,
+            since: DateTime::UNIX_EPOCH,
+            waited_seconds: waited,
+            group: "g".into(),
+            age: age(),
+            supersede: Supersede::None,
+        }
+    }
+
+    fn waiter(uid: &str) -> Waiter {
+        Waiter {
+            run: run(uid),
+            pipeline_run: None,
+            pipeline_run_uid: None,
+            group: "g".into(),
+            age: age(),
+            priority: 0,
+            supersede: Supersede::None,
+        }
+    }
 
     #[test]
-    fn renders_every_counter_in_prometheus_text_format() {
-        let m = Metrics::default();
-        Metrics::inc(&m.grants);
-        Metrics::inc(&m.grants);
+    fn grants_count_waits_and_handovers() {
+        let m = Metrics::new();
+        let empty = MutexStatus::default();
+        let a_holds = MutexStatus {
+            holders: vec![holder("a", 0)],
+            queue: vec![waiter("b")],
+            ..Default::default()
+        };
+        let b_holds = MutexStatus {
+            holders: vec![holder("b", 7)],
+            ..Default::default()
+        };
+        m.status_written("ns", "k", &empty, &a_holds, Utc::now());
+        m.status_written("ns", "k", &a_holds, &b_holds, Utc::now());
+        let text = m.render();
+        for line in [
+            "tekton_mutex_grants_total{namespace=\"ns\"} 2",
+            "tekton_mutex_wait_seconds_count{namespace=\"ns\"} 2",
+            "tekton_mutex_wait_seconds_sum{namespace=\"ns\"} 7.0",
+            "tekton_mutex_handover_seconds_count{namespace=\"ns\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_release_with_nobody_waiting_is_no_handover() {
+        let m = Metrics::new();
+        let a_holds = MutexStatus {
+            holders: vec![holder("a", 0)],
+            ..Default::default()
+        };
+        m.status_written("ns", "k", &a_holds, &MutexStatus::default(), Utc::now());
+        m.status_written("ns", "k", &MutexStatus::default(), &a_holds, Utc::now());
+        assert!(!m.render().contains("tekton_mutex_handover_seconds_count{"));
+    }
+
+    #[test]
+    fn invalid_params_are_counted_by_reason() {
+        for (message, reason) in [
+            ("param \"wait\" has invalid value \"x\"", "wait"),
+            ("spec.timeout \"soon\" is not a duration: bad", "timeout"),
+            ("key \"A\" is not a valid name", "key"),
+            (
+                "unknown param \"colour\": allowed params are key",
+                "unknown-param",
+            ),
+            ("param \"colour\" is given more than once", "other"),
+            ("something odd", "other"),
+        ] {
+            assert_eq!(reason_of(message), reason, "{message}");
+        }
+        let m = Metrics::new();
+        m.invalid("ns", "param \"priority\" must be an integer, got \"x\"");
         let text = m.render();
         assert!(
             text.contains(
-                "# TYPE tekton_mutex_grants_total counter\ntekton_mutex_grants_total 2\n"
+                "tekton_mutex_invalid_params_total{namespace=\"ns\",reason=\"priority\"} 1"
             ),
             "{text}"
         );
-        assert_eq!(text.matches("# TYPE").count(), 6);
     }
 }

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "MutexStatus",
     shortname = "mtx",
+    category = "tekton",
+    category = "tekton-pipelines",
     printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
     printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
     printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
@@ -40,6 +42,16 @@ impl Default for MutexSpec {
         MutexSpec {
             capacity: default_capacity(),
             order: Order::default(),
+        }
+    }
+}
+
+impl Order {
+    /// As written in a spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::OldestFirst => "oldest-first",
+            Order::NewestFirst => "newest-first",
         }
     }
 }
@@ -68,7 +80,7 @@ pub struct MutexStatus {
     /// The last fencing token handed out. The next grant gets lastToken + 1.
     #[serde(default)]
     pub last_token: i64,
-    /// The newest run each group has enrolled with a supersede policy other
+    /// The newest run each group has been granted with a supersede policy other
     /// than `none`: later arrivals older than it are stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupMark>,
@@ -129,6 +141,10 @@ pub struct Holder {
     /// The PipelineRun holding the slot; absent for a standalone run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid: the hold outlives a deleted lock run, not a
+    /// replaced PipelineRun of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
     pub token: i64,
     pub since: DateTime<Utc>,
     pub waited_seconds: i64,
@@ -143,6 +159,8 @@ pub struct Waiter {
     pub run: RunRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
     pub group: String,
     pub age: Age,
     #[serde(default)]
@@ -154,8 +172,10 @@ pub struct Waiter {
 #[serde(rename_all = "camelCase")]
 pub struct GroupMark {
     pub group: String,
-    /// The newest run the group enrolled so far.
+    /// The newest run the group was granted so far.
     pub newest: Age,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
 }

@@ -10,8 +10,13 @@ use chrono::{DateTime, Utc};
 
 /// Label Tekton copies from the PipelineRun: the Pipeline's name.
 pub const PIPELINE_LABEL: &str = "tekton.dev/pipeline";
-/// Label Tekton puts on every child of a PipelineRun.
+/// Label Tekton puts on every child of a PipelineRun, pods included.
 pub const PIPELINE_RUN_LABEL: &str = "tekton.dev/pipelineRun";
+/// The PipelineRun's uid, on its children (Tekton v0.50 and later).
+pub const PIPELINE_RUN_UID_LABEL: &str = "tekton.dev/pipelineRunUID";
+/// A field selector for pods that have not ended: a terminating pod is still
+/// Running until its processes have stopped.
+pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 
 #[derive(Clone, Debug)]
 pub struct ObservedRun<'a> {
@@ -30,6 +35,8 @@ pub struct ObservedRun<'a> {
     pub timeout: Option<&'a str>,
     pub retries: Option<i64>,
     pub cancel_requested: bool,
+    /// `spec.statusMessage`: why Tekton (or a person) asked the run to stop.
+    pub status_message: Option<&'a str>,
     pub status: RunStatus,
 }
 
@@ -47,7 +54,7 @@ impl<'a> ObservedRun<'a> {
             &cr.spec.params,
             cr.spec.timeout.as_deref(),
             cr.spec.retries,
-            cr.spec.status.as_deref(),
+            (cr.spec.status.as_deref(), cr.spec.status_message.as_deref()),
             cr.status.clone(),
         )
     }
@@ -65,7 +72,10 @@ impl<'a> ObservedRun<'a> {
             &run.spec.params,
             run.spec.timeout.as_deref(),
             run.spec.retries,
-            run.spec.status.as_deref(),
+            (
+                run.spec.status.as_deref(),
+                run.spec.status_message.as_deref(),
+            ),
             run.status.clone(),
         )
     }
@@ -78,7 +88,7 @@ impl<'a> ObservedRun<'a> {
         params: &'a [Param],
         timeout: Option<&'a str>,
         retries: Option<i64>,
-        spec_status: Option<&str>,
+        (spec_status, status_message): (Option<&str>, Option<&'a str>),
         status: Option<RunStatus>,
     ) -> Self {
         let meta = obj.meta();
@@ -114,6 +124,7 @@ impl<'a> ObservedRun<'a> {
             timeout,
             retries,
             cancel_requested: spec_status == Some(RUN_CANCELLED),
+            status_message: status_message.filter(|m| !m.is_empty()),
             status: status.unwrap_or_default(),
         }
     }
@@ -154,6 +165,20 @@ impl<'a> ObservedRun<'a> {
         self.status
             .start_time
             .as_deref()
+            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or(self.created)
+    }
+
+    /// When the run started waiting: its first attempt's start (an earlier
+    /// attempt's, after a retry), else its creation.
+    pub fn waiting_since(&self) -> DateTime<Utc> {
+        self.status
+            .retries_status
+            .first()
+            .and_then(|a| a.get("startTime"))
+            .and_then(|t| t.as_str())
+            .or(self.status.start_time.as_deref())
             .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
             .map(|t| t.with_timezone(&Utc))
             .unwrap_or(self.created)

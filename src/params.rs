@@ -4,12 +4,10 @@
 //! actionable message for an `InvalidParams` failure. Nothing is silently ignored.
 
 use crate::duration::parse_go_duration;
-use crate::mutex::{MutexSpec, Supersede};
+use crate::mutex::{Mutex, MutexSpec, Order, Supersede};
 use crate::tekton::{EmbeddedSpec, Param, TaskRef};
+use kube::Resource;
 use std::time::Duration;
-
-pub const API_VERSION: &str = "tekton-mutex.dev/v1alpha1";
-pub const KIND: &str = "Mutex";
 
 /// Params a Mutex task accepts.
 pub const PARAMS: &[&str] = &[
@@ -22,9 +20,24 @@ pub const PARAMS: &[&str] = &[
     "wait",
 ];
 
-/// Tekton's default when a run sets no timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+/// The wait limit of a standalone run that sets no timeout: what Tekton's own
+/// `CustomRun.GetTimeout()` answers then (`apisconfig.DefaultTimeoutMinutes`).
+pub const STANDALONE_DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
+/// At most this many retries: each one keeps an entry in the run's `retriesStatus`.
+pub const MAX_RETRIES: u32 = 100;
+
+/// How long a run may wait, from its `spec.timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitLimit {
+    /// No `spec.timeout`. Tekton sets one on a PipelineRun's CustomRun only when the
+    /// pipeline task has a `timeout` or the PipelineRun's tasks timeout exceeds
+    /// `default-timeout-minutes`; otherwise the PipelineRun's own timeouts end the wait.
+    Unset,
+    /// `0s`: wait forever.
+    Never,
+    After(Duration),
+}
 /// What a run points at: a Mutex object by name, an embedded spec, or just the kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Target<'a> {
@@ -39,7 +52,7 @@ impl Target<'_> {
             Target::Ref(r) => (&r.api_version, &r.kind),
             Target::Spec(s) => (&s.api_version, &s.kind),
         };
-        api_version == API_VERSION && kind == KIND
+        *api_version == Mutex::api_version(&()) && *kind == Mutex::kind(&())
     }
 }
 
@@ -68,6 +81,8 @@ pub struct RunConfig {
     pub key: String,
     /// Spec for the Mutex object when this run has to create it.
     pub spec: MutexSpec,
+    /// The fields an embedded spec sets: an existing Mutex must agree with each.
+    pub spec_fields: SpecFields,
     pub supersede: Supersede,
     /// None: the PipelineRun's `tekton.dev/pipeline` label.
     pub group: Option<String>,
@@ -75,9 +90,48 @@ pub struct RunConfig {
     pub sequence: Option<i64>,
     pub priority: i64,
     pub wait: bool,
-    /// None: wait forever (`timeout: 0s`).
-    pub timeout: Option<Duration>,
+    pub timeout: WaitLimit,
     pub retries: u32,
+}
+
+/// The fields of a Mutex spec that a run's embedded spec sets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SpecFields {
+    #[serde(default)]
+    pub capacity: Option<u32>,
+    #[serde(default)]
+    pub order: Option<Order>,
+}
+
+impl RunConfig {
+    /// Why this run cannot use the key's existing Mutex: its embedded spec sets a
+    /// field to another value. A field it does not set takes the Mutex's.
+    pub fn spec_conflict(&self, existing: &MutexSpec) -> Option<String> {
+        let differs = |field: &str, ours: String, theirs: String| {
+            format!(
+                "the embedded Mutex spec sets {field} {ours}, but Mutex {key} already has {field} {theirs}: \
+                 make them equal, or drop {field} from the embedded spec to use the Mutex as it is",
+                key = self.key
+            )
+        };
+        let f = &self.spec_fields;
+        if let Some(c) = f.capacity.filter(|c| *c != existing.capacity) {
+            return Some(differs(
+                "capacity",
+                c.to_string(),
+                existing.capacity.to_string(),
+            ));
+        }
+        if let Some(o) = f.order.filter(|o| *o != existing.order) {
+            return Some(differs(
+                "order",
+                o.as_str().into(),
+                existing.order.as_str().into(),
+            ));
+        }
+        None
+    }
 }
 
 /// The raw spec fields a config is read from.
@@ -93,18 +147,27 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
     let mut cfg = RunConfig {
         key: input.namespace.to_string(),
         spec: MutexSpec::default(),
+        spec_fields: SpecFields::default(),
         supersede: Supersede::default(),
         group: None,
         cancel_mode: CancelMode::default(),
         sequence: None,
         priority: 0,
         wait: true,
-        timeout: Some(DEFAULT_TIMEOUT),
+        timeout: WaitLimit::Unset,
         retries: 0,
     };
+    let key_param = read_params(&mut cfg, input.params)?;
+    read_target(&mut cfg, &input.target, key_param)?;
+    read_run_spec(&mut cfg, input.timeout, input.retries)?;
+    Ok(cfg)
+}
+
+/// Every param, each at most once and a string. Returns the `key` param, if given.
+fn read_params(cfg: &mut RunConfig, params: &[Param]) -> Result<Option<String>, String> {
     let mut key_param = None;
     let mut seen = Vec::new();
-    for p in input.params {
+    for p in params {
         if seen.contains(&p.name.as_str()) {
             return Err(format!("param {:?} is given more than once", p.name));
         }
@@ -119,63 +182,71 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
                 ));
             }
         };
-        match p.name.as_str() {
-            "key" => key_param = Some(value.to_string()),
-            "supersede" => {
-                cfg.supersede = match value {
-                    "pending" => Supersede::Pending,
-                    "none" => Supersede::None,
-                    "running" => Supersede::Running,
-                    _ => {
-                        return Err(invalid_choice(
-                            "supersede",
-                            value,
-                            &["pending", "none", "running"],
-                        ));
-                    }
-                }
-            }
-            "group" => {
-                if value.is_empty() || value.len() > 253 {
-                    return Err(format!(
-                        "param \"group\" must be 1 to 253 characters, got {value:?}"
-                    ));
-                }
-                cfg.group = Some(value.to_string());
-            }
-            "cancel-mode" => {
-                cfg.cancel_mode = match value {
-                    "CancelledRunFinally" => CancelMode::CancelledRunFinally,
-                    "Cancelled" => CancelMode::Cancelled,
-                    "StoppedRunFinally" => CancelMode::StoppedRunFinally,
-                    _ => {
-                        return Err(invalid_choice(
-                            "cancel-mode",
-                            value,
-                            &["CancelledRunFinally", "Cancelled", "StoppedRunFinally"],
-                        ));
-                    }
-                }
-            }
-            "sequence" => cfg.sequence = Some(parse_int("sequence", value)?),
-            "priority" => cfg.priority = parse_int("priority", value)?,
-            "wait" => {
-                cfg.wait = match value {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(invalid_choice("wait", value, &["true", "false"])),
-                }
-            }
-            other => {
-                return Err(format!(
-                    "unknown param {other:?}: allowed params are {}",
-                    PARAMS.join(", ")
-                ));
-            }
+        if p.name == "key" {
+            key_param = Some(value.to_string());
+        } else {
+            read_policy_param(cfg, &p.name, value)?;
         }
     }
+    Ok(key_param)
+}
 
-    match input.target {
+fn read_policy_param(cfg: &mut RunConfig, name: &str, value: &str) -> Result<(), String> {
+    match name {
+        "supersede" => {
+            cfg.supersede = match value {
+                "pending" => Supersede::Pending,
+                "none" => Supersede::None,
+                "running" => Supersede::Running,
+                _ => return Err(invalid_choice(name, value, &["pending", "none", "running"])),
+            }
+        }
+        "group" => {
+            if value.is_empty() || value.len() > 253 {
+                return Err(format!(
+                    "param \"group\" must be 1 to 253 characters, got {value:?}"
+                ));
+            }
+            cfg.group = Some(value.to_string());
+        }
+        "cancel-mode" => {
+            cfg.cancel_mode = match value {
+                "CancelledRunFinally" => CancelMode::CancelledRunFinally,
+                "Cancelled" => CancelMode::Cancelled,
+                "StoppedRunFinally" => CancelMode::StoppedRunFinally,
+                _ => {
+                    let allowed = ["CancelledRunFinally", "Cancelled", "StoppedRunFinally"];
+                    return Err(invalid_choice(name, value, &allowed));
+                }
+            }
+        }
+        "sequence" => cfg.sequence = Some(parse_int(name, value)?),
+        "priority" => cfg.priority = parse_int(name, value)?,
+        "wait" => {
+            cfg.wait = match value {
+                "true" => true,
+                "false" => false,
+                _ => return Err(invalid_choice(name, value, &["true", "false"])),
+            }
+        }
+        other => {
+            return Err(format!(
+                "unknown param {other:?}: allowed params are {}",
+                PARAMS.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The key (the referenced object's name, else the `key` param, else the
+/// namespace) and, for an embedded spec, the spec a new Mutex gets.
+fn read_target(
+    cfg: &mut RunConfig,
+    target: &Target,
+    mut key_param: Option<String>,
+) -> Result<(), String> {
+    match target {
         Target::Ref(r) => {
             if let Some(name) = r.name.as_deref().filter(|n| !n.is_empty()) {
                 if let Some(k) = key_param.as_deref().filter(|k| *k != name) {
@@ -189,7 +260,8 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
         }
         Target::Spec(s) => {
             if let Some(spec) = &s.spec {
-                cfg.spec = parse_embedded_spec(spec)?;
+                cfg.spec_fields = parse_embedded_spec(spec)?;
+                cfg.spec = cfg.spec_fields.apply_to(MutexSpec::default());
             }
         }
     }
@@ -197,42 +269,49 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
         validate_key(&k)?;
         cfg.key = k;
     }
-
-    if let Some(t) = input.timeout {
-        let d = parse_go_duration(t)
-            .map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
-        cfg.timeout = (!d.is_zero()).then_some(d);
-    }
-    if let Some(r) = input.retries {
-        cfg.retries =
-            u32::try_from(r).map_err(|_| format!("spec.retries must be 0 or more, got {r}"))?;
-    }
-    Ok(cfg)
+    Ok(())
 }
 
-fn parse_embedded_spec(spec: &serde_json::Value) -> Result<MutexSpec, String> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    struct Strict {
-        #[serde(default)]
-        capacity: Option<u32>,
-        #[serde(default)]
-        order: Option<crate::mutex::Order>,
+/// The run's own `timeout` and `retries`.
+fn read_run_spec(
+    cfg: &mut RunConfig,
+    timeout: Option<&str>,
+    retries: Option<i64>,
+) -> Result<(), String> {
+    if let Some(t) = timeout {
+        let d = parse_go_duration(t)
+            .map_err(|e| format!("spec.timeout {t:?} is not a duration: {e}"))?;
+        cfg.timeout = if d.is_zero() {
+            WaitLimit::Never
+        } else {
+            WaitLimit::After(d)
+        };
     }
-    let strict: Strict = serde_json::from_value(spec.clone()).map_err(|e| {
+    if let Some(r) = retries {
+        cfg.retries = u32::try_from(r)
+            .ok()
+            .filter(|r| *r <= MAX_RETRIES)
+            .ok_or_else(|| format!("spec.retries must be 0 to {MAX_RETRIES}, got {r}"))?;
+    }
+    Ok(())
+}
+
+fn parse_embedded_spec(spec: &serde_json::Value) -> Result<SpecFields, String> {
+    let fields: SpecFields = serde_json::from_value(spec.clone()).map_err(|e| {
         format!("customSpec.spec is not a Mutex spec ({e}): allowed fields are capacity (integer >= 1) and order (oldest-first or newest-first)")
     })?;
-    let mut out = MutexSpec::default();
-    if let Some(c) = strict.capacity {
-        if c == 0 {
-            return Err("customSpec.spec.capacity must be 1 or more".into());
-        }
-        out.capacity = c;
+    if fields.capacity == Some(0) {
+        return Err("customSpec.spec.capacity must be 1 or more".into());
     }
-    if let Some(o) = strict.order {
-        out.order = o;
+    Ok(fields)
+}
+
+impl SpecFields {
+    fn apply_to(self, mut spec: MutexSpec) -> MutexSpec {
+        spec.capacity = self.capacity.unwrap_or(spec.capacity);
+        spec.order = self.order.unwrap_or(spec.order);
+        spec
     }
-    Ok(out)
 }
 
 /// A key names a Mutex object, so it must be a valid Kubernetes object name
@@ -290,8 +369,8 @@ mod tests {
 
     fn mutex_ref(name: Option<&str>) -> TaskRef {
         TaskRef {
-            api_version: API_VERSION.into(),
-            kind: KIND.into(),
+            api_version: Mutex::api_version(&()).into(),
+            kind: Mutex::kind(&()).into(),
             name: name.map(Into::into),
         }
     }
@@ -320,7 +399,7 @@ mod tests {
         assert_eq!(cfg.supersede, Supersede::Pending);
         assert_eq!(cfg.cancel_mode, CancelMode::CancelledRunFinally);
         assert!(cfg.wait);
-        assert_eq!(cfg.timeout, Some(DEFAULT_TIMEOUT));
+        assert_eq!(cfg.timeout, WaitLimit::Unset);
     }
 
     #[test]
@@ -416,8 +495,8 @@ mod tests {
     #[test]
     fn timeout_and_embedded_spec() {
         let spec = EmbeddedSpec {
-            api_version: API_VERSION.into(),
-            kind: KIND.into(),
+            api_version: Mutex::api_version(&()).into(),
+            kind: Mutex::kind(&()).into(),
             spec: Some(json!({"capacity": 2})),
         };
         let input = RunInput {
@@ -429,7 +508,7 @@ mod tests {
         };
         let cfg = parse(&input).unwrap();
         assert_eq!(cfg.spec.capacity, 2);
-        assert_eq!(cfg.timeout, None);
+        assert_eq!(cfg.timeout, WaitLimit::Never);
         assert_eq!(cfg.retries, 2);
 
         let bad = EmbeddedSpec {
@@ -450,6 +529,70 @@ mod tests {
             retries: None,
         };
         assert!(parse(&input).unwrap_err().contains("spec.timeout"));
+    }
+
+    #[test]
+    fn an_embedded_spec_must_agree_with_the_existing_mutex() {
+        let embedded = |spec: serde_json::Value| {
+            let s = EmbeddedSpec {
+                api_version: Mutex::api_version(&()).into(),
+                kind: Mutex::kind(&()).into(),
+                spec: Some(spec),
+            };
+            let input = RunInput {
+                namespace: "jx-staging",
+                target: Target::Spec(&s),
+                params: &[],
+                timeout: None,
+                retries: None,
+            };
+            parse(&input).unwrap()
+        };
+        let existing = MutexSpec {
+            capacity: 2,
+            order: Order::OldestFirst,
+        };
+        let err = embedded(json!({"capacity": 3}))
+            .spec_conflict(&existing)
+            .unwrap();
+        assert!(
+            err.contains("sets capacity 3, but Mutex jx-staging already has capacity 2"),
+            "{err}"
+        );
+        let err = embedded(json!({"capacity": 2, "order": "newest-first"}))
+            .spec_conflict(&existing)
+            .unwrap();
+        assert!(err.contains("order newest-first"), "{err}");
+        assert_eq!(
+            embedded(json!({"capacity": 2})).spec_conflict(&existing),
+            None
+        );
+        assert_eq!(
+            embedded(json!({})).spec_conflict(&existing),
+            None,
+            "a field not set takes the Mutex's"
+        );
+        let by_ref = parse_with(&[], &mutex_ref(Some("jx-staging"))).unwrap();
+        assert_eq!(by_ref.spec_conflict(&existing), None);
+    }
+
+    #[test]
+    fn retries_are_bounded() {
+        let r = mutex_ref(None);
+        let with_retries = |retries| {
+            parse(&RunInput {
+                namespace: "ns",
+                target: Target::Ref(&r),
+                params: &[],
+                timeout: None,
+                retries: Some(retries),
+            })
+        };
+        assert_eq!(with_retries(100).unwrap().retries, 100);
+        for bad in [101, -1, i64::MAX] {
+            let err = with_retries(bad).unwrap_err();
+            assert!(err.contains("spec.retries must be 0 to 100"), "{err}");
+        }
     }
 
     #[test]

@@ -7,31 +7,74 @@ use crate::tekton::{Condition, RunStatus};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 
-/// Reasons this controller writes besides Tekton's own.
-pub mod reason {
-    pub const WAITING: &str = "Waiting";
-    pub const ACQUIRED: &str = "Acquired";
-    pub const NOT_ACQUIRED: &str = "NotAcquired";
-    pub const INVALID_PARAMS: &str = "InvalidParams";
-    pub use crate::decide::SUPERSEDED;
+/// Every reason this controller writes on a run's `Succeeded` condition or in an
+/// Event. The cancel and timeout reasons are Tekton's own, which Tekton reads
+/// back: a PipelineRun counts a custom task as cancelled only with the cancel
+/// reason, so a superseded run ends `Cancelled(kind)` and its PipelineRun
+/// `Cancelled` (tektoncd/pipeline v1.15.0, `pipelinerunresolution.go` `isCancelled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Waiting,
+    Acquired,
+    NotAcquired,
+    InvalidParams,
+    /// The reason of the `Superseded` Events (on the PipelineRun and on the lock
+    /// run). Controllers before the `Cancelled` contract also ended superseded
+    /// runs with it; [`superseded`] still recognizes those.
+    Superseded,
+    Cancelled(RunKind),
+    TimedOut(RunKind),
 }
 
-pub fn cancelled_reason(kind: RunKind) -> &'static str {
-    match kind {
-        RunKind::CustomRun => "CustomRunCancelled",
-        RunKind::Run => "RunCancelled",
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Waiting => "Waiting",
+            Reason::Acquired => "Acquired",
+            Reason::NotAcquired => "NotAcquired",
+            Reason::InvalidParams => "InvalidParams",
+            Reason::Superseded => "Superseded",
+            Reason::Cancelled(RunKind::CustomRun) => "CustomRunCancelled",
+            Reason::Cancelled(RunKind::Run) => "RunCancelled",
+            Reason::TimedOut(RunKind::CustomRun) => "CustomRunTimedOut",
+            Reason::TimedOut(RunKind::Run) => "RunTimedOut",
+        }
+    }
+
+    /// The condition status this reason goes with.
+    pub fn status(self) -> &'static str {
+        match self {
+            Reason::Waiting => "Unknown",
+            Reason::Acquired | Reason::NotAcquired => "True",
+            Reason::InvalidParams
+            | Reason::Superseded
+            | Reason::Cancelled(_)
+            | Reason::TimedOut(_) => "False",
+        }
     }
 }
 
-pub fn timed_out_reason(kind: RunKind) -> &'static str {
-    match kind {
-        RunKind::CustomRun => "CustomRunTimedOut",
-        RunKind::Run => "RunTimedOut",
-    }
+/// How a superseded run's message starts; people and alert rules look for it.
+pub const SUPERSEDED_PREFIX: &str = "Superseded:";
+/// `status.extraFields` key naming who superseded a run: the typed fact that a
+/// run ended superseded (its PipelineRun's cancel is redone from it after a crash).
+pub const SUPERSEDED_BY_FIELD: &str = "supersededBy";
+
+/// Did this run end superseded? By our marker, or by the reason older versions wrote.
+pub fn superseded(status: &RunStatus) -> bool {
+    let marked = status
+        .extra_fields
+        .as_ref()
+        .and_then(|f| f.get(SUPERSEDED_BY_FIELD))
+        .is_some_and(|v| v.is_string());
+    let legacy = status
+        .succeeded()
+        .is_some_and(|c| c.reason.as_deref() == Some(Reason::Superseded.as_str()));
+    marked || legacy
 }
 
-/// The Succeeded condition an outcome calls for.
-pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, String, String) {
+/// The Succeeded condition an outcome calls for: its reason and message.
+pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String) {
     match outcome {
         Outcome::Waiting {
             position,
@@ -39,8 +82,7 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, 
             holders,
             ..
         } => (
-            "Unknown",
-            reason::WAITING.into(),
+            Reason::Waiting,
             format!(
                 "waiting for {key}: held by {} (position {position} of {of})",
                 holders_text(holders)
@@ -50,31 +92,28 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (&'static str, 
             token,
             waited_seconds,
         } => (
-            "True",
-            reason::ACQUIRED.into(),
+            Reason::Acquired,
             format!("acquired {key} with token {token} after waiting {waited_seconds}s"),
         ),
         Outcome::NotAcquired { holders } => (
-            "True",
-            reason::NOT_ACQUIRED.into(),
+            Reason::NotAcquired,
             format!(
                 "{key} is held by {}; not waiting because wait is \"false\"",
                 holders_text(holders)
             ),
         ),
-        Outcome::Superseded { by } => (
-            "False",
-            reason::SUPERSEDED.into(),
-            format!("superseded by newer PipelineRun {by} on {key}"),
+        Outcome::Superseded { by, group } => (
+            Reason::Cancelled(kind),
+            format!(
+                "{SUPERSEDED_PREFIX} newer PipelineRun {by} (group {group}) holds or waits for {key}"
+            ),
         ),
         Outcome::Cancelled { why } => (
-            "False",
-            cancelled_reason(kind).into(),
+            Reason::Cancelled(kind),
             format!("left the queue for {key}: {why}"),
         ),
         Outcome::TimedOut => (
-            "False",
-            timed_out_reason(kind).into(),
+            Reason::TimedOut(kind),
             format!("timed out waiting for {key}"),
         ),
     }
@@ -122,7 +161,8 @@ pub fn patch(
     resource_version: Option<&str>,
     now: DateTime<Utc>,
 ) -> Option<Value> {
-    let (status, reason, message) = condition(kind, key, outcome);
+    let (reason, message) = condition(kind, key, outcome);
+    let status = reason.status();
     let retry = matches!(outcome, Outcome::Waiting { retry: true, .. });
     let same = current.succeeded().is_some_and(|c| {
         c.status == status
@@ -135,14 +175,18 @@ pub fn patch(
     let cond = Condition {
         type_: "Succeeded".into(),
         status: status.into(),
-        reason: Some(reason),
+        reason: Some(reason.as_str().into()),
         message: Some(message),
-        last_transition_time: Some(rfc3339(now)),
+        last_transition_time: Some(transition_time(current, status, reason, now)),
     };
+    let mut extra = json!({"key": key});
+    if let Outcome::Superseded { by, .. } = outcome {
+        extra[SUPERSEDED_BY_FIELD] = json!(by);
+    }
     let mut st = json!({
         "conditions": [cond],
         "startTime": current.start_time.clone().unwrap_or_else(|| rfc3339(now)),
-        "extraFields": {"key": key},
+        "extraFields": extra,
     });
     if status != "Unknown" {
         st["completionTime"] = json!(rfc3339(now));
@@ -157,7 +201,7 @@ pub fn patch(
             "conditions": [Condition {
                 type_: "Succeeded".into(),
                 status: "False".into(),
-                reason: Some(timed_out_reason(kind).into()),
+                reason: Some(Reason::TimedOut(kind).as_str().into()),
                 message: Some(format!("attempt {} timed out waiting for {key}", attempts.len() + 1)),
                 last_transition_time: Some(rfc3339(now)),
             }],
@@ -170,13 +214,28 @@ pub fn patch(
     Some(json!({"metadata": {"resourceVersion": resource_version}, "status": st}))
 }
 
+/// A condition's lastTransitionTime moves only when its status or reason does:
+/// a new position in the queue is not a transition.
+fn transition_time(
+    current: &RunStatus,
+    status: &str,
+    reason: Reason,
+    now: DateTime<Utc>,
+) -> String {
+    current
+        .succeeded()
+        .filter(|c| c.status == status && c.reason.as_deref() == Some(reason.as_str()))
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| rfc3339(now))
+}
+
 /// Status for a run whose spec we cannot accept.
 pub fn invalid_params_patch(message: &str, current: &RunStatus, now: DateTime<Utc>) -> Value {
     json!({"status": {
         "conditions": [Condition {
             type_: "Succeeded".into(),
             status: "False".into(),
-            reason: Some(reason::INVALID_PARAMS.into()),
+            reason: Some(Reason::InvalidParams.as_str().into()),
             message: Some(message.into()),
             last_transition_time: Some(rfc3339(now)),
         }],
@@ -248,19 +307,14 @@ mod tests {
     #[test]
     fn reasons_follow_the_protocol_of_each_kind() {
         let cancel = Outcome::Cancelled { why: "x".into() };
+        let reason = |kind, o| condition(kind, "k", o).0.as_str();
+        assert_eq!(reason(RunKind::CustomRun, &cancel), "CustomRunCancelled");
+        assert_eq!(reason(RunKind::Run, &cancel), "RunCancelled");
         assert_eq!(
-            condition(RunKind::CustomRun, "k", &cancel).1,
-            "CustomRunCancelled"
-        );
-        assert_eq!(condition(RunKind::Run, "k", &cancel).1, "RunCancelled");
-        assert_eq!(
-            condition(RunKind::CustomRun, "k", &Outcome::TimedOut).1,
+            reason(RunKind::CustomRun, &Outcome::TimedOut),
             "CustomRunTimedOut"
         );
-        assert_eq!(
-            condition(RunKind::Run, "k", &Outcome::TimedOut).1,
-            "RunTimedOut"
-        );
+        assert_eq!(reason(RunKind::Run, &Outcome::TimedOut), "RunTimedOut");
     }
 
     #[test]
@@ -282,5 +336,110 @@ mod tests {
             p["status"]["retriesStatus"][0]["conditions"][0]["reason"],
             "CustomRunTimedOut"
         );
+    }
+
+    fn waiting(position: usize) -> Outcome {
+        Outcome::Waiting {
+            position,
+            of: 3,
+            holders: vec!["a".into()],
+            retry: false,
+        }
+    }
+
+    fn written(p: &Value) -> RunStatus {
+        serde_json::from_value(p["status"].clone()).unwrap()
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_with_status_or_reason() {
+        let later = now() + chrono::TimeDelta::seconds(30);
+        let first = patch(
+            RunKind::CustomRun,
+            "k",
+            &waiting(3),
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        let ltt = |p: &Value| p["status"]["conditions"][0]["lastTransitionTime"].clone();
+        assert_eq!(ltt(&first), "2026-11-30T12:00:00Z");
+        // A new position is a new message, not a transition.
+        let moved = patch(
+            RunKind::CustomRun,
+            "k",
+            &waiting(2),
+            &written(&first),
+            None,
+            later,
+        )
+        .unwrap();
+        assert_eq!(ltt(&moved), "2026-11-30T12:00:00Z");
+        let acquired = Outcome::Acquired {
+            token: 1,
+            waited_seconds: 30,
+        };
+        let granted = patch(
+            RunKind::CustomRun,
+            "k",
+            &acquired,
+            &written(&moved),
+            None,
+            later,
+        )
+        .unwrap();
+        assert_eq!(ltt(&granted), "2026-11-30T12:00:30Z");
+    }
+
+    #[test]
+    fn a_superseded_run_ends_cancelled_with_the_word_in_front() {
+        let o = Outcome::Superseded {
+            by: "promote-81".into(),
+            group: "promote".into(),
+        };
+        for (kind, reason) in [
+            (RunKind::CustomRun, "CustomRunCancelled"),
+            (RunKind::Run, "RunCancelled"),
+        ] {
+            let p = patch(kind, "jx-staging", &o, &RunStatus::default(), None, now()).unwrap();
+            let c = &p["status"]["conditions"][0];
+            assert_eq!(
+                (c["status"].as_str(), c["reason"].as_str()),
+                (Some("False"), Some(reason))
+            );
+            assert_eq!(
+                c["message"],
+                "Superseded: newer PipelineRun promote-81 (group promote) holds or waits for jx-staging"
+            );
+            assert!(p["status"]["completionTime"].is_string());
+            assert!(superseded(&written(&p)), "the marker says superseded");
+        }
+    }
+
+    #[test]
+    fn only_the_marker_or_the_old_reason_means_superseded() {
+        let cancelled = patch(
+            RunKind::CustomRun,
+            "k",
+            &Outcome::Cancelled {
+                why: "Superseded: not really".into(),
+            },
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        assert!(!superseded(&written(&cancelled)));
+        let legacy = RunStatus {
+            conditions: vec![Condition {
+                type_: "Succeeded".into(),
+                status: "False".into(),
+                reason: Some("Superseded".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(superseded(&legacy), "runs ended by earlier versions");
     }
 }

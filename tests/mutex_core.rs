@@ -24,6 +24,7 @@ async fn cancel_pipeline_run(ns: &TestNamespace, pr: &str, mode: &str) -> Result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result<()> {
     let ns = TestNamespace::create("exclusion").await?;
     // Two replicas at once: every grant is a compare-and-swap, so they cannot double-grant.
@@ -85,6 +86,7 @@ async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn waiters_are_served_in_creation_order() -> Result<()> {
     let ns = TestNamespace::create("fifo").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -198,9 +200,16 @@ async fn release_case(ending: Ending) -> Result<()> {
                 .await?;
         }
         Ending::CustomRunDeleted => {
+            // The hold is the PipelineRun's: deleting its lock run frees nothing,
+            // a's PipelineRun ending does.
             ns.api::<CustomRun>()
                 .delete(&lock_run("a"), &DeleteParams::default())
                 .await?;
+            ensure!(
+                mutex_status(&ns, ns.name()).await?.holding == "a",
+                "a keeps the slot without its lock run"
+            );
+            release(&ns, "a").await?;
         }
     }
     wait_reason(&ns, &lock_run("b"), "Acquired", slow()).await?;
@@ -210,6 +219,7 @@ async fn release_case(ending: Ending) -> Result<()> {
             "a's finally task ran"
         );
     }
+    // A deleted (and by Tekton re-created) lock run shows its grant twice on the timeline.
     if !matches!(ending, Ending::CustomRunDeleted) {
         timeline.check_exclusion(1)?;
     }
@@ -225,31 +235,37 @@ async fn release_case(ending: Ending) -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn released_when_holder_fails() -> Result<()> {
     release_case(Ending::Fails).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn released_when_holder_is_cancelled() -> Result<()> {
     release_case(Ending::Cancelled).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn released_only_after_finally_when_cancelled_gracefully() -> Result<()> {
     release_case(Ending::CancelledRunFinally).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn released_when_holder_pipelinerun_is_deleted() -> Result<()> {
     release_case(Ending::PipelineRunDeleted).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn released_when_holder_customrun_is_deleted() -> Result<()> {
+#[ignore = "needs hack/cluster.sh up"]
+async fn released_when_holder_whose_customrun_was_deleted_ends() -> Result<()> {
     release_case(Ending::CustomRunDeleted).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<()> {
     let ns = TestNamespace::create("cancel-waiter").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -309,6 +325,7 @@ async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn waiting_times_out_after_its_retries() -> Result<()> {
     let ns = TestNamespace::create("timeout").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -353,6 +370,7 @@ async fn waiting_times_out_after_its_retries() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     let ns = TestNamespace::create("restart").await?;
     let mut c = ControllerProcess::start(ns.name()).await?;
@@ -375,6 +393,9 @@ async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     })
     .await?;
     let first = mutex_status(&ns, ns.name()).await?.holding;
+    // The Mutex status is written before the runs are told: wait until the holder's
+    // lock run says so, or it could never finish while the controller is down.
+    wait_reason(&ns, &lock_run(&first), "Acquired", slow()).await?;
     c.kill();
     // While it is down: the holder finishes, and a new run arrives.
     release(&ns, &first).await?;
@@ -422,6 +443,7 @@ fn standalone(name: &str, target: serde_json::Value, params: serde_json::Value) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn bad_input_fails_with_invalid_params() -> Result<()> {
     let ns = TestNamespace::create("bad-input").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -506,6 +528,7 @@ async fn bad_input_fails_with_invalid_params() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
     let ns = TestNamespace::create("standalone").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
@@ -541,6 +564,7 @@ async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
 async fn a_pipelinerun_holding_the_key_passes_its_second_lock() -> Result<()> {
     let ns = TestNamespace::create("reentry").await?;
     let _c = ControllerProcess::start(ns.name()).await?;

@@ -207,7 +207,7 @@ impl Writes {
         )
     }
 
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({
             "customrun_status": self.customrun_status,
             "customrun_other": self.customrun_other,

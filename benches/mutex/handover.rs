@@ -55,15 +55,18 @@ impl Hops {
     }
 }
 
-/// The start and end marks each deploy step wrote: PipelineRun -> (start, end) in epoch seconds.
-pub fn read_marks(path: &Path) -> Result<HashMap<String, (Option<f64>, Option<f64>)>> {
+/// PipelineRun -> (deploy step start, deploy step end), in epoch seconds.
+pub type Marks = HashMap<String, (Option<f64>, Option<f64>)>;
+
+/// The start and end marks each deploy step wrote.
+pub fn read_marks(path: &Path) -> Result<Marks> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
             "reading the deploy steps' marks {} (did the steps run on this host?)",
             path.display()
         )
     })?;
-    let mut out: HashMap<String, (Option<f64>, Option<f64>)> = HashMap::new();
+    let mut out = Marks::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let [pr, what, ns] = f[..] else { continue };
@@ -92,10 +95,8 @@ pub fn pod_occupancy(log: &[Obs], work: &[&str]) -> (usize, usize, f64) {
         }
         let finished = o.deleted || matches!(o.phase.as_deref(), Some("Succeeded" | "Failed"));
         if finished {
-            if let Some((since, waiter)) = alive.remove(&o.name) {
-                if waiter {
-                    waiter_secs += o.at - since;
-                }
+            if let Some((since, true)) = alive.remove(&o.name) {
+                waiter_secs += o.at - since;
             }
             ended.insert(o.name.clone());
             continue;

@@ -31,7 +31,7 @@ impl Summary {
         }
     }
 
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({"n": self.n, "p50_ms": round(self.p50), "p90_ms": round(self.p90),
                "p99_ms": round(self.p99), "max_ms": round(self.max), "mean_ms": round(self.mean)})
     }

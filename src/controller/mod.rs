@@ -1,31 +1,49 @@
-//! Wiring: two controllers over shared caches.
+//! Wiring: two controllers over shared caches, optionally behind a leader Lease.
 //!
 //! - `intake` reconciles each Mutex run: it rejects bad input and makes sure
 //!   the Mutex object for the run's key exists.
 //! - `sync` reconciles each Mutex object (one per key): it reads the key's runs,
 //!   asks the pure decision core what to do, and applies it. It is triggered by
-//!   changes to the Mutex, to its runs and to their PipelineRuns, so a holder's
-//!   completion hands the slot over straight from the watch event.
+//!   changes to the Mutex, to its runs, to their PipelineRuns and to those
+//!   PipelineRuns' live pods, so a holder's end (its last pod gone) hands the
+//!   slot over straight from the watch event.
+//! - `leader` holds the Lease: every replica keeps its caches warm, only the
+//!   holder's reconcilers act. Correctness never rests on it: every grant is
+//!   a compare-and-swap on the Mutex status.
 
+pub mod events;
 mod intake;
+mod leader;
 mod sync;
+#[cfg(test)]
+mod tests;
+mod triggers;
 mod writes;
 
-use crate::metrics::{self, Metrics};
+use crate::http::{self, Health};
+use crate::metrics::Metrics;
 use crate::mutex::Mutex;
-use crate::observe::{Observe, PIPELINE_RUN_LABEL};
+use crate::observe::{LIVE_PODS, Observe, PIPELINE_RUN_LABEL};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
-use futures::{FutureExt, StreamExt};
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio::sync::watch;
 use tracing::{info, warn};
+
+pub use leader::LeaderElection;
+use triggers::{Triggers, mutex_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -37,23 +55,61 @@ pub enum Error {
     MissingCrd(&'static str, String),
     #[error("cannot serve http: {0}")]
     Http(#[from] std::io::Error),
+    #[error("leader election: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
+    #[error("lost the leader Lease to another replica; exiting so that only one acts")]
+    LostLease,
 }
 
-/// Where the controller acts: the whole cluster or one namespace.
+impl Error {
+    /// A bounded name for the reconcile errors metric.
+    fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(e)) if e.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "transport",
+            Error::Conflict => "conflict",
+            Error::MissingCrd(..) => "missing-crd",
+            Error::Http(_) => "io",
+            Error::Lease(_) | Error::LostLease => "lease",
+        }
+    }
+}
+
+/// How the controller runs.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
+    /// Where it acts: one namespace, or None for the whole cluster.
     pub namespace: Option<String>,
-    /// Test hook: exit between the two writes of a supersede.
-    pub fault: Option<Fault>,
     /// Where to serve /healthz, /readyz and /metrics; None serves nothing.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Act only while holding this Lease; None acts at once.
+    pub leader_election: Option<LeaderElection>,
+    /// Test hook: exit between the two writes of a supersede.
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<Fault>,
 }
 
+/// A crash the tests can ask for. Only builds with the `fault-injection`
+/// feature read it (from TEKTON_MUTEX_FAULT); release builds never set it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// Exit after the lock state records a supersede, before the PipelineRun
     /// is cancelled and the run marked.
     ExitAfterLockWrite,
+}
+
+#[cfg(feature = "fault-injection")]
+impl Fault {
+    pub fn from_env() -> Result<Option<Fault>, String> {
+        match std::env::var("TEKTON_MUTEX_FAULT").ok().as_deref() {
+            None | Some("") => Ok(None),
+            Some("exit-after-lock-write") => Ok(Some(Fault::ExitAfterLockWrite)),
+            Some(other) => Err(format!(
+                "unknown TEKTON_MUTEX_FAULT {other:?} (known: exit-after-lock-write)"
+            )),
+        }
+    }
 }
 
 pub struct Context {
@@ -65,6 +121,14 @@ pub struct Context {
     recorder: Recorder,
     fault: Option<Fault>,
     metrics: Arc<Metrics>,
+    /// Whether this replica acts (holds the Lease, or runs without election).
+    acting: watch::Receiver<bool>,
+}
+
+impl Context {
+    fn acting(&self) -> bool {
+        *self.acting.borrow()
+    }
 }
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -89,143 +153,280 @@ where
     }
 }
 
-/// The Mutexes that the runs of this PipelineRun belong to.
-fn mutexes_of_children<K>(store: &Store<K>, pr: &PipelineRun) -> Vec<ObjectRef<Mutex>>
-where
-    K: Observe + Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (name, ns) = (pr.name_any(), pr.namespace());
-    store
-        .state()
-        .iter()
-        .filter(|c| c.namespace() == ns && c.labels().get(PIPELINE_RUN_LABEL) == Some(&name))
-        .filter_map(|c| mutex_of(c.as_ref()))
-        .collect()
+/// Which run kinds this cluster serves.
+struct Served {
+    custom_runs: bool,
+    runs: bool,
 }
 
-/// The Mutex object a run belongs to, if it is a valid Mutex run.
-fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
-    let o = obj.observe();
-    if !o.is_mutex() {
-        return None;
-    }
-    let cfg = o.config().ok()?;
-    Some(ObjectRef::new(&cfg.key).within(&o.namespace))
-}
-
-pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
-    let mutexes: Api<Mutex> = scoped(&client, &opts.namespace);
-    let custom_runs: Api<CustomRun> = scoped(&client, &opts.namespace);
-    let runs: Api<Run> = scoped(&client, &opts.namespace);
-    let pipeline_runs: Api<PipelineRun> = scoped(&client, &opts.namespace);
-
-    if !served(&mutexes).await? {
+/// Fails early, with the fix, when a CRD the controller needs is missing.
+async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Served, Error> {
+    if !served(&scoped::<Mutex>(client, namespace)).await? {
         return Err(Error::MissingCrd(
             "Mutex",
             "install it with `kubectl apply -f config/`".into(),
         ));
     }
     // Tekton v0.43 to v0.46 serve both kinds; newer ones only CustomRun, older ones only Run.
-    let with_custom_runs = served(&custom_runs).await?;
-    let with_runs = served(&runs).await?;
-    if !with_custom_runs && !with_runs {
+    let kinds = Served {
+        custom_runs: served(&scoped::<CustomRun>(client, namespace)).await?,
+        runs: served(&scoped::<Run>(client, namespace)).await?,
+    };
+    if !kinds.custom_runs && !kinds.runs {
         return Err(Error::MissingCrd(
             "CustomRun",
             "install Tekton Pipelines (CustomRun, or Run before v0.47)".into(),
         ));
     }
-    let metrics = Arc::new(Metrics::default());
+    Ok(kinds)
+}
+
+/// Runs the controller until SIGTERM/SIGINT (or, under leader election,
+/// until it loses the Lease).
+pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
+    let kinds = check_crds(&client, &opts.namespace).await?;
+    let state = Arc::new(http::State {
+        health: Health::default(),
+        metrics: Arc::new(Metrics::new()),
+    });
     if let Some(addr) = opts.http_addr {
-        tokio::spawn(metrics::serve(metrics::bind(addr).await?, metrics.clone()));
+        tokio::spawn(http::serve(http::bind(addr).await?, state.clone()));
     }
     info!(
+        version = crate::VERSION,
+        revision = crate::REVISION,
         namespace = opts.namespace.as_deref().unwrap_or("<all>"),
-        v1beta1_customruns = with_custom_runs,
-        v1alpha1_runs = with_runs,
+        v1beta1_customruns = kinds.custom_runs,
+        v1alpha1_runs = kinds.runs,
+        leader_election = opts.leader_election.is_some(),
         "starting tekton-mutex"
     );
-
-    let wc = watcher::Config::default();
-    let (pr_store, pr_writer) = reflector::store();
-    let pr_stream = reflector::reflector(pr_writer, watcher(pipeline_runs, wc.clone()))
-        .default_backoff()
-        .touched_objects();
-
-    let intake_crs = with_custom_runs.then(|| Controller::new(custom_runs.clone(), wc.clone()));
-    let cr_store = intake_crs.as_ref().map(|c| c.store());
-    let intake_runs = with_runs.then(|| Controller::new(runs.clone(), wc.clone()));
-    let run_store = intake_runs.as_ref().map(|c| c.store());
-
-    // A PipelineRun event concerns the Mutexes its runs belong to.
-    let pr_to_mutexes = {
-        let (crs, runs) = (cr_store.clone(), run_store.clone());
-        move |pr: PipelineRun| {
-            let mut refs = crs
-                .as_ref()
-                .map(|s| mutexes_of_children(s, &pr))
-                .unwrap_or_default();
-            refs.extend(
-                runs.as_ref()
-                    .map(|s| mutexes_of_children(s, &pr))
-                    .unwrap_or_default(),
-            );
-            refs
+    let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
+    let controllers = Controllers::new(&client, &opts.namespace, &kinds, state.metrics.clone());
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter()),
+        client: client.clone(),
+        custom_runs: controllers.custom_runs.as_ref().map(|c| c.store()),
+        runs: controllers.runs.as_ref().map(|c| c.store()),
+        pipeline_runs: controllers.pipeline_runs.clone(),
+        mutexes: controllers.sync.store(),
+        #[cfg(feature = "fault-injection")]
+        fault: opts.fault,
+        #[cfg(not(feature = "fault-injection"))]
+        fault: None,
+        metrics: state.metrics.clone(),
+        acting: acting_rx.clone(),
+    });
+    state.metrics.watch_mutexes(ctx.mutexes.clone());
+    let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();
+    tokio::spawn(synced.clone());
+    let loops = controllers.run(ctx, opts.leader_election.is_some().then_some(acting_rx));
+    let result = match opts.leader_election {
+        None => {
+            loops.await;
+            Ok(())
         }
+        Some(le) => leader::act_while_leading(client, le, synced, acting_tx, loops).await,
     };
+    state.health.stopped.store(true, Ordering::Relaxed);
+    info!("stopped");
+    result
+}
 
-    let mut sync = Controller::new(mutexes, wc.clone()).watches_stream(pr_stream, pr_to_mutexes);
-    if with_custom_runs {
-        sync = sync.watches(custom_runs, wc.clone(), |cr| mutex_of(&cr));
-    }
-    if with_runs {
-        sync = sync.watches(runs, wc.clone(), |r| mutex_of(&r));
-    }
-
-    let reporter = Reporter {
+/// Who writes the Events: this pod, when the Deployment says so.
+fn reporter() -> Reporter {
+    Reporter {
         controller: "tekton-mutex".into(),
         instance: std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok()),
-    };
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client,
-        custom_runs: cr_store,
-        runs: run_store,
-        pipeline_runs: pr_store,
-        mutexes: sync.store(),
-        fault: opts.fault,
-        metrics: metrics.clone(),
-    });
-    metrics
-        .ready
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
-    let mut loops = vec![
-        sync.shutdown_on_signal()
-            .run(sync::reconcile, error_policy, ctx.clone())
-            .for_each(|res| async move { log_result("mutex", res) })
-            .boxed(),
+/// Resolves once every cache has its first full list, and marks /readyz.
+async fn caches_synced(ctx: Arc<Context>, state: Arc<http::State>) {
+    let mut waits = vec![
+        ctx.mutexes.wait_until_ready().boxed(),
+        ctx.pipeline_runs.wait_until_ready().boxed(),
     ];
-    if let Some(c) = intake_crs {
-        loops.push(
-            c.shutdown_on_signal()
-                .run(intake::reconcile::<CustomRun>, error_policy, ctx.clone())
-                .for_each(|res| async move { log_result("customrun", res) })
-                .boxed(),
-        );
+    waits.extend(
+        ctx.custom_runs
+            .as_ref()
+            .map(|s| s.wait_until_ready().boxed()),
+    );
+    waits.extend(ctx.runs.as_ref().map(|s| s.wait_until_ready().boxed()));
+    if futures::future::try_join_all(waits).await.is_ok() {
+        state.health.ready.store(true, Ordering::Relaxed);
+        info!("caches synced");
     }
-    if let Some(c) = intake_runs {
-        loops.push(
-            c.shutdown_on_signal()
-                .run(intake::reconcile::<Run>, error_policy, ctx.clone())
-                .for_each(|res| async move { log_result("run", res) })
-                .boxed(),
-        );
+}
+
+/// The three controllers, built but not yet running.
+struct Controllers {
+    sync: Controller<Mutex>,
+    custom_runs: Option<Controller<CustomRun>>,
+    runs: Option<Controller<Run>>,
+    pipeline_runs: Store<PipelineRun>,
+}
+
+impl Controllers {
+    fn new(
+        client: &Client,
+        namespace: &Option<String>,
+        kinds: &Served,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let wc = watcher::Config::default();
+        let (pr_store, pr_writer) = reflector::store();
+        let pr_stream = reflector::reflector(
+            pr_writer,
+            watcher(scoped::<PipelineRun>(client, namespace), wc.clone()),
+        )
+        .default_backoff()
+        .touched_objects();
+        let crs: Api<CustomRun> = scoped(client, namespace);
+        let runs: Api<Run> = scoped(client, namespace);
+        let intake_crs = kinds
+            .custom_runs
+            .then(|| Controller::new(crs.clone(), wc.clone()));
+        let intake_runs = kinds
+            .runs
+            .then(|| Controller::new(runs.clone(), wc.clone()));
+
+        let sync = Controller::new(scoped::<Mutex>(client, namespace), wc.clone());
+        let triggers = Triggers {
+            custom_runs: intake_crs.as_ref().map(|c| c.store()),
+            runs: intake_runs.as_ref().map(|c| c.store()),
+            mutexes: sync.store(),
+        };
+        let sync = watch_related(sync, client, namespace, kinds, triggers, pr_stream, metrics);
+        Controllers {
+            sync,
+            custom_runs: intake_crs,
+            runs: intake_runs,
+            pipeline_runs: pr_store,
+        }
     }
-    futures::future::join_all(loops).await;
-    info!("stopped");
-    Ok(())
+
+    /// Every controller loop, ending when a signal has drained them all.
+    /// Under leader election, `leading` makes them reconcile everything
+    /// each time this replica becomes the leader.
+    fn run(
+        self,
+        ctx: Arc<Context>,
+        leading: Option<watch::Receiver<bool>>,
+    ) -> BoxFuture<'static, ()> {
+        let mut loops = vec![drive("mutex", self.sync, sync_when_acting, &ctx, &leading)];
+        if let Some(c) = self.custom_runs {
+            loops.push(drive(
+                "customrun",
+                c,
+                intake_when_acting::<CustomRun>,
+                &ctx,
+                &leading,
+            ));
+        }
+        if let Some(c) = self.runs {
+            loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &leading));
+        }
+        futures::future::join_all(loops).map(|_| ()).boxed()
+    }
+}
+
+fn drive<K, F, Fut>(
+    what: &'static str,
+    controller: Controller<K>,
+    reconcile: F,
+    ctx: &Arc<Context>,
+    leading: &Option<watch::Receiver<bool>>,
+) -> BoxFuture<'static, ()>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+    F: FnMut(Arc<K>, Arc<Context>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let controller = match leading {
+        Some(rx) => controller.reconcile_all_on(became_leader(rx.clone())),
+        None => controller,
+    };
+    controller
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(move |res| async move { log_result(what, res) })
+        .boxed()
+}
+
+/// Yields each time the value turns true.
+fn became_leader(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
+/// A standby keeps its caches warm but leaves every object alone; it
+/// reconciles them all when it becomes the leader.
+async fn sync_when_acting(m: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.acting() {
+        return Ok(Action::await_change());
+    }
+    sync::reconcile(m, ctx).await
+}
+
+async fn intake_when_acting<K: Observe + Resource>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if !ctx.acting() {
+        return Ok(Action::await_change());
+    }
+    intake::reconcile(obj, ctx).await
+}
+
+/// What wakes a key: its runs, their PipelineRuns, and the live pods of those.
+fn watch_related(
+    mut sync: Controller<Mutex>,
+    client: &Client,
+    namespace: &Option<String>,
+    kinds: &Served,
+    triggers: Triggers,
+    pr_stream: impl Stream<Item = Result<PipelineRun, watcher::Error>> + Send + 'static,
+    metrics: Arc<Metrics>,
+) -> Controller<Mutex> {
+    let wc = watcher::Config::default();
+    let by_pr = triggers.clone();
+    sync = sync.watches_stream(pr_stream, move |pr: PipelineRun| {
+        let (ns, name) = (pr.namespace(), pr.name_any());
+        let refs = by_pr.of_pipeline_run(ns.clone(), &name);
+        let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
+        metrics.pipeline_run_seen(&ns.unwrap_or_default(), &name, pr.is_done(), &keys);
+        refs
+    });
+    // Only pods of PipelineRuns that have not ended, metadata only: a pod leaving
+    // this selector (it ended, or was removed) is what frees a draining holder's slot.
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
+    let live_pods = wc.clone().labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
+    let pod_stream = watcher(pods, live_pods).default_backoff().touched_objects();
+    sync = sync.watches_stream(pod_stream, move |pod: PartialObjectMeta<Pod>| {
+        match pod.labels().get(PIPELINE_RUN_LABEL) {
+            Some(pr) => triggers.of_pipeline_run(pod.namespace(), pr),
+            None => Vec::new(),
+        }
+    });
+    if kinds.custom_runs {
+        let crs: Api<CustomRun> = scoped(client, namespace);
+        sync = sync.watches(crs, wc.clone(), |cr| mutex_of(&cr));
+    }
+    if kinds.runs {
+        let runs: Api<Run> = scoped(client, namespace);
+        sync = sync.watches(runs, wc, |r| mutex_of(&r));
+    }
+    sync
 }
 
 fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
@@ -243,8 +444,13 @@ fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
     }
 }
 
-fn error_policy<K>(_obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
-    Metrics::inc(&ctx.metrics.reconcile_errors);
+fn error_policy<K: Resource<DynamicType = ()>>(
+    _obj: Arc<K>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let controller = K::kind(&()).to_lowercase();
+    ctx.metrics.reconcile_error(&controller, err.kind());
     match err {
         Error::Conflict => Action::requeue(Duration::from_millis(50)),
         _ => Action::requeue(Duration::from_secs(2)),

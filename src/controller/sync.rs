@@ -1,25 +1,31 @@
-//! Per-key reconcile: read the key's runs and their PipelineRuns, decide, then
-//! write the Mutex status (compare-and-swap), cancel superseded PipelineRuns and
-//! patch the runs' statuses, in that order. The Mutex status is written first so
-//! that a crash never leaves a run told something the lock state does not back.
+//! Per-key reconcile, in four steps: fetch the Mutex, its runs and their
+//! PipelineRuns; view them as the decision core's facts ([`crate::view`]);
+//! decide; apply. Applying writes the Mutex status (compare-and-swap), cancels
+//! superseded PipelineRuns and patches the runs' statuses, in that order. The
+//! Mutex status is written first so that a crash never leaves a run told
+//! something the lock state does not back.
 
-use super::{Context, Error, Fault, writes};
-use crate::decide::{self, Outcome, Parent, ParentState, Phase, RunView, Timeout};
-use crate::metrics::Metrics;
-use crate::mutex::{Age, Mutex, RunKind, RunRef};
-use crate::observe::{Observe, ObservedRun, PIPELINE_LABEL, to_chrono};
+use super::{Context, Error, Fault, events, writes};
+use crate::decide::{self, Decision, Outcome, Phase, RunView};
+use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
+use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::params::RunConfig;
 use crate::run_status;
 use crate::tekton::RunStatus;
+use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
+use crate::tekton::run::Run;
+use crate::view::{self, FetchedParent, MemberView};
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// A safety net, not the hand-over path: hand-over is driven by watch events.
 const RESYNC: Duration = Duration::from_secs(300);
@@ -37,48 +43,217 @@ pub async fn reconcile(mutex: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, E
     Err(Error::Conflict)
 }
 
-/// A member run with what applying a decision to it needs.
-struct Member {
-    view: RunView,
-    resource_version: Option<String>,
-    status: RunStatus,
-    deadline: Option<DateTime<Utc>>,
-}
-
 async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
+    // Read the lock state from the API server, not the cache: the CAS needs it fresh.
     let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
-    // Read the lock state from the API server, not the cache: the CAS below needs it fresh.
-    let Some(mut mutex) = api.get_opt(key).await? else {
+    let Some(mutex) = api.get_opt(key).await? else {
         return Ok(Action::await_change());
     };
-    let now = Utc::now();
-    let members = gather(ctx, ns, key, &mutex, now).await?;
-    let views: Vec<RunView> = members.iter().map(|m| m.view.clone()).collect();
+    let mut fetched = fetch_runs(ctx, &mutex).await?;
     let current = mutex.status.clone().unwrap_or_default();
+    mark_draining_holders(ctx, ns, &current, &mut fetched).await?;
+    let now = Utc::now();
+    let mut members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
+    members.extend(deleted_holders(ctx, ns, &current, &members).await?);
+    let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let decision = decide::decide(&mutex.spec, &current, &views, now);
+    if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
+        warn!(
+            key,
+            namespace = ns,
+            "fencing tokens are exhausted (lastToken is the largest i64): nothing more is granted on this key"
+        );
+    }
+    apply(ctx, mutex, &current, &decision, &members, now).await?;
+    Ok(next_wake(&members, &decision, now))
+}
 
-    if decision.status != current {
-        let granted: Vec<_> = decision
-            .status
-            .holders
-            .iter()
-            .filter(|h| !current.holders.contains(h))
-            .collect();
-        mutex.status = Some(decision.status.clone());
-        writes::mutex_status(ctx, &mutex).await?;
-        for h in granted {
-            Metrics::inc(&ctx.metrics.grants);
-            info!(
-                key,
-                namespace = ns,
-                token = h.token,
-                holder = h.pipeline_run.as_deref().unwrap_or(&h.run.name),
-                waited_seconds = h.waited_seconds,
-                "granted"
-            );
+/// A run of this key, as fetched: the object, its config and its PipelineRun.
+struct Fetched {
+    run: AnyRun,
+    config: RunConfig,
+    parent: Option<ParentFetched>,
+}
+
+/// A PipelineRun as fetched: the object unless it is gone, and whether a pod
+/// of it still runs (looked up only once it has ended and holds a slot).
+struct ParentFetched {
+    name: String,
+    uid: String,
+    object: Option<Arc<PipelineRun>>,
+    pods_alive: bool,
+}
+
+impl ParentFetched {
+    fn as_view(&self) -> FetchedParent<'_> {
+        FetchedParent {
+            name: &self.name,
+            uid: &self.uid,
+            object: self.object.as_deref(),
+            pods_alive: self.pods_alive,
         }
     }
 
+    fn ended(&self) -> bool {
+        self.object.as_ref().is_none_or(|p| p.is_done())
+    }
+}
+
+/// A run of either protocol.
+enum AnyRun {
+    Custom(Arc<CustomRun>),
+    Legacy(Arc<Run>),
+}
+
+impl AnyRun {
+    fn observe(&self) -> ObservedRun<'_> {
+        match self {
+            AnyRun::Custom(r) => r.observe(),
+            AnyRun::Legacy(r) => r.observe(),
+        }
+    }
+}
+
+/// A member run as the core sees it, plus what patching its status needs.
+struct Member {
+    facts: MemberView,
+    resource_version: Option<String>,
+    status: RunStatus,
+}
+
+impl Member {
+    fn view(f: &Fetched, now: DateTime<Utc>) -> Member {
+        let o = f.run.observe();
+        let parent = f.parent.as_ref().map(ParentFetched::as_view);
+        Member {
+            facts: view::member_view(&o, &f.config, parent, now),
+            resource_version: o.resource_version.clone(),
+            status: o.status.clone(),
+        }
+    }
+
+    fn run(&self) -> &RunRef {
+        &self.facts.view.run
+    }
+}
+
+/// Every live or done run of this key, plus any run the status names that the
+/// cache does not show (read from the API: absence in a cache proves nothing).
+async fn fetch_runs(ctx: &Context, mutex: &Mutex) -> Result<Vec<Fetched>, Error> {
+    let status = mutex.status.clone().unwrap_or_default();
+    let named: Vec<&RunRef> = status
+        .holders
+        .iter()
+        .map(|h| &h.run)
+        .chain(status.queue.iter().map(|w| &w.run))
+        .collect();
+    let mut runs = Vec::new();
+    if let Some(crs) = &ctx.custom_runs {
+        let wrap = AnyRun::Custom;
+        runs.extend(fetch_kind(ctx, crs, RunKind::CustomRun, wrap, mutex, &named).await?);
+    }
+    if let Some(legacy) = &ctx.runs {
+        let wrap = AnyRun::Legacy;
+        runs.extend(fetch_kind(ctx, legacy, RunKind::Run, wrap, mutex, &named).await?);
+    }
+    Ok(runs)
+}
+
+/// The runs of one kind that belong to this key. A new run whose embedded spec
+/// disagrees with the Mutex never joins: intake fails it as InvalidParams.
+async fn fetch_kind<K>(
+    ctx: &Context,
+    store: &Store<K>,
+    kind: RunKind,
+    wrap: fn(Arc<K>) -> AnyRun,
+    mutex: &Mutex,
+    named: &[&RunRef],
+) -> Result<Vec<Fetched>, Error>
+where
+    K: Observe + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let (ns, key) = (&mutex.namespace().unwrap_or_default(), &mutex.name_any());
+    let known = |uid: &str| named.iter().any(|r| r.uid == uid);
+    let mut found = Vec::new();
+    let add = async |obj: Arc<K>, found: &mut Vec<Fetched>| -> Result<(), Error> {
+        let o = obj.observe();
+        if o.namespace == *ns
+            && o.is_mutex()
+            && !o.deleting
+            && let Ok(config) = o.config()
+            && config.key == *key
+            && (known(&o.uid) || config.spec_conflict(&mutex.spec).is_none())
+        {
+            let parent = match &o.parent {
+                Some((name, uid)) => Some(ParentFetched {
+                    name: name.clone(),
+                    uid: uid.clone(),
+                    object: fetch_parent(ctx, ns, name, uid).await?,
+                    pods_alive: false,
+                }),
+                None => None,
+            };
+            found.push(Fetched {
+                run: wrap(obj),
+                config,
+                parent,
+            });
+        }
+        Ok(())
+    };
+    for obj in store.state() {
+        add(obj, &mut found).await?;
+    }
+    let missing: Vec<&RunRef> = named
+        .iter()
+        .filter(|r| r.kind == kind && !found.iter().any(|f| f.run.observe().uid == r.uid))
+        .copied()
+        .collect();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    for r in missing {
+        if let Some(obj) = api
+            .get_opt(&r.name)
+            .await?
+            .filter(|o| o.uid().as_deref() == Some(&r.uid))
+        {
+            add(Arc::new(obj), &mut found).await?;
+        }
+    }
+    Ok(found)
+}
+
+/// The run's PipelineRun, from the cache when it has it, else from the API.
+/// None means it is gone (deleted, being deleted, or replaced under the same name).
+async fn fetch_parent(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Option<Arc<PipelineRun>>, Error> {
+    let cached = ctx.pipeline_runs.get(&ObjectRef::new(name).within(ns));
+    let pr = match cached.filter(|p| p.uid().as_deref() == Some(uid)) {
+        Some(p) => Some(p),
+        None => Api::<PipelineRun>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .filter(|p| p.uid().as_deref() == Some(uid))
+            .map(Arc::new),
+    };
+    Ok(pr.filter(|p| p.meta().deletion_timestamp.is_none()))
+}
+
+/// Write the decision: the lock state first, then cancels, then the runs.
+async fn apply(
+    ctx: &Context,
+    mutex: Mutex,
+    current: &MutexStatus,
+    decision: &Decision,
+    members: &[Member],
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let (ns, key) = (mutex.namespace().unwrap_or_default(), mutex.name_any());
+    write_lock_state(ctx, mutex, current, decision, now).await?;
     if ctx.fault == Some(Fault::ExitAfterLockWrite)
         && decision
             .outcomes
@@ -94,34 +269,79 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     // may finish before the cancel lands, and tasks running beside the lock would
     // never get the cancel-mode. Both steps are re-derived from state on every sync.
     for c in &decision.cancels {
-        writes::cancel_pipeline_run(ctx, ns, key, c).await?;
+        writes::cancel_pipeline_run(ctx, &ns, &key, c).await?;
     }
+    tell_runs(ctx, &ns, &key, decision, members, now).await
+}
+
+/// The Mutex status, with a compare-and-swap on the resourceVersion we read.
+async fn write_lock_state(
+    ctx: &Context,
+    mut mutex: Mutex,
+    current: &MutexStatus,
+    decision: &Decision,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    if decision.status == *current {
+        return Ok(());
+    }
+    mutex.status = Some(decision.status.clone());
+    writes::mutex_status(ctx, &mutex).await?;
+    let (ns, key) = (mutex.namespace().unwrap_or_default(), mutex.name_any());
+    events::status_written(ctx, &ns, &key, current, &decision.status, now);
+    for h in decision
+        .status
+        .holders
+        .iter()
+        .filter(|h| !current.holders.contains(h))
+    {
+        info!(
+            key,
+            namespace = ns,
+            token = h.token,
+            holder = h.pipeline_run.as_deref().unwrap_or(&h.run.name),
+            waited_seconds = h.waited_seconds,
+            "granted"
+        );
+    }
+    Ok(())
+}
+
+/// Patch each live run whose status does not yet say its outcome.
+async fn tell_runs(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    decision: &Decision,
+    members: &[Member],
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
     for (run, outcome) in &decision.outcomes {
-        let Some(m) = members.iter().find(|m| m.view.run.uid == run.uid) else {
+        let Some(m) = members.iter().find(|m| m.run().uid == run.uid) else {
             continue;
         };
-        if !matches!(m.view.phase, Phase::Live { .. }) {
+        if !matches!(m.facts.view.phase, Phase::Live { .. }) {
             continue;
         }
-        if let Some(patch) = run_status::patch(
-            run.kind,
-            key,
-            outcome,
-            &m.status,
-            m.resource_version.as_deref(),
-            now,
-        ) {
-            debug!(key, run = %run.name, ?outcome, "updating run status");
-            match outcome {
-                Outcome::Superseded { .. } => Metrics::inc(&ctx.metrics.superseded),
-                Outcome::TimedOut => Metrics::inc(&ctx.metrics.timed_out),
-                _ => {}
-            }
-            writes::run_status(ctx, run.kind, ns, &run.name, &patch).await?;
+        let rv = m.resource_version.as_deref();
+        let Some(patch) = run_status::patch(run.kind, key, outcome, &m.status, rv, now) else {
+            continue;
+        };
+        debug!(key, run = %run.name, ?outcome, "updating run status");
+        if !writes::run_status(ctx, run.kind, ns, &run.name, &patch).await? {
+            continue;
         }
+        // Counted once: only the write that recorded it (a swallowed 409 is redone later).
+        if let Outcome::Superseded { by, group } = outcome {
+            writes::superseded_event(ctx, ns, key, run, by, group).await;
+        }
+        events::run_transition(ctx, ns, key, run, outcome, &m.status);
     }
+    Ok(())
+}
 
-    // Wake up for the first waiting timeout; otherwise wait for events.
+/// Wake up for the first waiting timeout; otherwise wait for events.
+fn next_wake(members: &[Member], decision: &Decision, now: DateTime<Utc>) -> Action {
     let next = members
         .iter()
         .filter(|m| {
@@ -129,200 +349,84 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
                 .status
                 .queue
                 .iter()
-                .any(|w| w.run.uid == m.view.run.uid)
+                .any(|w| w.run.uid == m.run().uid)
         })
-        .filter_map(|m| m.deadline)
+        .filter_map(|m| m.facts.deadline)
         .min();
-    Ok(match next {
+    match next {
         Some(t) => {
             Action::requeue((t - now).to_std().unwrap_or_default() + Duration::from_millis(20))
         }
         None => Action::requeue(RESYNC),
-    })
+    }
 }
 
-/// Every live or done run of this key, plus any run the status names that the
-/// cache does not show (read from the API: absence in a cache proves nothing).
-async fn gather(
+/// A holder's slot stays taken while a pod of its ended PipelineRun still runs:
+/// a cancelled or timed-out step gets SIGTERM and a grace period, and may still
+/// be deploying. Asked of the API (not a cache) since a release depends on it.
+async fn mark_draining_holders(
     ctx: &Context,
     ns: &str,
-    key: &str,
-    mutex: &Mutex,
-    now: DateTime<Utc>,
+    status: &MutexStatus,
+    fetched: &mut [Fetched],
+) -> Result<(), Error> {
+    for f in fetched.iter_mut() {
+        let uid = f.run.observe().uid;
+        let holds = status.holders.iter().any(|h| h.run.uid == uid);
+        if let Some(p) = f.parent.as_mut().filter(|p| holds && p.ended()) {
+            p.pods_alive = pods_alive(ctx, ns, &p.name, &p.uid).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Holders whose lock run was deleted while their PipelineRun still runs (or
+/// drains). The slot belongs to the PipelineRun, not to the run object.
+async fn deleted_holders(
+    ctx: &Context,
+    ns: &str,
+    status: &MutexStatus,
+    members: &[Member],
 ) -> Result<Vec<Member>, Error> {
-    let status = mutex.status.clone().unwrap_or_default();
-    let named: Vec<&RunRef> = status
-        .holders
-        .iter()
-        .map(|h| &h.run)
-        .chain(status.queue.iter().map(|w| &w.run))
-        .collect();
-    let mut members = Vec::new();
-    if let Some(crs) = &ctx.custom_runs {
-        members.extend(members_of(ctx, crs, RunKind::CustomRun, ns, key, &named, now).await?);
-    }
-    if let Some(runs) = &ctx.runs {
-        members.extend(members_of(ctx, runs, RunKind::Run, ns, key, &named, now).await?);
-    }
-    Ok(members)
-}
-
-/// The runs of one kind that belong to this key.
-async fn members_of<K>(
-    ctx: &Context,
-    store: &Store<K>,
-    kind: RunKind,
-    ns: &str,
-    key: &str,
-    named: &[&RunRef],
-    now: DateTime<Utc>,
-) -> Result<Vec<Member>, Error>
-where
-    K: Observe + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    K: Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let mut members = Vec::new();
-    let add = async |obj: &K, members: &mut Vec<Member>| -> Result<(), Error> {
-        let o = obj.observe();
-        if o.namespace == ns
-            && o.is_mutex()
-            && !o.deleting
-            && let Ok(cfg) = o.config()
-            && cfg.key == key
-        {
-            members.push(member(ctx, &o, cfg, now).await?);
+    let mut ghosts = Vec::new();
+    for h in &status.holders {
+        if members.iter().any(|m| m.run().uid == h.run.uid) {
+            continue;
         }
-        Ok(())
-    };
-    for obj in store.state() {
-        add(&obj, &mut members).await?;
-    }
-    let missing = named
-        .iter()
-        .filter(|r| r.kind == kind && !members.iter().any(|m| m.view.run.uid == r.uid));
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    for r in missing.collect::<Vec<_>>() {
-        if let Some(obj) = api
-            .get_opt(&r.name)
-            .await?
-            .filter(|o| o.uid().as_deref() == Some(&r.uid))
-        {
-            add(&obj, &mut members).await?;
-        }
-    }
-    Ok(members)
-}
-
-async fn member(
-    ctx: &Context,
-    o: &ObservedRun<'_>,
-    cfg: RunConfig,
-    now: DateTime<Utc>,
-) -> Result<Member, Error> {
-    let pr = match &o.parent {
-        Some((name, uid)) => Some((name.clone(), parent(ctx, &o.namespace, name, uid).await?)),
-        None => None,
-    };
-    let pr_obj = pr.as_ref().and_then(|(_, p)| p.as_ref());
-    let age = match (&o.parent, pr_obj) {
-        (Some((name, _)), Some(p)) => Age {
-            sequence: cfg.sequence,
-            created: p
-                .creation_timestamp()
-                .map(|t| to_chrono(t.0))
-                .unwrap_or(o.created),
-            name: name.clone(),
-        },
-        (Some((name, _)), None) => Age {
-            sequence: cfg.sequence,
-            created: o.created,
-            name: name.clone(),
-        },
-        (None, _) => Age {
-            sequence: cfg.sequence,
-            created: o.created,
-            name: o.name.clone(),
-        },
-    };
-    let group = cfg
-        .group
-        .clone()
-        .or_else(|| o.pipeline_label.clone())
-        .or_else(|| pr_obj.and_then(|p| p.labels().get(PIPELINE_LABEL).cloned()))
-        .unwrap_or_else(|| age.name.clone());
-    // A timeout too large for a date is no timeout at all.
-    let deadline = cfg
-        .timeout
-        .and_then(|t| chrono::TimeDelta::from_std(t).ok())
-        .and_then(|t| o.attempt_start().checked_add_signed(t));
-    let phase = if o.is_done() {
-        Phase::Done {
-            reason: o
-                .status
-                .succeeded()
-                .and_then(|c| c.reason.clone())
-                .unwrap_or_default(),
-        }
-    } else {
-        let timeout = match deadline {
-            Some(d) if d <= now && (o.status.retries_status.len() as u32) < cfg.retries => {
-                Timeout::Retry
-            }
-            Some(d) if d <= now => Timeout::Final,
-            _ => Timeout::NotYet,
+        // A standalone run, or a record from before uids were kept: released as before.
+        let (Some(name), Some(uid)) = (&h.pipeline_run, &h.pipeline_run_uid) else {
+            continue;
         };
-        Phase::Live {
-            cancel_requested: o.cancel_requested,
-            timeout,
-        }
-    };
-    let parent = pr.map(|(name, p)| Parent {
-        name,
-        state: match p {
-            None => ParentState::Gone,
-            Some(p) if p.is_done() => ParentState::Done,
-            Some(p) if p.stop_requested() => ParentState::StopRequested,
-            Some(_) => ParentState::Running,
-        },
-    });
-    Ok(Member {
-        view: RunView {
-            run: o.run_ref(),
-            parent,
-            group,
-            age,
-            priority: cfg.priority,
-            supersede: cfg.supersede,
-            cancel_mode: cfg.cancel_mode,
-            wait: cfg.wait,
-            phase,
-        },
-        resource_version: o.resource_version.clone(),
-        status: o.status.clone(),
-        deadline,
-    })
+        let object = fetch_parent(ctx, ns, name, uid).await?;
+        let ended = object.as_ref().is_none_or(|p| p.is_done());
+        let parent = ParentFetched {
+            name: name.clone(),
+            uid: uid.clone(),
+            pods_alive: ended && pods_alive(ctx, ns, name, uid).await?,
+            object,
+        };
+        ghosts.push(Member {
+            facts: view::deleted_holder_view(h, parent.as_view()),
+            resource_version: None,
+            status: RunStatus::default(),
+        });
+    }
+    Ok(ghosts)
 }
 
-/// The run's PipelineRun, from the cache when it has it, else from the API.
-/// None means it is gone (deleted, being deleted, or replaced under the same name).
-async fn parent(
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    uid: &str,
-) -> Result<Option<Arc<PipelineRun>>, Error> {
-    let cached = ctx.pipeline_runs.get(&ObjectRef::new(name).within(ns));
-    let pr = match cached.filter(|p| p.uid().as_deref() == Some(uid)) {
-        Some(p) => Some(p),
-        None => Api::<PipelineRun>::namespaced(ctx.client.clone(), ns)
-            .get_opt(name)
-            .await?
-            .filter(|p| p.uid().as_deref() == Some(uid))
-            .map(Arc::new),
-    };
-    Ok(pr.filter(|p| {
-        kube::Resource::meta(p.as_ref())
-            .deletion_timestamp
-            .is_none()
+/// Does a pod of this PipelineRun still exist in a non-terminal phase (running,
+/// pending, or terminating with a deletionTimestamp)?
+async fn pods_alive(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<bool, Error> {
+    let params = ListParams::default()
+        .labels(&format!("{PIPELINE_RUN_LABEL}={name}"))
+        .fields(LIVE_PODS);
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list_metadata(&params)
+        .await?;
+    // Pods of an older PipelineRun of the same name do not count.
+    Ok(pods.items.iter().any(|p| {
+        p.labels()
+            .get(PIPELINE_RUN_UID_LABEL)
+            .is_none_or(|u| u == uid)
     }))
 }

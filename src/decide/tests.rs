@@ -19,6 +19,7 @@ fn run(i: usize) -> RunView {
         },
         parent: Some(Parent {
             name: format!("pr{i}"),
+            uid: format!("pr{i}-uid"),
             state: ParentState::Running,
         }),
         group: "deploy".into(),
@@ -31,6 +32,8 @@ fn run(i: usize) -> RunView {
         supersede: Supersede::None,
         cancel_mode: CancelMode::CancelledRunFinally,
         wait: true,
+        waiting_since: t(i as i64),
+        cancel_message: None,
         phase: Phase::Live {
             cancel_requested: false,
             timeout: Timeout::NotYet,
@@ -70,17 +73,12 @@ fn queue(d: &Decision) -> Vec<String> {
 fn apply(runs: &mut [RunView], d: &Decision) {
     for r in runs.iter_mut() {
         if let Some((_, o)) = d.outcomes.iter().find(|(x, _)| x.uid == r.run.uid) {
-            let reason = match o {
+            let superseded = match o {
                 Outcome::Waiting { .. } => continue,
-                Outcome::Acquired { .. } => "Acquired",
-                Outcome::NotAcquired { .. } => "NotAcquired",
-                Outcome::Superseded { .. } => SUPERSEDED,
-                Outcome::Cancelled { .. } => "CustomRunCancelled",
-                Outcome::TimedOut => "CustomRunTimedOut",
+                Outcome::Superseded { .. } => true,
+                _ => false,
             };
-            r.phase = Phase::Done {
-                reason: reason.into(),
-            };
+            r.phase = Phase::Done { superseded };
         }
         if d.cancels
             .iter()
@@ -219,7 +217,8 @@ fn supersede_pending_keeps_holder_and_newest_waiter() {
         assert_eq!(
             outcome(&d, i),
             Some(&Outcome::Superseded {
-                by: format!("pr{}", i + 1)
+                by: format!("pr{}", i + 1),
+                group: "deploy".into()
             })
         );
     }
@@ -274,7 +273,10 @@ fn stale_arrival_is_superseded_and_cancelled() {
     let d2 = decide(&spec, &d.status, &runs, t(2));
     assert_eq!(
         outcome(&d2, 1),
-        Some(&Outcome::Superseded { by: "pr0".into() })
+        Some(&Outcome::Superseded {
+            by: "pr0".into(),
+            group: "deploy".into()
+        })
     );
     assert_eq!(d2.cancels[0].pipeline_run, "pr1");
     // Even after pr0 finished: the group remembers it.
@@ -284,7 +286,10 @@ fn stale_arrival_is_superseded_and_cancelled() {
     let d3 = decide(&spec, &d2.status, &runs, t(3));
     assert_eq!(
         outcome(&d3, 2),
-        Some(&Outcome::Superseded { by: "pr0".into() })
+        Some(&Outcome::Superseded {
+            by: "pr0".into(),
+            group: "deploy".into()
+        })
     );
 }
 
@@ -293,9 +298,7 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
     let spec = MutexSpec::default();
     let mut runs = vec![with(run(0), |r| {
         r.supersede = Supersede::Pending;
-        r.phase = Phase::Done {
-            reason: SUPERSEDED.into(),
-        }
+        r.phase = Phase::Done { superseded: true }
     })];
     let status = MutexStatus {
         groups: vec![GroupMark {
@@ -306,6 +309,7 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
                 name: "pr9".into(),
             },
             pipeline_run: Some("pr9".into()),
+            pipeline_run_uid: None,
         }],
         ..Default::default()
     };
@@ -598,7 +602,10 @@ fn superseded_wins_over_the_cancel_it_causes() {
     let d2 = decide(&spec, &d.status, &runs, t(2));
     assert_eq!(
         outcome(&d2, 1),
-        Some(&Outcome::Superseded { by: "pr2".into() })
+        Some(&Outcome::Superseded {
+            by: "pr2".into(),
+            group: "deploy".into()
+        })
     );
     // The mark was lost (status write conflicted); Tekton's cancel arrives first.
     runs[1].phase = Phase::Live {
@@ -612,7 +619,10 @@ fn superseded_wins_over_the_cancel_it_causes() {
     let d3 = decide(&spec, &d2.status, &runs, t(3));
     assert_eq!(
         outcome(&d3, 1),
-        Some(&Outcome::Superseded { by: "pr2".into() })
+        Some(&Outcome::Superseded {
+            by: "pr2".into(),
+            group: "deploy".into()
+        })
     );
 }
 
@@ -682,4 +692,296 @@ fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
         })
         .collect();
     assert_eq!(tokens, [2, 2], "one grant, one token, both runs told");
+}
+
+#[test]
+fn waited_seconds_count_from_when_the_run_started_waiting() {
+    let spec = MutexSpec::default();
+    // pr1's PipelineRun was created at 1, but its lock run only started waiting at 40.
+    let mut runs = vec![run(0), with(run(1), |r| r.waiting_since = t(40))];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(41));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(100));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Acquired {
+            token: 2,
+            waited_seconds: 60
+        })
+    );
+}
+
+#[test]
+fn a_cancel_carries_tektons_reason_into_the_message() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[1].cancel_message =
+        Some("CustomRun cancelled as the PipelineRun it belongs to has timed out.".into());
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Cancelled {
+            why: "the run was cancelled while waiting: CustomRun cancelled as the PipelineRun it belongs to has timed out.".into()
+        })
+    );
+}
+
+#[test]
+fn wait_false_is_decided_after_a_release_in_the_same_sync() {
+    // pr0 holds, pr1 waits; pr0's PipelineRun ends as pr2 (wait "false") arrives.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    runs.push(with(run(2), |r| r.wait = false));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr1"], "the freed slot goes to the waiter");
+    assert_eq!(
+        outcome(&d2, 2),
+        Some(&Outcome::NotAcquired {
+            holders: vec!["pr1".into()]
+        })
+    );
+    assert!(d2.status.queue.is_empty(), "wait \"false\" never queues");
+    // Alone, a freed slot is its own.
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    runs.push(with(run(2), |r| r.wait = false));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert!(matches!(
+        outcome(&d2, 2),
+        Some(Outcome::Acquired { token: 2, .. })
+    ));
+}
+
+#[test]
+fn a_pipelinerun_never_supersedes_itself() {
+    let spec = MutexSpec::default();
+    let running = |r: RunView, seq: Option<i64>| {
+        with(r, |r| {
+            r.supersede = Supersede::Running;
+            r.age.sequence = seq;
+        })
+    };
+    // pr0 (another group) holds; pr1's two lock tasks wait, with different sequences,
+    // or one with and one without.
+    let holder = with(run(0), |r| r.group = "other".into());
+    for (a, b) in [(Some(5), Some(7)), (None, Some(7)), (Some(7), None)] {
+        for together in [true, false] {
+            let mut runs = vec![holder.clone(), running(run(1), a)];
+            let mut d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+            runs.push(running(sibling(1, 2), b));
+            if together {
+                d = decide(&spec, &MutexStatus::default(), &runs, t(2));
+            } else {
+                apply(&mut runs, &d);
+                d = decide(&spec, &d.status, &runs, t(2));
+            }
+            let case = format!("{a:?}/{b:?} together={together}");
+            assert!(d.cancels.is_empty(), "{case}: {:?}", d.cancels);
+            assert!(
+                !d.outcomes
+                    .iter()
+                    .any(|(_, o)| matches!(o, Outcome::Superseded { .. })),
+                "{case}: {:?}",
+                d.outcomes
+            );
+            assert_eq!(queue(&d), ["pr1", "pr1"], "{case}");
+        }
+    }
+}
+
+#[test]
+fn holder_keeps_the_slot_while_a_pod_of_its_ended_pipelinerun_drains() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    // Cancelled: Tekton marks it done at once, its step is in its grace period.
+    runs[0].parent.as_mut().unwrap().state = ParentState::Draining;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(queue(&d2), ["pr1"]);
+    finish(&mut runs, 0);
+    let d3 = decide(&spec, &d2.status, &runs, t(7));
+    assert_eq!(holders(&d3), ["pr1"]);
+    assert_eq!(d3.status.last_token, 2);
+}
+
+#[test]
+fn a_deleted_lock_run_keeps_the_slot_until_its_pipelinerun_is_released() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].phase = Phase::Deleted;
+    for state in [
+        ParentState::Running,
+        ParentState::StopRequested,
+        ParentState::Draining,
+    ] {
+        runs[0].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert_eq!(holders(&d2), ["pr0"], "{state:?}");
+        assert!(outcome(&d2, 0).is_none(), "a deleted run is told nothing");
+    }
+    for state in [ParentState::Done, ParentState::Gone] {
+        runs[0].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(7));
+        assert_eq!(holders(&d2), ["pr1"], "{state:?}");
+    }
+}
+
+#[test]
+fn tokens_never_wrap() {
+    let spec = MutexSpec::default();
+    let status = MutexStatus {
+        last_token: i64::MAX,
+        ..Default::default()
+    };
+    let d = decide(&spec, &status, &[run(0)], t(1));
+    assert!(d.status.holders.is_empty(), "no grant past i64::MAX");
+    assert_eq!(d.status.last_token, i64::MAX);
+    assert!(matches!(outcome(&d, 0), Some(Outcome::Waiting { .. })));
+}
+
+#[test]
+fn a_run_that_never_held_leaves_no_mark() {
+    // Build 82 joins behind 80 and is cancelled by a person: a rerun of 81 (a rollback)
+    // is not stale.
+    let spec = MutexSpec::default();
+    let seq = |i: usize, s: i64| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.age.sequence = Some(s);
+        })
+    };
+    let mut runs = vec![seq(0, 80), seq(1, 82)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    apply(&mut runs, &d2);
+    runs.push(seq(2, 81));
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert!(
+        matches!(outcome(&d3, 2), Some(Outcome::Waiting { .. })),
+        "{:?}",
+        outcome(&d3, 2)
+    );
+    assert!(d3.cancels.is_empty());
+    // The granted build marks its group.
+    let marks: Vec<_> = d3.status.groups.iter().map(|m| m.newest.sequence).collect();
+    assert_eq!(marks, [Some(80)]);
+}
+
+#[test]
+fn a_run_alone_in_its_group_leaves_no_mark() {
+    let spec = MutexSpec::default();
+    let alone = |i: usize| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.group = r.age.name.clone();
+        })
+    };
+    let mut runs = vec![alone(0), with(alone(1), |r| r.parent = None)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(d2.status.holders.len(), 1, "the standalone run was granted");
+    assert!(d2.status.groups.is_empty(), "{:?}", d2.status.groups);
+}
+
+#[test]
+fn an_older_arrival_behind_a_newer_waiter_is_stale() {
+    let spec = MutexSpec::default();
+    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(0), pending(2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    apply(&mut runs, &d);
+    runs.push(pending(1));
+    let d2 = decide(&spec, &d.status, &runs, t(4));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Superseded { by, .. }) if by == "pr2"));
+    assert_eq!(queue(&d2), ["pr2"]);
+}
+
+#[test]
+fn a_deleted_standalone_holder_is_released() {
+    let spec = MutexSpec::default();
+    let lone = with(run(0), |r| r.parent = None);
+    let mut runs = vec![lone, run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].phase = Phase::Deleted;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr1"]);
+}
+
+#[test]
+fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
+    let spec = MutexSpec::default();
+    for state in [
+        ParentState::Draining,
+        ParentState::Done,
+        ParentState::StopRequested,
+    ] {
+        let mut runs = vec![run(0), run(1)];
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+        apply(&mut runs, &d);
+        runs[1].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert!(queue(&d2).is_empty(), "{state:?}");
+        assert!(
+            matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })),
+            "{state:?}: {:?}",
+            outcome(&d2, 1)
+        );
+    }
+}
+
+#[test]
+fn a_pipelinerun_is_known_by_its_uid_not_its_name() {
+    // pr0 holds; it is deleted and re-created under the same name before the
+    // controller sees the deletion. The new one is another PipelineRun.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    let again = with(sibling(0, 2), |r| {
+        r.parent.as_mut().unwrap().uid = "pr0-uid-2".into()
+    });
+    runs.push(again);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    let got = d2
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-0-2")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(got, Some(Outcome::Waiting { .. })),
+        "no pass with the old token: {got:?}"
+    );
+    assert_eq!(
+        d2.status.holders[0].pipeline_run_uid.as_deref(),
+        Some("pr0-uid")
+    );
+    // A cancel names the uid it is for.
+    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
+    let runs = vec![pending(1), pending(2), pending(3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(d.cancels[0].pipeline_run_uid, "pr2-uid");
 }

@@ -46,6 +46,9 @@ pub struct RunStatus {
     pub retries_status: Vec<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub results: Vec<RunResult>,
+    /// Schemaless: where a custom task controller keeps fields of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_fields: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -4,6 +4,9 @@ use super::Condition;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
+/// Tekton's reason while a PipelineRun with a failed task waits for the running ones.
+const STOPPING: &str = "PipelineRunStopping";
+
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[kube(group = "tekton.dev", version = "v1", kind = "PipelineRun", namespaced)]
 #[kube(status = "PipelineRunStatus", schema = "disabled")]
@@ -25,11 +28,7 @@ impl PipelineRun {
     /// Done means the Succeeded condition is final: Tekton sets it only after
     /// finally tasks have finished, so a done PipelineRun runs nothing more.
     pub fn is_done(&self) -> bool {
-        super::is_done(
-            self.status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Succeeded")),
-        )
+        super::is_done(self.succeeded())
     }
 
     /// Has someone asked this PipelineRun to stop (any graceful or hard cancel)?
@@ -40,5 +39,18 @@ impl PipelineRun {
                 "Cancelled" | "CancelledRunFinally" | "StoppedRunFinally" | "PipelineRunCancelled"
             )
         )
+    }
+
+    /// Is it on its way out: asked to stop, or `PipelineRunStopping` because a
+    /// task failed and Tekton schedules nothing new?
+    pub fn stopping(&self) -> bool {
+        self.stop_requested()
+            || self.succeeded().and_then(|c| c.reason.as_deref()) == Some(STOPPING)
+    }
+
+    fn succeeded(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Succeeded"))
     }
 }

@@ -55,6 +55,15 @@ impl ControllerProcess {
         self.child.id()
     }
 
+    /// Ask it to stop (SIGTERM), as Kubernetes does on a rolling update.
+    pub fn terminate(&self) -> Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -TERM failed: {status}");
+        Ok(())
+    }
+
     /// Kill it hard, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -21,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod controller;
+pub mod ops;
 pub mod pipelines;
 pub mod timeline;
 
@@ -216,10 +217,10 @@ pub async fn apply_yaml(
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// A namespace of its own for one test, with a `default` ServiceAccount (no controller-manager
-/// creates it on this cluster). Dropping it deletes the Tekton runs and pods in it, then the
-/// namespace itself (which stays Terminating: there is no namespace controller, but the name is
-/// unique). Set `TEKTON_MUTEX_KEEP_NAMESPACES=1` to keep them for debugging.
+/// A namespace of its own for one test, with its `default` ServiceAccount in place at once.
+/// Dropping it deletes the Tekton runs and pods in it, then the namespace itself (the
+/// controller-manager's namespace controller removes it). Set `TEKTON_MUTEX_KEEP_NAMESPACES=1`
+/// to keep them for debugging.
 pub struct TestNamespace {
     name: String,
     client: Client,
@@ -254,13 +255,21 @@ impl TestNamespace {
             )
             .await
             .with_context(|| format!("creating namespace {name}"))?;
+        // The controller-manager creates it too; whoever comes first wins.
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-        sas.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
-        )
-        .await
-        .with_context(|| format!("creating ServiceAccount {name}/default"))?;
+        match sas
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("creating ServiceAccount {name}/default"));
+            }
+        }
         Ok(Self { name, client })
     }
 

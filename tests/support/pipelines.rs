@@ -160,6 +160,21 @@ pub async fn wait_reason(
     .await
 }
 
+/// Waits until CustomRun `name` ends superseded: `Succeeded=False`, reason
+/// `CustomRunCancelled` (so its PipelineRun ends Cancelled), and a message that
+/// starts with `Superseded:`. Returns the condition.
+pub async fn wait_superseded(ns: &TestNamespace, name: &str) -> Result<Condition> {
+    let c = wait_reason(ns, name, "CustomRunCancelled", slow()).await?;
+    anyhow::ensure!(
+        c.status == "False"
+            && c.message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("Superseded: newer PipelineRun ")),
+        "{name} was cancelled, not superseded: {c:?}"
+    );
+    Ok(c)
+}
+
 /// The Succeeded condition of CustomRun `name`, if any.
 pub async fn condition_of(ns: &TestNamespace, name: &str) -> Result<Option<Condition>> {
     Ok(ns

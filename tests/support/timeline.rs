@@ -128,25 +128,23 @@ impl Timeline {
                     reason: Some(r),
                     token,
                     ..
-                } if r == "Acquired" => {
-                    if granted.insert(pipeline_run.clone()) {
-                        holding.insert(pipeline_run.clone());
-                        let Some(token) = *token else {
-                            bail!("{pipeline_run} acquired without a token")
-                        };
-                        grants.push(Grant {
-                            pipeline_run: pipeline_run.clone(),
-                            token,
-                            rv: e.rv,
-                            at: e.at,
-                        });
-                        if holding.len() > capacity {
-                            bail!(
-                                "{} PipelineRuns held the slot at once at rv {}: {holding:?}",
-                                holding.len(),
-                                e.rv
-                            );
-                        }
+                } if r == "Acquired" && granted.insert(pipeline_run.clone()) => {
+                    holding.insert(pipeline_run.clone());
+                    let Some(token) = *token else {
+                        bail!("{pipeline_run} acquired without a token")
+                    };
+                    grants.push(Grant {
+                        pipeline_run: pipeline_run.clone(),
+                        token,
+                        rv: e.rv,
+                        at: e.at,
+                    });
+                    if holding.len() > capacity {
+                        bail!(
+                            "{} PipelineRuns held the slot at once at rv {}: {holding:?}",
+                            holding.len(),
+                            e.rv
+                        );
                     }
                 }
                 Change::Parent {
@@ -178,11 +176,9 @@ impl Timeline {
                     pipeline_run,
                     reason: Some(r),
                     ..
-                } if r == "Acquired" => {
-                    if granted.insert(pipeline_run.clone()) {
-                        if let Some((_, at)) = last_release.take() {
-                            out.push(e.at.saturating_duration_since(at));
-                        }
+                } if r == "Acquired" && granted.insert(pipeline_run.clone()) => {
+                    if let Some((_, at)) = last_release.take() {
+                        out.push(e.at.saturating_duration_since(at));
                     }
                 }
                 _ => {}

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -11,10 +12,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::logs::{StepLog, log_path};
 use crate::plan::{Program, StepPlan, plan_pod};
+use crate::stop::{StopSignal, kill_leftovers, wait_or_stop};
 
 /// Host settings shared by every pod.
 #[derive(Debug, Clone)]
@@ -108,14 +110,10 @@ fn terminated(r: &StepResult) -> Value {
     json!({"terminated": t})
 }
 
-/// Runs a pod to completion. Returns early (without touching the status) when cancelled, which
-/// happens when the pod is deleted.
-pub async fn run_pod(
-    client: Client,
-    pod: Pod,
-    host: Host,
-    cancel: CancellationToken,
-) -> Result<()> {
+/// Runs a pod to completion, or until its deletion stops it (see [`crate::stop`]): then the
+/// running step gets SIGTERM and its grace period, later steps do not start, and the pod ends
+/// `Failed` once its processes have ended (the caller then removes the pod object).
+pub async fn run_pod(client: Client, pod: Pod, host: Host, mut stop: StopSignal) -> Result<()> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -168,6 +166,7 @@ pub async fn run_pod(
             warn!(pod = %format!("{ns}/{name}"), "{msg}");
             let t = now();
             for c in &spec.containers {
+                StepLog::end(&pod_dir, &c.name);
                 writer.set(
                     &c.name,
                     terminated(&StepResult {
@@ -188,8 +187,10 @@ pub async fn run_pod(
     let mut failed = false;
     for plan in &plans {
         let started = now();
-        if failed {
-            // Tekton's entrypoint skips the steps after a failure and exits 1.
+        if failed || stop.requested() {
+            // Tekton's entrypoint skips the steps after a failure and exits 1; a kubelet starts
+            // no container of a pod being deleted.
+            StepLog::end(&pod_dir, &plan.container);
             writer.set(
                 &plan.container,
                 terminated(&StepResult {
@@ -204,17 +205,17 @@ pub async fn run_pod(
         }
         writer.set(&plan.container, json!({"running": {"startedAt": started}}));
         writer.write("Running", None).await?;
-        // run_step watches `cancel` itself, so that it kills the step's whole process group.
-        let outcome = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &cancel).await;
+        // run_step watches `stop` itself: it signals the step's whole process group.
+        let outcome = run_step(&client, &pod, plan, &host, &kubeconfig, &pod_dir, &mut stop).await;
         let (code, note) = match outcome {
-            Ok(Some(code)) => (code, None),
-            Ok(None) => return Ok(()), // cancelled: the pod is gone
+            Ok(code) => (code, None),
             Err(e) => (127, Some(format!("{e:#}"))),
         };
         if let Some(note) = &note {
             warn!(pod = %format!("{ns}/{name}"), step = %plan.container, "step could not start: {note}");
             append_log(&pod_dir, &plan.container, &format!("pod-runner: {note}\n"));
         }
+        StepLog::end(&pod_dir, &plan.container);
         let mut result = StepResult {
             exit_code: code,
             reason: if code == 0 { "Completed" } else { "Error" },
@@ -223,7 +224,7 @@ pub async fn run_pod(
             message: results_message(&pod_dir),
         };
         info!(pod = %format!("{ns}/{name}"), step = %plan.container, exit_code = code,
-              log = %pod_dir.join(format!("{}.log", plan.container)).display(), "step finished");
+              log = %log_path(&pod_dir, &plan.container).display(), "step finished");
         if code != 0 {
             if plan.on_error.as_deref() == Some("continue") {
                 // Like Tekton's entrypoint: exit 0, and report the real code in the message.
@@ -242,6 +243,7 @@ pub async fn run_pod(
     let end = now();
     for c in &spec.containers {
         if !c.name.starts_with(crate::plan::STEP_PREFIX) {
+            StepLog::end(&pod_dir, &c.name);
             writer.set(
                 &c.name,
                 terminated(&StepResult {
@@ -254,7 +256,11 @@ pub async fn run_pod(
             );
         }
     }
-    let phase = if failed { "Failed" } else { "Succeeded" };
+    let phase = if failed || stop.requested() {
+        "Failed"
+    } else {
+        "Succeeded"
+    };
     writer.write(phase, None).await?;
     info!(pod = %format!("{ns}/{name}"), phase, "pod finished");
     Ok(())
@@ -297,24 +303,36 @@ fn results_message(pod_dir: &Path) -> String {
 }
 
 fn append_log(pod_dir: &Path, container: &str, text: &str) {
-    use std::io::Write;
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(pod_dir.join(format!("{container}.log")))
-    {
-        let _ = f.write_all(text.as_bytes());
+    if let Ok(mut log) = StepLog::open(pod_dir, container) {
+        let _ = log.write(text.as_bytes());
     }
 }
 
-/// Kills a process group when dropped.
+/// Copies a step's output from its pipe into its log until every writer has closed it.
+fn copy_output(mut pipe: std::io::PipeReader, mut log: StepLog) {
+    use std::io::Read;
+    let mut buf = [0u8; 8192];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if let Err(e) = log.write(&buf[..n]) {
+                    warn!("writing step output: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return warn!("reading step output: {e}"),
+        }
+    }
+}
+
+/// Kills a process group when dropped, unless disarmed once the group is known to be gone.
 struct GroupKill(Option<i32>);
 
 impl Drop for GroupKill {
     fn drop(&mut self) {
         if let Some(pgid) = self.0 {
-            // SAFETY: kill(2) on the step's own process group (created with process_group(0)).
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            crate::stop::signal_group(pgid, libc::SIGKILL);
         }
     }
 }
@@ -427,7 +445,8 @@ fn field_value(pod: &Pod, path: &str) -> Option<String> {
     }
 }
 
-/// Runs one step. Ok(Some(code)) when it ran, Ok(None) when cancelled, Err when it could not start.
+/// Runs one step to its end (by itself, or stopped by the pod's deletion): Ok(exit code, 128 +
+/// signal when a signal ended it), Err when it could not start.
 async fn run_step(
     client: &Client,
     pod: &Pod,
@@ -435,8 +454,8 @@ async fn run_step(
     host: &Host,
     kubeconfig: &Path,
     pod_dir: &Path,
-    cancel: &CancellationToken,
-) -> Result<Option<i32>> {
+    stop: &mut StopSignal,
+) -> Result<i32> {
     let env = resolve_env(client, pod, plan).await?;
     let program: PathBuf = match &plan.program {
         Program::Script { path_in_pod, body } => {
@@ -477,11 +496,10 @@ async fn run_step(
         _ => program,
     };
 
-    let log_path = pod_dir.join(format!("{}.log", plan.container));
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)?;
+    // stdout and stderr share one pipe (their order kept), read by a copier that timestamps
+    // each line for the kubelet log endpoint.
+    let log = StepLog::open(pod_dir, &plan.container)?;
+    let (pipe, pipe_writer) = std::io::pipe()?;
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(plan.args.iter().map(|a| rewrite(a, pod_dir)))
         .current_dir(&cwd)
@@ -489,27 +507,44 @@ async fn run_step(
         .env("PATH", &path)
         .env("KUBECONFIG", kubeconfig)
         .stdin(Stdio::null())
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
+        .stdout(Stdio::from(pipe_writer.try_clone()?))
+        .stderr(Stdio::from(pipe_writer))
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
+    let spawned = cmd.spawn();
+    // Our copies of the pipe's write end: the copier sees EOF once the step's processes are gone.
+    drop(cmd);
+    let mut child = spawned
         .with_context(|| format!("starting {} for {}", program.display(), plan.container))?;
-    // Whatever happens to this future (finished, cancelled, dropped), the step's process group
+    let copier = tokio::task::spawn_blocking(move || copy_output(pipe, log));
+    let pgid = child
+        .id()
+        .context("the step exited before its pid was known")? as i32;
+    // Whatever happens to this future (finished, stopped, dropped), the step's process group
     // dies with it, including anything the script left running in the background.
-    let _group = GroupKill(child.id().map(|p| p as i32));
-    let status = tokio::select! {
-        s = child.wait() => s?,
-        _ = cancel.cancelled() => {
-            info!(step = %plan.container, "killing step: its pod was deleted");
-            return Ok(None);
-        }
-    };
+    let mut group = GroupKill(Some(pgid));
+    let ended = wait_or_stop(&mut child, pgid, stop).await?;
+    kill_leftovers(pgid).await;
+    group.0 = None;
+    // The log is complete before the step is reported terminated. Bounded: a process that left
+    // the group may hold the pipe open.
+    if tokio::time::timeout(Duration::from_secs(5), copier)
+        .await
+        .is_err()
+    {
+        warn!(step = %plan.container, "step output still open 5 s after the step ended");
+    }
+    let code = exit_code(ended.status);
+    if ended.stopped {
+        info!(step = %plan.container, exit_code = code, "step ended after its pod's deletion");
+    }
+    Ok(code)
+}
+
+/// A shell-style exit code: the process's own, or 128 + the signal that ended it.
+pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    Ok(Some(
-        status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-    ))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Lint gates: formatting, clippy with warnings as errors, and shellcheck on hack/*.sh.
+# Runs all three and fails if any one finds something. hack/test.sh runs it first.
+#
+#   hack/lint.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/lib.sh
+source "$here/lib.sh"
+
+require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
+
+# ensure_cargo_component NAME: rustfmt or clippy, added through rustup when missing.
+ensure_cargo_component() {
+  local sub=${1#rust}
+  cargo "$sub" --version >/dev/null 2>&1 && return 0
+  require_tool rustup "the $1 component of Rust (rustup component add $1)"
+  log "lint: installing $1 (rustup component add $1)"
+  rustup component add "$1" || die "could not install $1"
+}
+
+# ensure_shellcheck: installed with apt-get when missing (apt-get update first if needed).
+ensure_shellcheck() {
+  command -v shellcheck >/dev/null 2>&1 && return 0
+  command -v apt-get >/dev/null 2>&1 ||
+    die "shellcheck is not installed: install it (https://github.com/koalaman/shellcheck#installing)"
+  local sudo=()
+  (( EUID == 0 )) || sudo=(sudo)
+  log "lint: installing shellcheck (apt-get install shellcheck)"
+  "${sudo[@]}" apt-get install -y -qq shellcheck >/dev/null 2>&1 ||
+    { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq shellcheck; } ||
+    die "could not install shellcheck with apt-get"
+}
+
+ensure_cargo_component rustfmt
+ensure_cargo_component clippy
+ensure_shellcheck
+
+cd "$REPO_ROOT"
+failed=()
+gate() { # gate NAME CMD...: run one gate, remember its failure, go on with the next
+  local name=$1; shift
+  log "lint: $name"
+  "$@" || failed+=("$name")
+}
+gate "cargo fmt --all --check" cargo fmt --all --check
+gate "cargo clippy --workspace --all-targets -- -D warnings" \
+  cargo clippy --workspace --all-targets --quiet -- -D warnings
+gate "shellcheck hack/*.sh" shellcheck -x hack/*.sh
+
+if (( ${#failed[@]} > 0 )); then
+  printf 'error: lint failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+log "lint: clean"

@@ -1,0 +1,475 @@
+//! The reconcilers' own control flow against a mocked API server (as kube-rs's
+//! controller-rs does with `tower-test`): which requests, in which order, and
+//! what happens on 404 and 409 answers. This pins our code, not Kubernetes: the
+//! live-cluster tests under tests/ stay the evidence of how the API server and
+//! Tekton behave.
+
+use super::*;
+use crate::metrics::Metrics;
+use ::http::{Request, Response};
+use kube::client::Body;
+use kube::runtime::reflector::store::Writer;
+use serde_json::{Value, json};
+use tower_test::mock;
+
+const NS: &str = "ns";
+const MUTEXES: &str = "/apis/tekton-mutex.dev/v1alpha1/namespaces/ns/mutexes";
+const CUSTOM_RUNS: &str = "/apis/tekton.dev/v1beta1/namespaces/ns/customruns";
+const PIPELINE_RUNS: &str = "/apis/tekton.dev/v1/namespaces/ns/pipelineruns";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+/// One request the controller made: "METHOD /path", and its JSON body (Null if none).
+type Seen = (String, Value);
+
+/// A Context whose caches hold exactly these objects, over a mocked API server.
+fn context(
+    custom_runs: Vec<CustomRun>,
+    pipeline_runs: Vec<PipelineRun>,
+    mutexes: Vec<Mutex>,
+) -> (Arc<Context>, mock::Handle<Request<Body>, Response<Body>>) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, NS);
+    let reporter = Reporter {
+        controller: "tekton-mutex".into(),
+        instance: None,
+    };
+    let ctx = Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        custom_runs: Some(store_of(custom_runs)),
+        runs: None,
+        pipeline_runs: store_of(pipeline_runs),
+        mutexes: store_of(mutexes),
+        fault: None,
+        metrics: Arc::new(Metrics::new()),
+        acting: watch::channel(true).1,
+    };
+    (Arc::new(ctx), handle)
+}
+
+fn store_of<K>(objects: Vec<K>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut writer = Writer::<K>::default();
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::Apply(o));
+    }
+    writer.as_reader()
+}
+
+/// Answers every request with `respond` and records it, until the client is dropped.
+async fn serve(
+    mut handle: mock::Handle<Request<Body>, Response<Body>>,
+    mut respond: impl FnMut(&str, &Value) -> (u16, Value),
+) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    while let Some((req, send)) = handle.next_request().await {
+        let line = format!("{} {}", req.method(), req.uri().path());
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let (code, answer) = respond(&line, &body);
+        // Transition Events (events.rs) go out in the background, in any order:
+        // answered, not recorded. The Superseded ones are written in line.
+        let background =
+            line.starts_with("POST") && line.ends_with("/events") && body["reason"] != "Superseded";
+        let response = Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+            .unwrap();
+        send.send_response(response);
+        if !background {
+            seen.push((line, body));
+        }
+    }
+    seen
+}
+
+/// Run `reconcile` against the mock and return its result and every request it made.
+async fn exchange<F, Fut>(
+    ctx: Arc<Context>,
+    handle: mock::Handle<Request<Body>, Response<Body>>,
+    respond: impl FnMut(&str, &Value) -> (u16, Value) + Send + 'static,
+    reconcile: F,
+) -> (Result<Action, Error>, Vec<Seen>)
+where
+    F: FnOnce(Arc<Context>) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
+    let server = tokio::spawn(serve(handle, respond));
+    let result = Box::pin(reconcile(ctx)).await;
+    // The context held the last clients: the mock sees the end of the stream.
+    let seen = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the client was dropped")
+        .unwrap();
+    (result, seen)
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "reason": reason, "code": code, "message": format!("mocked {code}")})
+}
+
+/// A success answer the client can parse: the object as written, or for a
+/// patch (which carries only some fields) a minimal object of the kind.
+fn ok(line: &str, body: &Value) -> (u16, Value) {
+    let minimal = |api_version: &str, kind: &str| json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}, "spec": {}});
+    match line {
+        l if l.starts_with(&format!("PATCH {CUSTOM_RUNS}")) => {
+            (200, minimal("tekton.dev/v1beta1", "CustomRun"))
+        }
+        l if l.starts_with(&format!("PATCH {PIPELINE_RUNS}")) => {
+            (200, minimal("tekton.dev/v1", "PipelineRun"))
+        }
+        l if l.starts_with("POST") => (201, body.clone()),
+        _ => (200, body.clone()),
+    }
+}
+
+/// The requests in order, without the transition Events: those are recorded in
+/// the background, best effort, so their place in the sequence is not ours to pin.
+fn lines(seen: &[Seen]) -> Vec<&str> {
+    seen.iter()
+        .filter(|(l, body)| !(l.ends_with("/events") && body["reason"] != "Superseded"))
+        .map(|(l, _)| l.as_str())
+        .collect()
+}
+
+fn pipeline_run(name: &str, created: &str) -> PipelineRun {
+    serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid"),
+                     "creationTimestamp": created, "resourceVersion": "1",
+                     "labels": {"tekton.dev/pipeline": "promote"}},
+        "spec": {}, "status": {},
+    }))
+    .unwrap()
+}
+
+/// The lock run of PipelineRun `pr`, for key `k`.
+fn lock_run(pr: &str, supersede: &str, status: Value) -> CustomRun {
+    serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+        "metadata": {"name": format!("{pr}-lock"), "namespace": NS, "uid": format!("{pr}-lock-uid"),
+                     "creationTimestamp": "2026-11-30T12:00:00Z", "resourceVersion": "5",
+                     "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+                                          "name": pr, "uid": format!("{pr}-uid"), "controller": true}]},
+        "spec": {"customRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"},
+                 "params": [{"name": "key", "value": "k"}, {"name": "supersede", "value": supersede}],
+                 "timeout": "0s"},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+fn mutex(resource_version: &str, status: Value) -> Value {
+    json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+           "metadata": {"name": "k", "namespace": NS, "resourceVersion": resource_version},
+           "spec": {"capacity": 1}, "status": status})
+}
+
+fn the_mutex() -> Arc<Mutex> {
+    Arc::new(serde_json::from_value(mutex("1", json!({}))).unwrap())
+}
+
+fn reason(patch: &Value) -> &str {
+    patch["status"]["conditions"][0]["reason"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn a_conflict_on_the_mutex_status_is_decided_again_from_a_fresh_read() {
+    let (ctx, handle) = context(
+        vec![lock_run("a", "pending", json!({}))],
+        vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let mut puts = 0;
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex(&(puts + 1).to_string(), json!({}))),
+        l if l == format!("PUT {MUTEXES}/k/status") => {
+            puts += 1;
+            // The first write finds the object changed; the second one succeeds.
+            match puts {
+                1 => (409, status(409, "Conflict")),
+                _ => ok(line, body),
+            }
+        }
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("GET {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("GET {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ]
+    );
+    let (_, retried) = &seen[3];
+    assert_eq!(
+        retried["metadata"]["resourceVersion"], "2",
+        "the retry is a CAS on the fresh read"
+    );
+    assert_eq!(retried["status"]["holders"][0]["token"], 1);
+    assert_eq!(reason(&seen[4].1), "Acquired");
+}
+
+#[tokio::test]
+async fn run_patches_answered_404_or_409_are_left_to_the_next_sync() {
+    let (ctx, handle) = context(
+        vec![
+            lock_run("a", "none", json!({})),
+            lock_run("b", "none", json!({})),
+        ],
+        vec![
+            pipeline_run("a", "2026-11-30T11:59:00Z"),
+            pipeline_run("b", "2026-11-30T11:59:30Z"),
+        ],
+        vec![],
+    );
+    let respond = |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", json!({}))),
+        l if l == format!("PATCH {CUSTOM_RUNS}/a-lock/status") => (404, status(404, "NotFound")),
+        l if l == format!("PATCH {CUSTOM_RUNS}/b-lock/status") => (409, status(409, "Conflict")),
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?} {seen:?}");
+    let mut patched = lines(&seen)[2..].to_vec();
+    patched.sort();
+    assert_eq!(
+        patched,
+        [
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+            format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
+        ],
+        "both runs are told, neither failure stops the other"
+    );
+}
+
+/// The lock state where a (token 1) holds and b waits, both of group promote.
+fn holder_a_and_waiter_b() -> Value {
+    let age = |pr: &str, at: &str| json!({"created": at, "name": pr});
+    let run = |pr: &str| json!({"kind": "CustomRun", "name": format!("{pr}-lock"), "uid": format!("{pr}-lock-uid")});
+    json!({
+        "holders": [{"run": run("a"), "pipelineRun": "a", "token": 1, "since": "2026-11-30T11:58:10Z",
+                     "waitedSeconds": 0, "group": "promote", "age": age("a", "2026-11-30T11:58:00Z"),
+                     "supersede": "pending"}],
+        "queue": [{"run": run("b"), "pipelineRun": "b", "group": "promote",
+                   "age": age("b", "2026-11-30T11:59:00Z"), "supersede": "pending"}],
+        "lastToken": 1,
+    })
+}
+
+#[tokio::test]
+async fn writes_go_lock_state_then_cancels_then_runs() {
+    // a holds, b waits; c (newer, same group) arrives and supersedes b.
+    let runs = vec![
+        lock_run("a", "pending", json!({})),
+        lock_run("b", "pending", json!({})),
+        lock_run("c", "pending", json!({})),
+    ];
+    let prs = vec![
+        pipeline_run("a", "2026-11-30T11:58:00Z"),
+        pipeline_run("b", "2026-11-30T11:59:00Z"),
+        pipeline_run("c", "2026-11-30T11:59:30Z"),
+    ];
+    let before = holder_a_and_waiter_b();
+    let (ctx, handle) = context(runs, prs.clone(), vec![]);
+    let b = serde_json::to_value(&prs[1]).unwrap();
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", before.clone())),
+        l if l == format!("GET {PIPELINE_RUNS}/b") => (200, b.clone()),
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("GET {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("GET {PIPELINE_RUNS}/b"),
+            format!("PATCH {PIPELINE_RUNS}/b"),
+            format!("POST {EVENTS}"),
+            format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
+            format!("POST {EVENTS}"),
+            format!("PATCH {CUSTOM_RUNS}/c-lock/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ]
+    );
+    assert_eq!(seen[1].1["status"]["queue"][0]["pipelineRun"], "c");
+    let cancel = &seen[3].1;
+    assert_eq!(cancel["spec"]["status"], "CancelledRunFinally");
+    assert_eq!(
+        cancel["metadata"]["annotations"]["tekton-mutex.dev/superseded-by"], "c",
+        "the annotation rides in the cancel patch"
+    );
+    assert_eq!(
+        cancel["metadata"]["uid"], "b-uid",
+        "the uid makes the patch fail on a re-created b"
+    );
+    assert_eq!(seen[4].1["reason"], "Superseded");
+    assert_eq!(seen[4].1["regarding"]["kind"], "PipelineRun");
+    let b = &seen[5].1["status"];
+    assert_eq!(reason(&seen[5].1), "CustomRunCancelled");
+    assert_eq!(
+        b["conditions"][0]["message"],
+        "Superseded: newer PipelineRun c (group promote) holds or waits for k"
+    );
+    assert_eq!(b["extraFields"]["supersededBy"], "c");
+    assert_eq!(seen[6].1["reason"], "Superseded");
+    assert_eq!(seen[6].1["regarding"]["kind"], "CustomRun");
+    assert_eq!(seen[6].1["regarding"]["name"], "b-lock");
+    assert_eq!(reason(&seen[7].1), "Waiting");
+    assert_eq!(reason(&seen[8].1), "Acquired");
+}
+
+#[tokio::test]
+async fn a_supersede_is_counted_once_when_its_write_lands() {
+    // a holds, b waits; c arrives and supersedes b. b's first patch meets a 409,
+    // so the next sync redoes it: one supersede, one cancel, counted once each.
+    let (ctx, handle) = context(
+        ["a", "b", "c"]
+            .map(|pr| lock_run(pr, "pending", json!({})))
+            .to_vec(),
+        vec![
+            pipeline_run("a", "2026-11-30T11:58:00Z"),
+            pipeline_run("b", "2026-11-30T11:59:00Z"),
+            pipeline_run("c", "2026-11-30T11:59:30Z"),
+        ],
+        vec![],
+    );
+    let metrics = ctx.metrics.clone();
+    let mut lock_state = holder_a_and_waiter_b();
+    let b_running = serde_json::to_value(pipeline_run("b", "2026-11-30T11:59:00Z")).unwrap();
+    let mut b_cancelled = false;
+    let mut b_patches = 0;
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", lock_state.clone())),
+        l if l == format!("PUT {MUTEXES}/k/status") => {
+            lock_state = body["status"].clone();
+            ok(line, body)
+        }
+        l if l == format!("GET {PIPELINE_RUNS}/b") => {
+            let mut pr = b_running.clone();
+            if b_cancelled {
+                pr["spec"]["status"] = json!("CancelledRunFinally");
+            }
+            (200, pr)
+        }
+        l if l == format!("PATCH {PIPELINE_RUNS}/b") => {
+            b_cancelled = true;
+            ok(line, body)
+        }
+        l if l == format!("PATCH {CUSTOM_RUNS}/b-lock/status") => {
+            b_patches += 1;
+            match b_patches {
+                1 => (409, status(409, "Conflict")),
+                _ => ok(line, body),
+            }
+        }
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| async move {
+        sync::reconcile(the_mutex(), ctx.clone()).await?;
+        sync::reconcile(the_mutex(), ctx).await
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    let b_lock = format!("PATCH {CUSTOM_RUNS}/b-lock/status");
+    assert_eq!(lines(&seen).iter().filter(|l| **l == b_lock).count(), 2);
+    let ns = crate::metrics::Ns {
+        namespace: NS.into(),
+    };
+    assert_eq!(metrics.supersedes.get_or_create(&ns).get(), 1);
+    assert_eq!(metrics.cancels.get_or_create(&ns).get(), 1);
+}
+
+#[tokio::test]
+async fn intake_creates_the_mutex_of_a_new_key_once() {
+    for (answer, code) in [("created", 201), ("already there", 409)] {
+        let run = lock_run("a", "pending", json!({}));
+        let (ctx, handle) = context(vec![], vec![], vec![]);
+        let respond = move |line: &str, body: &Value| match (line.starts_with("POST"), code) {
+            (true, 201) => ok(line, body),
+            (true, _) => (409, status(409, "AlreadyExists")),
+            (false, _) => (200, mutex("1", json!({}))),
+        };
+        let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+            intake::reconcile(Arc::new(run), ctx)
+        })
+        .await;
+        assert!(result.is_ok(), "{answer}: {result:?}");
+        let mut expected = vec![format!("POST {MUTEXES}")];
+        if code == 409 {
+            // Someone else created it: read its spec, to check the run agrees with it.
+            expected.push(format!("GET {MUTEXES}/k"));
+        }
+        assert_eq!(lines(&seen), expected, "{answer}");
+        let created = &seen[0].1;
+        assert_eq!(created["metadata"]["name"], "k");
+        assert_eq!(created["spec"]["capacity"], 1);
+        assert_eq!(
+            created["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "tekton-mutex"
+        );
+    }
+}
+
+#[tokio::test]
+async fn intake_leaves_an_existing_mutex_alone_and_fails_bad_params() {
+    let good = lock_run("a", "pending", json!({}));
+    let existing: Mutex = serde_json::from_value(mutex("1", json!({}))).unwrap();
+    let (ctx, handle) = context(vec![], vec![], vec![existing]);
+    let (result, seen) = exchange(ctx, handle, ok, |ctx| {
+        intake::reconcile(Arc::new(good), ctx)
+    })
+    .await;
+    assert!(result.is_ok() && seen.is_empty(), "{result:?} {seen:?}");
+
+    let bad = lock_run("a", "sometimes", json!({}));
+    let (ctx, handle) = context(vec![], vec![], vec![]);
+    let (result, seen) =
+        exchange(ctx, handle, ok, |ctx| intake::reconcile(Arc::new(bad), ctx)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(lines(&seen), [format!("PATCH {CUSTOM_RUNS}/a-lock/status")]);
+    assert_eq!(reason(&seen[0].1), "InvalidParams");
+}
+
+#[tokio::test]
+async fn an_embedded_spec_that_disagrees_with_the_mutex_is_invalid_params() {
+    let mut run = lock_run("a", "pending", json!({}));
+    run.spec.custom_ref = None;
+    run.spec.custom_spec = serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "spec": {"capacity": 3}
+    }))
+    .unwrap();
+    let existing: Mutex = serde_json::from_value(mutex("1", json!({}))).unwrap();
+    let (ctx, handle) = context(vec![], vec![], vec![existing]);
+    let (result, seen) =
+        exchange(ctx, handle, ok, |ctx| intake::reconcile(Arc::new(run), ctx)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(lines(&seen), [format!("PATCH {CUSTOM_RUNS}/a-lock/status")]);
+    assert_eq!(reason(&seen[0].1), "InvalidParams");
+    let message = seen[0].1["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap();
+    assert!(
+        message.contains("sets capacity 3, but Mutex k already has capacity 1"),
+        "{message}"
+    );
+}
