@@ -50,6 +50,11 @@ impl ControllerProcess {
         Ok(Self { child, log })
     }
 
+    /// The process id (for reading its memory and CPU from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Ask it to stop (SIGTERM), as Kubernetes does on a rolling update.
     pub fn terminate(&self) -> Result<()> {
         let status = Command::new("kill")
