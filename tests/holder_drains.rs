@@ -106,6 +106,18 @@ async fn a_deploys_b_waits(
     mark(ns, "start", "a").await?;
     ns.apply(&pipeline_run("b", "deploy", None)).await?;
     wait_reason(ns, &lock_run("b"), "Waiting", slow()).await?;
+    // Tekton deletes a cancelled TaskRun's pod only once its status names the pod.
+    wait_until("Tekton to record a's deploy pod", slow(), || async {
+        let pod = ns.kubectl(&[
+            "get",
+            "taskrun",
+            "a-deploy",
+            "-o",
+            "jsonpath={.status.podName}",
+        ]);
+        Ok(pod.ok().filter(|p| !p.trim().is_empty()))
+    })
+    .await?;
     Ok(())
 }
 

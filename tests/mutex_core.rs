@@ -168,6 +168,20 @@ async fn release_case(ending: Ending) -> Result<()> {
     wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
     ns.apply(&pipeline_run("b", "deploy", &[])).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
+    // Tekton deletes a cancelled TaskRun's pod only if its status already names the
+    // pod; cancelled earlier, the pod is orphaned and runs on, and rightly keeps
+    // the slot. End a only once Tekton knows its deploy pod.
+    wait_until("Tekton to record a's deploy pod", slow(), || async {
+        let pod = ns.kubectl(&[
+            "get",
+            "taskrun",
+            "a-deploy",
+            "-o",
+            "jsonpath={.status.podName}",
+        ]);
+        Ok(pod.ok().filter(|p| !p.trim().is_empty()))
+    })
+    .await?;
 
     match ending {
         Ending::Fails => release(&ns, "a").await?,
