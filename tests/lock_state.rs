@@ -6,12 +6,13 @@
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::timeline::Timeline;
 use support::*;
 use tekton_mutex::mutex::Mutex;
+use tekton_mutex::tekton::customrun::CustomRun;
 
 const KEY: &str = "k";
 
@@ -178,5 +179,78 @@ async fn a_wiped_status_is_rebuilt_from_the_runs() -> Result<()> {
     let (a, b) = (token_of(&ns, "a").await?, token_of(&ns, "b").await?);
     ensure!(a < b, "b's token {b} above a's {a}");
     timeline.check_exclusion(1)?;
+    Ok(())
+}
+
+/// Standalone lock run `name` of key `KEY`.
+fn standalone(name: &str) -> Result<CustomRun> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+        "metadata": {"name": name},
+        "spec": {"customRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"},
+                 "params": [{"name": "key", "value": KEY}]},
+    }))?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn two_thousand_runs_through_one_key_leave_a_small_status() -> Result<()> {
+    const RUNS: usize = 2000;
+    // Capacity 10 lets them pass quickly; what the status keeps does not depend on it.
+    const IN_FLIGHT: usize = 20;
+    let ns = TestNamespace::create("many-runs").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let mutex = serde_json::json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": KEY}, "spec": {"capacity": 10}});
+    ns.apply(&mutex.to_string()).await?;
+    let runs = ns.api::<CustomRun>();
+    let (mut created, mut finished, mut largest) = (0, 0, 0);
+    while finished < RUNS {
+        while created < RUNS && created - finished < IN_FLIGHT {
+            runs.create(
+                &PostParams::default(),
+                &standalone(&format!("run-{created}"))?,
+            )
+            .await?;
+            created += 1;
+        }
+        // A standalone run holds until it is deleted: delete each holder.
+        let acquired = wait_until("the next grants", slow(), || async {
+            let list = runs.list(&Default::default()).await?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|cr| {
+                    cr.metadata.deletion_timestamp.is_none()
+                        && cr
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.succeeded())
+                            .and_then(|c| c.reason.as_deref())
+                            == Some("Acquired")
+                })
+                .filter_map(|cr| cr.metadata.name.clone())
+                .collect();
+            Ok((!names.is_empty()).then_some(names))
+        })
+        .await?;
+        for name in &acquired {
+            runs.delete(name, &DeleteParams::default()).await?;
+        }
+        finished += acquired.len();
+        let size = serde_json::to_vec(&mutex_status(&ns, KEY).await?)?.len();
+        largest = largest.max(size);
+    }
+    let st = wait_until("the last holder to be released", slow(), || async {
+        let st = mutex_status(&ns, KEY).await?;
+        Ok(st.holders.is_empty().then_some(st))
+    })
+    .await?;
+    let size = serde_json::to_vec(&st)?.len();
+    eprintln!("status after {RUNS} runs: {size} bytes (largest seen: {largest} bytes)");
+    ensure!(st.last_token == RUNS as i64, "{st:?}");
+    ensure!(st.groups.is_empty(), "standalone runs leave no marks");
+    ensure!(size < 16 * 1024, "the status grew to {size} bytes");
+    ensure!(largest < 16 * 1024, "the status reached {largest} bytes");
     Ok(())
 }
