@@ -213,17 +213,14 @@ async fn deleting_the_holders_lock_run_does_not_free_the_slot() -> Result<()> {
         None,
     )
     .await?;
-    ns.api::<CustomRun>()
-        .delete(&lock_run("a"), &DeleteParams::default())
+    let runs = ns.api::<CustomRun>();
+    let uid = runs.get(&lock_run("a")).await?.metadata.uid;
+    runs.delete(&lock_run("a"), &DeleteParams::default())
         .await?;
-    // The deletion is seen and handled: the Mutex still names a as its holder.
+    // Gone, or re-created by Tekton under the same name (another object).
     wait_until("the lock run to be gone", slow(), || async {
-        Ok(ns
-            .api::<CustomRun>()
-            .get_opt(&lock_run("a"))
-            .await?
-            .is_none()
-            .then_some(()))
+        let now = runs.get_opt(&lock_run("a")).await?;
+        Ok(now.is_none_or(|r| r.metadata.uid != uid).then_some(()))
     })
     .await?;
     let s = mutex_status(&ns, ns.name()).await?;

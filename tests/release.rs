@@ -100,6 +100,7 @@ fn run_from_image(
 }
 
 #[test]
+#[ignore = "builds a release (minutes): run by hack/test.sh"]
 fn release_pushes_a_pinned_image_that_runs() -> Result<()> {
     let registry = Registry::start()?;
     let status = Command::new(repo().join("hack/release.sh"))

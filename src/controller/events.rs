@@ -24,7 +24,8 @@ pub struct Transition {
 }
 
 /// The Event an outcome calls for, given the run's status before it.
-/// None when nothing new happened (e.g. a waiter that only moved up the queue).
+/// None when nothing new happened (e.g. a waiter that only moved up the
+/// queue), and for Superseded, which `writes::superseded_event` records.
 pub fn for_outcome(
     kind: RunKind,
     key: &str,
@@ -34,7 +35,7 @@ pub fn for_outcome(
     let was = before
         .succeeded()
         .map(|c| c.reason.clone().unwrap_or_default());
-    let (_, message) = run_status::condition(kind, key, outcome);
+    let (_, note) = run_status::condition(kind, key, outcome);
     let (reason, type_) = match outcome {
         Outcome::Waiting { .. } if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
         Outcome::Waiting { .. } => (Reason::Waiting.as_str(), EventType::Normal),
@@ -50,7 +51,7 @@ pub fn for_outcome(
     };
     Some(Transition {
         reason,
-        note: message,
+        note,
         type_,
     })
 }
