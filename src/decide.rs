@@ -364,7 +364,8 @@ impl<'a> Decider<'a> {
     }
 
     /// The status stays small: a group's mark is forgotten once the group has been
-    /// idle for `markIdleDays`, and only the most recently granted groups are kept.
+    /// idle (no grant, no holder) for `markIdleDays`, and only the most recently
+    /// granted groups are kept.
     /// A mark from before grant times were kept counts as granted now.
     fn forget_idle_marks(&mut self) {
         let now = self.now;
@@ -372,9 +373,11 @@ impl<'a> Decider<'a> {
         for m in &mut self.st.groups {
             m.granted.get_or_insert(now);
         }
-        self.st
-            .groups
-            .retain(|m| m.granted.is_some_and(|g| now - g < idle));
+        let holders = &self.st.holders;
+        // A group that still holds the key is not idle.
+        self.st.groups.retain(|m| {
+            m.granted.is_some_and(|g| now - g < idle) || holders.iter().any(|h| h.group == m.group)
+        });
         self.st.groups.sort_by(|a, b| {
             b.granted
                 .cmp(&a.granted)

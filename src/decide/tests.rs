@@ -1389,3 +1389,20 @@ fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
     let d = decide(&spec, &d.status, &[pending(1)], t(2 * day + 12));
     assert!(matches!(outcome(&d, 1), Some(Outcome::Acquired { .. })));
 }
+
+#[test]
+fn a_group_that_still_holds_keeps_its_mark_however_long() {
+    let spec = MutexSpec {
+        mark_idle_days: 1,
+        ..Default::default()
+    };
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    apply(&mut runs, &d);
+    let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600));
+    assert_eq!(d.status.groups.len(), 1);
+    runs.push(pending(1));
+    let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600 + 1));
+    assert!(matches!(outcome(&d, 1), Some(Outcome::Superseded { .. })));
+}
