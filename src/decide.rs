@@ -8,7 +8,8 @@
 //! was not yet applied.
 
 use crate::mutex::{
-    Age, GroupMark, Holder, MutexSpec, MutexStatus, Order, RunRef, Supersede, Waiter,
+    Age, GroupMark, Holder, MAX_GROUP_MARKS, MutexSpec, MutexStatus, Order, RunRef, Supersede,
+    Waiter,
 };
 use crate::params::CancelMode;
 use chrono::{DateTime, Utc};
@@ -32,6 +33,9 @@ pub struct RunView {
     /// Why it was asked to stop (`spec.statusMessage`), when Tekton or a person said.
     pub cancel_message: Option<String>,
     pub phase: Phase,
+    /// The token this run was told `Acquired` with (its `token` result), if any:
+    /// the lock state is rebuilt from it when the status was lost.
+    pub acquired_token: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -120,6 +124,13 @@ pub enum Outcome {
         why: String,
     },
     TimedOut,
+    /// Not admitted: the key already has `limit` runs waiting (`spec.maxQueue`).
+    QueueFull {
+        limit: u32,
+    },
+    /// Not admitted yet: the Mutex is being deleted. It is created again once
+    /// its holders and waiters are gone, and the run joins that one.
+    MutexDeleting,
 }
 
 /// A PipelineRun the controller must cancel.
@@ -150,25 +161,46 @@ enum Leaving {
     LeaveWith(Outcome),
 }
 
-/// The decision, as a script of named steps over one working state.
+/// The Mutex object, besides its spec and status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MutexFacts {
+    /// `kubectl delete` marked it: it admits no one new and releases nothing.
+    pub deleting: bool,
+}
+
+/// The decision for a Mutex that is not being deleted.
 pub fn decide(
     spec: &MutexSpec,
     prev: &MutexStatus,
     runs: &[RunView],
     now: DateTime<Utc>,
 ) -> Decision {
+    decide_with(spec, prev, runs, now, MutexFacts::default())
+}
+
+/// The decision, as a script of named steps over one working state.
+pub fn decide_with(
+    spec: &MutexSpec,
+    prev: &MutexStatus,
+    runs: &[RunView],
+    now: DateTime<Utc>,
+    facts: MutexFacts,
+) -> Decision {
     let runs = siblings_share_age(runs);
-    let mut d = Decider::new(spec, prev, &runs, now);
+    let mut d = Decider::new(spec, prev, &runs, now, facts);
+    d.rebuild_from_runs();
     d.release_ended_holders();
     d.drop_leavers();
     d.admit_arrivals();
     d.supersede_running();
     d.recancel_superseded();
+    d.forget_idle_marks();
     d.report()
 }
 
 struct Decider<'a> {
     spec: &'a MutexSpec,
+    facts: MutexFacts,
     st: MutexStatus,
     outcomes: Vec<(RunRef, Outcome)>,
     cancels: Vec<Cancel>,
@@ -183,9 +215,11 @@ impl<'a> Decider<'a> {
         prev: &MutexStatus,
         all: &'a [RunView],
         now: DateTime<Utc>,
+        facts: MutexFacts,
     ) -> Self {
         Decider {
             spec,
+            facts,
             st: prev.clone(),
             outcomes: Vec::new(),
             cancels: Vec::new(),
@@ -195,18 +229,42 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// State is rebuilt, never reset: whatever happened to the status (wiped,
+    /// replaced, restored from an old copy), a run told `Acquired` whose hold is
+    /// not released holds again, with its token; `lastToken` is never below a
+    /// token any run of the key shows; and the groups those runs were granted in
+    /// keep their marks.
+    fn rebuild_from_runs(&mut self) {
+        let highest = self.all.iter().filter_map(|r| r.acquired_token).max();
+        self.st.last_token = self.st.last_token.max(highest.unwrap_or(0));
+        for r in self.all {
+            let Some(token) = r.acquired_token else {
+                continue;
+            };
+            let entry = waiter_of(r);
+            self.mark_group(&entry, r.waiting_since);
+            let known = self.st.holders.iter().any(|h| {
+                h.run.uid == r.run.uid || r.parent.as_ref().is_some_and(|p| is_parent(h.party(), p))
+            });
+            if known || !still_holds(r) {
+                continue;
+            }
+            self.st.queue.retain(|w| w.run.uid != r.run.uid);
+            self.st
+                .holders
+                .push(holder_of(entry, token, r.waiting_since, 0));
+        }
+        self.st.holders.sort_by_key(|h| h.token);
+    }
+
     /// A holder keeps the slot until nothing of its PipelineRun can still run
     /// (done or deleted, and every pod ended), even if its lock run was deleted.
     /// A standalone run holds until it is deleted.
     fn release_ended_holders(&mut self) {
         let runs = &self.runs;
-        self.st.holders.retain(|h| {
-            runs.get(h.run.uid.as_str())
-                .is_some_and(|r| match &r.parent {
-                    Some(p) => !p.state.released(),
-                    None => r.phase != Phase::Deleted,
-                })
-        });
+        self.st
+            .holders
+            .retain(|h| runs.get(h.run.uid.as_str()).is_some_and(|r| still_holds(r)));
     }
 
     /// Waiters leave when deleted, done, cancelled, timed out, superseded, or
@@ -245,6 +303,16 @@ impl<'a> Decider<'a> {
                 continue;
             }
             match self.leaving(r) {
+                // A Mutex being deleted releases nothing and admits no one: it goes
+                // once empty, and a new one takes the newcomers.
+                Leaving::Stay if self.facts.deleting => {
+                    self.outcomes.push((r.run.clone(), Outcome::MutexDeleting));
+                }
+                Leaving::Stay if r.wait && self.st.queue.len() >= self.spec.max_queue as usize => {
+                    let limit = self.spec.max_queue;
+                    self.outcomes
+                        .push((r.run.clone(), Outcome::QueueFull { limit }));
+                }
                 Leaving::Stay if r.wait => {
                     self.arrive(r);
                     self.grant();
@@ -293,6 +361,29 @@ impl<'a> Decider<'a> {
                 self.cancels.extend(cancel_of(r, &by));
             }
         }
+    }
+
+    /// The status stays small: a group's mark is forgotten once the group has been
+    /// idle (no grant, no holder) for `markIdleDays`, and only the most recently
+    /// granted groups are kept.
+    /// A mark from before grant times were kept counts as granted now.
+    fn forget_idle_marks(&mut self) {
+        let now = self.now;
+        let idle = chrono::TimeDelta::days(i64::from(self.spec.mark_idle_days));
+        for m in &mut self.st.groups {
+            m.granted.get_or_insert(now);
+        }
+        let holders = &self.st.holders;
+        // A group that still holds the key is not idle.
+        self.st.groups.retain(|m| {
+            m.granted.is_some_and(|g| now - g < idle) || holders.iter().any(|h| h.group == m.group)
+        });
+        self.st.groups.sort_by(|a, b| {
+            b.granted
+                .cmp(&a.granted)
+                .then_with(|| a.group.cmp(&b.group))
+        });
+        self.st.groups.truncate(MAX_GROUP_MARKS);
     }
 
     /// Every live member is told where it stands; the summary fields follow the lists.
@@ -459,15 +550,7 @@ impl<'a> Decider<'a> {
     /// Queue a live arrival. A run that supersedes marks its group and supersedes
     /// older waiters of it.
     fn arrive(&mut self, r: &RunView) {
-        let newcomer = Waiter {
-            run: r.run.clone(),
-            pipeline_run: r.parent.as_ref().map(|p| p.name.clone()),
-            pipeline_run_uid: r.parent.as_ref().map(|p| p.uid.clone()),
-            group: r.group.clone(),
-            age: r.age.clone(),
-            priority: r.priority,
-            supersede: r.supersede,
-        };
+        let newcomer = waiter_of(r);
         if r.supersede != Supersede::None {
             self.supersede_older_waiters(&newcomer);
         }
@@ -497,7 +580,7 @@ impl<'a> Decider<'a> {
     /// while waiting leaves no mark; and a run alone in its group (a standalone
     /// run, a PipelineRun without a pipeline label) leaves none, as nothing can
     /// ever be older in it.
-    fn mark_group(&mut self, w: &Waiter) {
+    fn mark_group(&mut self, w: &Waiter, granted: DateTime<Utc>) {
         if w.supersede == Supersede::None || w.group == w.age.name {
             return;
         }
@@ -506,9 +589,12 @@ impl<'a> Decider<'a> {
             newest: w.age.clone(),
             pipeline_run: w.pipeline_run.clone(),
             pipeline_run_uid: w.pipeline_run_uid.clone(),
+            granted: Some(granted),
         };
         match self.st.groups.iter_mut().find(|m| m.group == w.group) {
-            Some(m) if m.newest >= w.age => {}
+            Some(m) if m.newest > w.age => {}
+            // The same run (rebuilt): keep the later grant time.
+            Some(m) if m.newest == w.age => m.granted = m.granted.max(Some(granted)),
             Some(m) => *m = mark,
             None => self.st.groups.push(mark),
         }
@@ -567,18 +653,9 @@ impl<'a> Decider<'a> {
                     self.outcomes.push((o.run, outcome));
                 }
             }
-            self.mark_group(&w);
-            self.st.holders.push(Holder {
-                run: w.run,
-                pipeline_run: w.pipeline_run,
-                pipeline_run_uid: w.pipeline_run_uid,
-                token: self.st.last_token,
-                since: self.now,
-                waited_seconds: waited,
-                group: w.group,
-                age: w.age,
-                supersede: w.supersede,
-            });
+            self.mark_group(&w, self.now);
+            let holder = holder_of(w, self.st.last_token, self.now, waited);
+            self.st.holders.push(holder);
         }
     }
 
@@ -605,6 +682,41 @@ impl<'a> Decider<'a> {
             .iter()
             .map(|h| label(&h.pipeline_run, &h.run))
             .collect()
+    }
+}
+
+/// Does this run's hold (if it has one) still stand? Until nothing of its
+/// PipelineRun can run; a standalone run's until the run is deleted.
+fn still_holds(r: &RunView) -> bool {
+    match &r.parent {
+        Some(p) => !p.state.released(),
+        None => r.phase != Phase::Deleted,
+    }
+}
+
+fn waiter_of(r: &RunView) -> Waiter {
+    Waiter {
+        run: r.run.clone(),
+        pipeline_run: r.parent.as_ref().map(|p| p.name.clone()),
+        pipeline_run_uid: r.parent.as_ref().map(|p| p.uid.clone()),
+        group: r.group.clone(),
+        age: r.age.clone(),
+        priority: r.priority,
+        supersede: r.supersede,
+    }
+}
+
+fn holder_of(w: Waiter, token: i64, since: DateTime<Utc>, waited_seconds: i64) -> Holder {
+    Holder {
+        run: w.run,
+        pipeline_run: w.pipeline_run,
+        pipeline_run_uid: w.pipeline_run_uid,
+        token,
+        since,
+        waited_seconds,
+        group: w.group,
+        age: w.age,
+        supersede: w.supersede,
     }
 }
 

@@ -35,6 +35,15 @@ pub struct MutexSpec {
     /// Which waiter goes first among equal priorities.
     #[serde(default)]
     pub order: Order,
+    /// How many runs may wait at once; one more fails with reason `QueueFull`.
+    #[serde(default = "default_max_queue")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_queue: u32,
+    /// Days after its last grant that a group's supersede mark is forgotten:
+    /// a run of that group older than the mark is then no longer stale.
+    #[serde(default = "default_mark_idle_days")]
+    #[schemars(range(min = 1, max = 3650))]
+    pub mark_idle_days: u32,
 }
 
 impl Default for MutexSpec {
@@ -42,6 +51,8 @@ impl Default for MutexSpec {
         MutexSpec {
             capacity: default_capacity(),
             order: Order::default(),
+            max_queue: default_max_queue(),
+            mark_idle_days: default_mark_idle_days(),
         }
     }
 }
@@ -59,6 +70,17 @@ impl Order {
 fn default_capacity() -> u32 {
     1
 }
+
+fn default_max_queue() -> u32 {
+    1000
+}
+
+fn default_mark_idle_days() -> u32 {
+    7
+}
+
+/// The supersede marks a status keeps at most: the groups granted most recently.
+pub const MAX_GROUP_MARKS: usize = 256;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -78,7 +100,12 @@ pub struct MutexStatus {
     #[serde(default)]
     pub queue: Vec<Waiter>,
     /// The last fencing token handed out. The next grant gets lastToken + 1.
+    /// The API server refuses a status that lowers it.
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= oldSelf",
+        "message": "lastToken never goes down: fencing tokens must keep increasing"
+    }]))]
     pub last_token: i64,
     /// The newest run each group has been granted with a supersede policy other
     /// than `none`: later arrivals older than it are stale.
@@ -178,4 +205,8 @@ pub struct GroupMark {
     pub pipeline_run: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run_uid: Option<String>,
+    /// When the group was last granted: idle marks are forgotten, and only the
+    /// most recently active groups are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted: Option<DateTime<Utc>>,
 }

@@ -551,6 +551,7 @@ mod tests {
         let existing = MutexSpec {
             capacity: 2,
             order: Order::OldestFirst,
+            ..MutexSpec::default()
         };
         let err = embedded(json!({"capacity": 3}))
             .spec_conflict(&existing)

@@ -18,6 +18,8 @@ pub enum Reason {
     Acquired,
     NotAcquired,
     InvalidParams,
+    /// The key's queue is at `spec.maxQueue`.
+    QueueFull,
     /// The reason of the `Superseded` Events (on the PipelineRun and on the lock
     /// run). Controllers before the `Cancelled` contract also ended superseded
     /// runs with it; [`superseded`] still recognizes those.
@@ -33,6 +35,7 @@ impl Reason {
             Reason::Acquired => "Acquired",
             Reason::NotAcquired => "NotAcquired",
             Reason::InvalidParams => "InvalidParams",
+            Reason::QueueFull => "QueueFull",
             Reason::Superseded => "Superseded",
             Reason::Cancelled(RunKind::CustomRun) => "CustomRunCancelled",
             Reason::Cancelled(RunKind::Run) => "RunCancelled",
@@ -47,6 +50,7 @@ impl Reason {
             Reason::Waiting => "Unknown",
             Reason::Acquired | Reason::NotAcquired => "True",
             Reason::InvalidParams
+            | Reason::QueueFull
             | Reason::Superseded
             | Reason::Cancelled(_)
             | Reason::TimedOut(_) => "False",
@@ -116,7 +120,31 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             Reason::TimedOut(kind),
             format!("timed out waiting for {key}"),
         ),
+        Outcome::QueueFull { limit } => (
+            Reason::QueueFull,
+            format!(
+                "the queue for {key} is full: {limit} runs already wait (spec.maxQueue of Mutex {key} is {limit})"
+            ),
+        ),
+        Outcome::MutexDeleting => (
+            Reason::Waiting,
+            format!(
+                "waiting for {key}: Mutex {key} is being deleted; it is created again once its holders and waiters are done"
+            ),
+        ),
     }
+}
+
+/// The token a run was told `Acquired` with: its `token` result, once its
+/// condition says `Acquired`. The lock state is rebuilt from it.
+pub fn acquired_token(status: &RunStatus) -> Option<i64> {
+    let acquired = status.succeeded().is_some_and(|c| {
+        c.status == "True" && c.reason.as_deref() == Some(Reason::Acquired.as_str())
+    });
+    if !acquired {
+        return None;
+    }
+    status.result("token")?.parse().ok().filter(|t| *t > 0)
 }
 
 fn holders_text(holders: &[String]) -> String {

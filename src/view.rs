@@ -56,6 +56,7 @@ pub fn member_view(
             waiting_since: o.waiting_since(),
             cancel_message: o.status_message.map(str::to_string),
             phase: phase(o, cfg, deadline, now),
+            acquired_token: run_status::acquired_token(&o.status),
         },
         deadline,
     }
@@ -82,6 +83,8 @@ pub fn deleted_holder_view(h: &Holder, parent: FetchedParent<'_>) -> MemberView 
             phase: Phase::Deleted,
             waiting_since: h.since,
             cancel_message: None,
+            // The hold is the status's own entry: nothing to rebuild it from.
+            acquired_token: None,
         },
         deadline: None,
     }

@@ -45,6 +45,9 @@ pub fn for_outcome(
         Outcome::Superseded { .. } => return None,
         Outcome::TimedOut => ("TimedOut", EventType::Warning),
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
+        Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
+        Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
+        Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),
     };
     Some(Transition {
         reason,

@@ -12,6 +12,7 @@
 //!   a compare-and-swap on the Mutex status.
 
 pub mod events;
+mod finalizer;
 mod intake;
 mod leader;
 mod sync;

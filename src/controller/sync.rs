@@ -5,8 +5,8 @@
 //! Mutex status is written first so that a crash never leaves a run told
 //! something the lock state does not back.
 
-use super::{Context, Error, Fault, events, writes};
-use crate::decide::{self, Decision, Outcome, Phase, RunView};
+use super::{Context, Error, Fault, events, finalizer, writes};
+use crate::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
 use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::params::RunConfig;
@@ -56,7 +56,10 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     let mut members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
     members.extend(deleted_holders(ctx, ns, &current, &members).await?);
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
-    let decision = decide::decide(&mutex.spec, &current, &views, now);
+    let facts = MutexFacts {
+        deleting: mutex.meta().deletion_timestamp.is_some(),
+    };
+    let decision = decide::decide_with(&mutex.spec, &current, &views, now, facts);
     if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
         warn!(
             key,
@@ -64,8 +67,47 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
             "fencing tokens are exhausted (lastToken is the largest i64): nothing more is granted on this key"
         );
     }
+    let spec = mutex.spec.clone();
     apply(ctx, mutex, &current, &decision, &members, now).await?;
+    if facts.deleting && !finalizer::in_use(&decision) {
+        hand_over_to_new_mutex(ctx, ns, key, &spec, &decision).await?;
+    }
     Ok(next_wake(&members, &decision, now))
+}
+
+/// A Mutex marked for deletion that is now empty goes; the runs it kept out
+/// (told it is being deleted) get a new one, whose lock state is rebuilt
+/// from the runs.
+async fn hand_over_to_new_mutex(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    spec: &crate::mutex::MutexSpec,
+    decision: &Decision,
+) -> Result<(), Error> {
+    if !finalizer::release(ctx, ns, key).await? {
+        return Ok(());
+    }
+    let kept_out = decision
+        .outcomes
+        .iter()
+        .any(|(_, o)| *o == Outcome::MutexDeleting);
+    if !kept_out {
+        return Ok(());
+    }
+    match writes::ensure_mutex(ctx, ns, key, spec).await {
+        Ok(writes::Ensured::Created) => {
+            info!(
+                key,
+                namespace = ns,
+                "created the Mutex again for the runs that wait for it"
+            );
+        }
+        Ok(writes::Ensured::Existing(_)) => {}
+        // Say a namespace being deleted: the next run event tries again.
+        Err(e) => warn!(key, namespace = ns, error = %e, "could not create the Mutex again"),
+    }
+    Ok(())
 }
 
 /// A run of this key, as fetched: the object, its config and its PipelineRun.
@@ -253,6 +295,13 @@ async fn apply(
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let (ns, key) = (mutex.namespace().unwrap_or_default(), mutex.name_any());
+    // Protected before anyone is written into it: a delete then only marks it.
+    let deleting = mutex.meta().deletion_timestamp.is_some();
+    let mutex = if finalizer::in_use(decision) && !deleting && !finalizer::protected(&mutex) {
+        finalizer::protect(ctx, mutex).await?
+    } else {
+        mutex
+    };
     write_lock_state(ctx, mutex, current, decision, now).await?;
     if ctx.fault == Some(Fault::ExitAfterLockWrite)
         && decision
@@ -371,8 +420,13 @@ async fn mark_draining_holders(
     fetched: &mut [Fetched],
 ) -> Result<(), Error> {
     for f in fetched.iter_mut() {
-        let uid = f.run.observe().uid;
-        let holds = status.holders.iter().any(|h| h.run.uid == uid);
+        let o = f.run.observe();
+        let uid = o.uid.clone();
+        // A grant the status does not know of (it was wiped or replaced) is
+        // rebuilt as a hold: it drains like one.
+        let unknown_grant =
+            run_status::acquired_token(&o.status).is_some_and(|t| t > status.last_token);
+        let holds = unknown_grant || status.holders.iter().any(|h| h.run.uid == uid);
         if let Some(p) = f.parent.as_mut().filter(|p| holds && p.ended()) {
             p.pods_alive = pods_alive(ctx, ns, &p.name, &p.uid).await?;
         }

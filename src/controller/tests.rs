@@ -122,6 +122,11 @@ fn ok(line: &str, body: &Value) -> (u16, Value) {
         l if l.starts_with(&format!("PATCH {PIPELINE_RUNS}")) => {
             (200, minimal("tekton.dev/v1", "PipelineRun"))
         }
+        l if l.starts_with(&format!("PATCH {MUTEXES}")) => {
+            let mut m = mutex("2", json!({}));
+            m["metadata"]["finalizers"] = body["metadata"]["finalizers"].clone();
+            (200, m)
+        }
         l if l.starts_with("POST") => (201, body.clone()),
         _ => (200, body.clone()),
     }
@@ -163,9 +168,11 @@ fn lock_run(pr: &str, supersede: &str, status: Value) -> CustomRun {
     .unwrap()
 }
 
+/// Mutex `k`, protected by the finalizer as any Mutex that was ever used.
 fn mutex(resource_version: &str, status: Value) -> Value {
     json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
-           "metadata": {"name": "k", "namespace": NS, "resourceVersion": resource_version},
+           "metadata": {"name": "k", "namespace": NS, "resourceVersion": resource_version,
+                        "finalizers": [finalizer::LOCK_STATE_FINALIZER]},
            "spec": {"capacity": 1}, "status": status})
 }
 
@@ -472,4 +479,127 @@ async fn an_embedded_spec_that_disagrees_with_the_mutex_is_invalid_params() {
         message.contains("sets capacity 3, but Mutex k already has capacity 1"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
+    let (ctx, handle) = context(
+        vec![lock_run("a", "none", json!({}))],
+        vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let respond = |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => {
+            let mut m = mutex("1", json!({}));
+            m["metadata"]["finalizers"] = json!(["someone-else"]);
+            (200, m)
+        }
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("GET {MUTEXES}/k"),
+            format!("PATCH {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ]
+    );
+    let patch = &seen[1].1["metadata"];
+    assert_eq!(
+        patch["finalizers"],
+        json!(["someone-else", finalizer::LOCK_STATE_FINALIZER])
+    );
+    assert_eq!(patch["resourceVersion"], "1", "a compare-and-swap");
+    assert_eq!(
+        seen[2].1["metadata"]["resourceVersion"], "2",
+        "the status write follows the finalizer's resourceVersion"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_back_for_newcomers()
+{
+    // a's PipelineRun is done: the Mutex empties. b arrived after the delete.
+    let mut done = pipeline_run("a", "2026-11-30T11:58:00Z");
+    done.status = Some(
+        serde_json::from_value(json!({"conditions": [
+            {"type": "Succeeded", "status": "True", "reason": "Succeeded"}]}))
+        .unwrap(),
+    );
+    let acquired = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+                          "results": [{"name": "token", "value": "1"}]});
+    let (ctx, handle) = context(
+        vec![
+            lock_run("a", "none", acquired),
+            lock_run("b", "none", json!({})),
+        ],
+        vec![done, pipeline_run("b", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let deleting = |status: Value| {
+        let mut m = mutex("1", status);
+        m["metadata"]["deletionTimestamp"] = json!("2026-11-30T12:00:00Z");
+        m["metadata"]["finalizers"] = json!([finalizer::LOCK_STATE_FINALIZER, "someone-else"]);
+        m
+    };
+    let mut gets = 0;
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => {
+            gets += 1;
+            match gets {
+                1 => (200, deleting(holder_of_a())),
+                _ => (200, deleting(json!({"lastToken": 1}))),
+            }
+        }
+        l if l.starts_with("GET /api/v1/namespaces/ns/pods") => (
+            200,
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": []}),
+        ),
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?} {seen:?}");
+    let writes: Vec<&str> = lines(&seen)
+        .into_iter()
+        .filter(|l| !l.starts_with("GET"))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
+            format!("PATCH {MUTEXES}/k"),
+            format!("POST {MUTEXES}"),
+        ]
+    );
+    let told = seen
+        .iter()
+        .find(|(l, _)| l.ends_with("b-lock/status"))
+        .unwrap();
+    assert_eq!(reason(&told.1), "Waiting");
+    let message = told.1["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap();
+    assert!(message.contains("is being deleted"), "{message}");
+    let release = seen
+        .iter()
+        .find(|(l, _)| *l == format!("PATCH {MUTEXES}/k"))
+        .unwrap();
+    assert_eq!(release.1["metadata"]["finalizers"], json!(["someone-else"]));
+}
+
+/// The lock state where a (token 1) holds.
+fn holder_of_a() -> Value {
+    let mut st = holder_a_and_waiter_b();
+    st["queue"] = json!([]);
+    st
 }

@@ -38,6 +38,7 @@ fn run(i: usize) -> RunView {
             cancel_requested: false,
             timeout: Timeout::NotYet,
         },
+        acquired_token: None,
     }
 }
 
@@ -74,17 +75,23 @@ fn apply(runs: &mut [RunView], d: &Decision) {
     for r in runs.iter_mut() {
         if let Some((_, o)) = d.outcomes.iter().find(|(x, _)| x.uid == r.run.uid) {
             let superseded = match o {
-                Outcome::Waiting { .. } => continue,
+                Outcome::Waiting { .. } | Outcome::MutexDeleting => continue,
                 Outcome::Superseded { .. } => true,
+                Outcome::Acquired { token, .. } => {
+                    r.acquired_token = Some(*token);
+                    false
+                }
                 _ => false,
             };
             r.phase = Phase::Done { superseded };
         }
-        if d.cancels
-            .iter()
-            .any(|c| Some(&c.pipeline_run) == r.parent.as_ref().map(|p| &p.name))
+        if let Some(p) = r
+            .parent
+            .as_mut()
+            .filter(|p| p.state == ParentState::Running)
+            && d.cancels.iter().any(|c| c.pipeline_run_uid == p.uid)
         {
-            r.parent.as_mut().unwrap().state = ParentState::StopRequested;
+            p.state = ParentState::StopRequested;
         }
     }
 }
@@ -310,6 +317,7 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
             },
             pipeline_run: Some("pr9".into()),
             pipeline_run_uid: None,
+            granted: None,
         }],
         ..Default::default()
     };
@@ -414,6 +422,10 @@ enum Op {
     CancelRun(u8),
     DeleteRun(u8),
     TimeOut(u8),
+    /// The status is wiped (0), or replaced by an older copy of itself (1+).
+    LoseStatus(u8),
+    /// A PipelineRun is deleted and another is created under its name (new uids).
+    Recreate(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -424,26 +436,99 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(Op::CancelRun),
         1 => any::<u8>().prop_map(Op::DeleteRun),
         1 => any::<u8>().prop_map(Op::TimeOut),
+        1 => any::<u8>().prop_map(Op::LoseStatus),
+        1 => any::<u8>().prop_map(Op::Recreate),
     ]
 }
 
 struct World {
     spec: MutexSpec,
     status: MutexStatus,
+    /// Every run ever made; a deleted one stays with `Phase::Deleted` (its
+    /// PipelineRun may still hold the key).
     runs: Vec<RunView>,
     clock: i64,
-    /// Grants seen so far: (uid, group, age, supersede policy, token).
-    grants: Vec<(String, String, Age, Supersede, i64)>,
+    /// Grants seen so far: (uid, group, age, supersede policy, token, status losses before).
+    grants: Vec<(String, String, Age, Supersede, i64, usize)>,
     superseded: HashSet<String>,
     next_id: usize,
+    /// Every status written, for restoring an old copy.
+    history: Vec<MutexStatus>,
+    /// Every new token must be above this: the highest token granted, lowered
+    /// by a lost status only to what the runs that still exist show.
+    floor: i64,
+    losses: usize,
+    /// PipelineRuns whose lock run was deleted while they held, and whose
+    /// status entry was then lost: nothing shows their hold any more, so
+    /// no invariant can speak for them.
+    forgotten: HashSet<String>,
 }
 
 impl World {
+    fn new(capacity: u32) -> Self {
+        World {
+            spec: MutexSpec {
+                capacity,
+                ..Default::default()
+            },
+            status: MutexStatus::default(),
+            runs: Vec::new(),
+            clock: 0,
+            grants: Vec::new(),
+            superseded: HashSet::new(),
+            next_id: 0,
+            history: Vec::new(),
+            floor: 0,
+            losses: 0,
+            forgotten: HashSet::new(),
+        }
+    }
+
+    /// What the reconciler would show the core: the runs that exist, and a
+    /// deleted lock run only while the status names it a holder (its ghost).
+    fn views(&self) -> Vec<RunView> {
+        self.runs
+            .iter()
+            .filter(|r| {
+                r.phase != Phase::Deleted
+                    || self.status.holders.iter().any(|h| h.run.uid == r.run.uid)
+            })
+            .map(|r| {
+                let mut v = r.clone();
+                if v.phase == Phase::Deleted {
+                    v.acquired_token = None;
+                }
+                v
+            })
+            .collect()
+    }
+
+    /// Read from the runs, not the status: PipelineRuns that were told
+    /// `Acquired` on the key and whose hold is not released. A deleted lock
+    /// run counts while the status still knows it (nothing else can).
+    fn holding_pipeline_runs(&self) -> HashSet<String> {
+        self.runs
+            .iter()
+            .filter(|r| r.acquired_token.is_some() && still_holds_in_world(r))
+            .filter(|r| {
+                r.phase != Phase::Deleted
+                    || self.status.holders.iter().any(|h| h.run.uid == r.run.uid)
+            })
+            .map(|r| r.parent.as_ref().unwrap().uid.clone())
+            .filter(|uid| !self.forgotten.contains(uid))
+            .collect()
+    }
+
     fn step(&mut self) {
         self.clock += 1;
-        let d = decide(&self.spec, &self.status, &self.runs, t(self.clock));
+        let d = decide(&self.spec, &self.status, &self.views(), t(self.clock));
+        let known = d.status.holders.iter().filter(|h| {
+            h.pipeline_run_uid
+                .as_ref()
+                .is_none_or(|u| !self.forgotten.contains(u))
+        });
         assert!(
-            d.status.holders.len() <= self.spec.capacity as usize,
+            known.count() <= self.spec.capacity as usize,
             "over capacity: {:?}",
             d.status.holders
         );
@@ -455,8 +540,21 @@ impl World {
                         "granted a superseded run {r:?}"
                     );
                     let v = self.runs.iter().find(|v| v.run.uid == r.uid).unwrap();
-                    if let Some(last) = self.grants.last() {
-                        assert!(*token > last.4, "tokens must strictly increase");
+                    let sibling = self.grants.iter().any(|g| {
+                        g.4 == *token
+                            && self.runs.iter().any(|x| {
+                                x.run.uid == g.0
+                                    && x.parent.as_ref().map(|p| &p.uid)
+                                        == v.parent.as_ref().map(|p| &p.uid)
+                            })
+                    });
+                    if !sibling {
+                        assert!(
+                            *token > self.floor,
+                            "token {token} not above {}",
+                            self.floor
+                        );
+                        self.floor = *token;
                     }
                     self.grants.push((
                         r.uid.clone(),
@@ -464,6 +562,7 @@ impl World {
                         v.age.clone(),
                         v.supersede,
                         *token,
+                        self.losses,
                     ));
                 }
                 Outcome::Superseded { .. } => {
@@ -474,6 +573,12 @@ impl World {
         }
         apply(&mut self.runs, &d);
         self.status = d.status;
+        self.history.push(self.status.clone());
+        let holding = self.holding_pipeline_runs();
+        assert!(
+            holding.len() <= self.spec.capacity as usize,
+            "PipelineRuns told Acquired and still running exceed capacity: {holding:?}"
+        );
         let holders: HashSet<&str> = self
             .status
             .holders
@@ -485,6 +590,59 @@ impl World {
             self.status.holders.len(),
             "a run holds twice"
         );
+    }
+
+    /// Wiped, or an old copy put back (lastToken with it: as if the object were
+    /// force-removed and recreated from a backup). Tokens are then guaranteed
+    /// only above what the runs that still exist show.
+    fn lose_status(&mut self, i: u8) {
+        self.status = match i as usize % (self.history.len() + 1) {
+            0 => MutexStatus::default(),
+            k => self.history[k - 1].clone(),
+        };
+        let shown = self
+            .runs
+            .iter()
+            .filter(|r| r.phase != Phase::Deleted)
+            .filter_map(|r| r.acquired_token);
+        self.floor = shown.chain([self.status.last_token]).max().unwrap_or(0);
+        self.losses += 1;
+        let unseen = self.runs.iter().filter(|r| {
+            r.phase == Phase::Deleted && r.acquired_token.is_some() && still_holds_in_world(r)
+        });
+        let unseen: Vec<String> = unseen
+            .map(|r| r.parent.as_ref().unwrap().uid.clone())
+            .collect();
+        self.forgotten.extend(unseen);
+    }
+
+    /// The PipelineRun and its lock run are deleted; a new one of the same
+    /// names (new uids) arrives.
+    fn recreate(&mut self, i: u8) {
+        let Some(k) = self.pick(i, |r| r.phase != Phase::Deleted) else {
+            return;
+        };
+        let old = self.runs[k].parent.as_ref().unwrap().uid.clone();
+        for r in &mut self.runs {
+            if let Some(p) = r.parent.as_mut().filter(|p| p.uid == old) {
+                p.state = ParentState::Gone;
+                r.phase = Phase::Deleted;
+            }
+        }
+        let n = self.next_id;
+        self.next_id += 1;
+        let mut again = self.runs[k].clone();
+        again.run.uid = format!("uid-{n}");
+        again.parent.as_mut().unwrap().uid = format!("pr{n}-uid");
+        again.parent.as_mut().unwrap().state = ParentState::Running;
+        again.age.created = t(self.clock);
+        again.waiting_since = t(self.clock);
+        again.acquired_token = None;
+        again.phase = Phase::Live {
+            cancel_requested: false,
+            timeout: Timeout::NotYet,
+        };
+        self.runs.push(again);
     }
 
     fn pick(&self, i: u8, f: impl Fn(&RunView) -> bool) -> Option<usize> {
@@ -529,10 +687,12 @@ impl World {
                 }
             }
             Op::DeleteRun(i) => {
-                if let Some(k) = self.pick(i, |_| true) {
-                    self.runs.remove(k);
+                if let Some(k) = self.pick(i, |r| r.phase != Phase::Deleted) {
+                    self.runs[k].phase = Phase::Deleted;
                 }
             }
+            Op::LoseStatus(i) => self.lose_status(i),
+            Op::Recreate(i) => self.recreate(i),
             Op::TimeOut(i) => {
                 if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
                     self.runs[k].phase = Phase::Live {
@@ -550,15 +710,7 @@ proptest! {
 
     #[test]
     fn invariants_hold_under_any_event_order(ops in proptest::collection::vec(op(), 1..40), capacity in 1..4u32) {
-        let mut w = World {
-            spec: MutexSpec { capacity, ..Default::default() },
-            status: MutexStatus::default(),
-            runs: Vec::new(),
-            clock: 0,
-            grants: Vec::new(),
-            superseded: HashSet::new(),
-            next_id: 0,
-        };
+        let mut w = World::new(capacity);
         for op in &ops {
             w.run_op(op);
             w.step();
@@ -568,24 +720,37 @@ proptest! {
             if w.status.queue.is_empty() { break; }
             let holders: Vec<String> = w.status.holders.iter().map(|h| h.run.uid.clone()).collect();
             for r in w.runs.iter_mut().filter(|r| holders.contains(&r.run.uid)) {
-                r.parent.as_mut().unwrap().state = ParentState::Done;
+                if r.parent.as_ref().unwrap().state != ParentState::Gone {
+                    r.parent.as_mut().unwrap().state = ParentState::Done;
+                }
             }
             w.step();
         }
         prop_assert!(w.status.queue.is_empty(), "waiters left behind: {:?}", w.status.queue);
-        for r in &w.runs {
+        for r in w.runs.iter().filter(|r| r.phase != Phase::Deleted) {
             let holds = w.status.holders.iter().any(|h| h.run.uid == r.run.uid);
             prop_assert!(holds || matches!(r.phase, Phase::Done { .. }) || r.parent.as_ref().unwrap().state.ended(),
                 "run neither holds nor ended with a reason: {r:?}");
         }
-        // Within a group where newer runs supersede, grants never go backwards in age.
+        // Within a group where newer runs supersede, grants never go backwards in
+        // age, unless a lost status took the mark and the run that could rebuild it.
+        let deleted = |uid: &str| w.runs.iter().any(|r| r.run.uid == uid && r.phase == Phase::Deleted);
         for (i, a) in w.grants.iter().enumerate() {
             for b in &w.grants[i + 1..] {
-                if a.1 == b.1 && b.3 != Supersede::None && a.3 != Supersede::None {
+                let forgotten = b.5 > a.5 && deleted(&a.0);
+                if a.1 == b.1 && b.3 != Supersede::None && a.3 != Supersede::None && !forgotten {
                     prop_assert!(b.2 > a.2, "group {} granted {:?} after newer {:?}", a.1, b.2, a.2);
                 }
             }
         }
+    }
+}
+
+/// The world's own reading of a hold (the core's rule, from the runs alone).
+fn still_holds_in_world(r: &RunView) -> bool {
+    match &r.parent {
+        Some(p) => !matches!(p.state, ParentState::Done | ParentState::Gone),
+        None => r.phase != Phase::Deleted,
     }
 }
 
@@ -984,4 +1149,260 @@ fn a_pipelinerun_is_known_by_its_uid_not_its_name() {
     let runs = vec![pending(1), pending(2), pending(3)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(d.cancels[0].pipeline_run_uid, "pr2-uid");
+}
+
+// ---- state is rebuilt from the runs, never reset (issue 10, item 1) ----
+
+/// A run that was told `Acquired` with `token`, as it shows after the grant.
+fn acquired(i: usize, token: i64) -> RunView {
+    with(run(i), |r| {
+        r.phase = Phase::Done { superseded: false };
+        r.acquired_token = Some(token);
+    })
+}
+
+#[test]
+fn a_wiped_status_adopts_the_holder_and_keeps_tokens_rising() {
+    let spec = MutexSpec::default();
+    let runs = vec![acquired(0, 41), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"], "the run told Acquired holds again");
+    assert_eq!(d.status.holders[0].token, 41);
+    assert_eq!(queue(&d), ["pr1"], "no double grant");
+    assert_eq!(d.status.last_token, 41);
+    let mut runs = runs;
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Acquired {
+            token: 42,
+            waited_seconds: 5
+        })
+    );
+}
+
+#[test]
+fn last_token_never_below_a_token_a_run_shows() {
+    // Ended runs hold nothing, but their tokens still count.
+    let spec = MutexSpec::default();
+    let done = |i, tok| {
+        let mut r = acquired(i, tok);
+        r.parent.as_mut().unwrap().state = ParentState::Done;
+        r
+    };
+    let runs = vec![done(0, 7), done(1, 90), run(2)];
+    let old = MutexStatus {
+        last_token: 12,
+        ..Default::default()
+    };
+    let d = decide(&spec, &old, &runs, t(5));
+    assert!(d.status.holders.iter().all(|h| h.token == 91));
+    assert_eq!(d.status.last_token, 91);
+}
+
+#[test]
+fn an_old_copy_of_the_status_is_corrected_from_the_runs() {
+    // The copy still shows pr0 holding and pr1 waiting; since then pr0 ended
+    // and pr1 was granted token 2.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), run(2)];
+    let d0 = decide(&spec, &MutexStatus::default(), &runs[..2], t(1));
+    apply(&mut runs, &d0);
+    finish(&mut runs, 0);
+    let d1 = decide(&spec, &d0.status, &runs, t(2));
+    apply(&mut runs, &d1);
+    assert_eq!(holders(&d1), ["pr1"]);
+    let d = decide(&spec, &d0.status, &runs, t(3));
+    assert_eq!(holders(&d), ["pr1"]);
+    assert_eq!(d.status.holders[0].token, 2);
+    assert_eq!(queue(&d), ["pr2"]);
+}
+
+#[test]
+fn siblings_of_an_adopted_holder_are_one_holder() {
+    let spec = MutexSpec::default();
+    let a = with(acquired(0, 3), |r| {
+        r.run.uid = "uid-0a".into();
+        r.run.name = "pr0-lock-a".into();
+    });
+    let runs = vec![a, acquired(0, 3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+}
+
+#[test]
+fn a_released_run_is_not_adopted() {
+    let spec = MutexSpec::default();
+    for state in [ParentState::Done, ParentState::Gone] {
+        let mut r = acquired(0, 3);
+        r.parent.as_mut().unwrap().state = state;
+        let d = decide(&spec, &MutexStatus::default(), &[r, run(1)], t(5));
+        assert_eq!(holders(&d), ["pr1"], "{state:?}");
+        assert_eq!(d.status.holders[0].token, 4);
+    }
+    // A draining PipelineRun still holds.
+    let mut r = acquired(0, 3);
+    r.parent.as_mut().unwrap().state = ParentState::Draining;
+    let d = decide(&spec, &MutexStatus::default(), &[r, run(1)], t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+}
+
+#[test]
+fn a_lost_status_rebuilds_the_supersede_mark_of_a_granted_run() {
+    let spec = MutexSpec::default();
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let holder = with(acquired(5, 3), |r| r.supersede = Supersede::Pending);
+    let mut stale = pending(2);
+    stale.age.created = t(2);
+    let d = decide(&spec, &MutexStatus::default(), &[holder, stale], t(9));
+    assert!(matches!(outcome(&d, 2), Some(Outcome::Superseded { .. })));
+}
+
+// ---- a Mutex marked for deletion ----
+
+#[test]
+fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(run(2));
+    let deleting = MutexFacts { deleting: true };
+    let d2 = decide_with(&spec, &d.status, &runs, t(2), deleting);
+    assert_eq!(holders(&d2), ["pr0"], "the holder keeps the slot");
+    assert_eq!(queue(&d2), ["pr1"], "the waiter keeps its place");
+    assert_eq!(outcome(&d2, 2), Some(&Outcome::MutexDeleting));
+    // The waiter is still served; the newcomer still kept out.
+    finish(&mut runs, 0);
+    let d3 = decide_with(&spec, &d2.status, &runs, t(3), deleting);
+    assert_eq!(holders(&d3), ["pr1"]);
+    assert_eq!(d3.status.holders[0].token, 2);
+    assert_eq!(outcome(&d3, 2), Some(&Outcome::MutexDeleting));
+    apply(&mut runs, &d3);
+    finish(&mut runs, 1);
+    let d4 = decide_with(&spec, &d3.status, &runs, t(4), deleting);
+    assert!(d4.status.holders.is_empty() && d4.status.queue.is_empty());
+    // The new Mutex (empty status) picks up from the runs' tokens.
+    let d5 = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(
+        outcome(&d5, 2),
+        Some(&Outcome::Acquired {
+            token: 3,
+            waited_seconds: 3
+        })
+    );
+}
+
+// ---- a bounded queue ----
+
+#[test]
+fn an_arrival_beyond_max_queue_fails_queue_full() {
+    let spec = MutexSpec {
+        max_queue: 2,
+        ..Default::default()
+    };
+    let runs: Vec<RunView> = (0..5).map(run).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(9));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr1", "pr2"]);
+    for i in [3, 4] {
+        assert_eq!(outcome(&d, i), Some(&Outcome::QueueFull { limit: 2 }));
+    }
+    // wait: "false" never queues, so it is not refused for a full queue.
+    let nowait = with(run(6), |r| r.wait = false);
+    let d = decide(&spec, &d.status, &[&runs[..3], &[nowait]].concat(), t(10));
+    assert!(matches!(outcome(&d, 6), Some(Outcome::NotAcquired { .. })));
+    assert_eq!(MutexSpec::default().max_queue, 1000);
+}
+
+// ---- a bounded status (issue 10, item 3) ----
+
+fn status_bytes(st: &MutexStatus) -> usize {
+    serde_json::to_vec(st).unwrap().len()
+}
+
+/// Push `n` runs through one key, one at a time: each arrives, is granted, ends.
+fn through_one_key(n: usize, f: impl Fn(RunView, usize) -> RunView) -> MutexStatus {
+    let spec = MutexSpec::default();
+    let mut st = MutexStatus::default();
+    for i in 0..n {
+        let mut runs = vec![f(run(i), i)];
+        let d = decide(&spec, &st, &runs, t(i as i64));
+        apply(&mut runs, &d);
+        assert_eq!(d.status.last_token, i as i64 + 1);
+        match runs[0].parent.as_mut() {
+            Some(p) => p.state = ParentState::Done,
+            None => runs[0].phase = Phase::Deleted,
+        }
+        st = decide(&spec, &d.status, &runs, t(i as i64)).status;
+    }
+    st
+}
+
+#[test]
+fn two_thousand_standalone_runs_keep_the_status_small() {
+    let st = through_one_key(2000, |r, _| {
+        with(r, |r| {
+            r.parent = None;
+            r.group = r.run.name.clone();
+            r.age.name = r.run.name.clone();
+            r.supersede = Supersede::Pending;
+        })
+    });
+    assert!(st.groups.is_empty());
+    assert!(status_bytes(&st) < 16 * 1024, "{}", status_bytes(&st));
+}
+
+#[test]
+fn two_thousand_groups_keep_only_the_most_recent_marks() {
+    let st = through_one_key(2000, |r, i| {
+        with(r, |r| {
+            r.group = format!("group-{i}");
+            r.supersede = Supersede::Pending;
+        })
+    });
+    assert_eq!(st.groups.len(), MAX_GROUP_MARKS);
+    assert_eq!(st.groups[0].group, "group-1999", "the newest first");
+    let size = status_bytes(&st);
+    assert!(size < 96 * 1024, "{size} bytes");
+}
+
+#[test]
+fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
+    let spec = MutexSpec {
+        mark_idle_days: 2,
+        ..Default::default()
+    };
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let day = 24 * 3600;
+    let d = decide(&spec, &d.status, &runs, t(day));
+    assert_eq!(d.status.groups.len(), 1, "kept within the idle time");
+    runs.remove(0);
+    let d = decide(&spec, &d.status, &runs, t(2 * day + 11));
+    assert!(d.status.groups.is_empty(), "{:?}", d.status.groups);
+    // An older run of the group is no longer stale.
+    let d = decide(&spec, &d.status, &[pending(1)], t(2 * day + 12));
+    assert!(matches!(outcome(&d, 1), Some(Outcome::Acquired { .. })));
+}
+
+#[test]
+fn a_group_that_still_holds_keeps_its_mark_however_long() {
+    let spec = MutexSpec {
+        mark_idle_days: 1,
+        ..Default::default()
+    };
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    apply(&mut runs, &d);
+    let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600));
+    assert_eq!(d.status.groups.len(), 1);
+    runs.push(pending(1));
+    let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600 + 1));
+    assert!(matches!(outcome(&d, 1), Some(Outcome::Superseded { .. })));
 }
