@@ -88,6 +88,9 @@ pub fn invalid_params(message: &str) -> Transition {
     }
 }
 
+/// The API server refuses an Event whose note is longer.
+const NOTE_LIMIT: usize = 1024;
+
 /// The reason of the Event on an object the controller failed to write.
 pub const WRITE_FAILED: &str = "WriteFailed";
 
@@ -116,9 +119,23 @@ pub fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
 /// said on the object, since the object's own status could not say it.
 pub fn write_failed(ctx: &Context, reference: ObjectReference, what: &str, error: &super::Error) {
     warn!(object = ?reference.name, namespace = ?reference.namespace, what, %error, "write failed; retrying with backoff");
+    // The API server's own message, not the whole Status: an Event note has at most 1024 characters.
+    let cause = match error {
+        super::Error::Kube(kube::Error::Api(s)) => s.message.clone(),
+        other => other.to_string(),
+    };
+    let mut note = format!("tekton-mutex could not {what} (retrying with backoff): {cause}");
+    if note.len() > NOTE_LIMIT {
+        let cut = (0..=NOTE_LIMIT - 3)
+            .rev()
+            .find(|i| note.is_char_boundary(*i))
+            .unwrap_or(0);
+        note.truncate(cut);
+        note.push_str("...");
+    }
     let t = Transition {
         reason: WRITE_FAILED,
-        note: format!("tekton-mutex could not {what} (retrying with backoff): {error}"),
+        note,
         type_: EventType::Warning,
     };
     record_on(ctx, reference, t);

@@ -496,6 +496,8 @@ fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
         Ok(_) => {}
         // Triggers for objects that are gone (or not created yet) are expected.
         Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+        // Logged, with its cause and retry delay, by `error_policy`.
+        Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
         Err(e) => warn!(controller = what, error = %e, "reconcile failed"),
     }
 }
@@ -507,8 +509,11 @@ fn error_policy<K: Resource<DynamicType = ()>>(
 ) -> Action {
     let controller = K::kind(&()).to_lowercase();
     ctx.metrics.reconcile_error(&controller, err.kind());
-    match err {
-        Error::Conflict => Action::requeue(Duration::from_millis(50)),
-        _ => Action::requeue(ctx.backoff.failed(backoff_key(obj.as_ref()))),
-    }
+    let object = backoff_key(obj.as_ref());
+    let delay = match err {
+        Error::Conflict => Duration::from_millis(50),
+        _ => ctx.backoff.failed(object.clone()),
+    };
+    warn!(%object, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
 }
