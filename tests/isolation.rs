@@ -362,13 +362,14 @@ async fn a_denied_cancel_does_not_stop_the_grant() -> Result<()> {
     wait_reason(&ns, "holder", "Acquired", slow()).await?;
     create_run(&ns, "other-group", "k").await?;
     wait_reason(&ns, "other-group", "Waiting", slow()).await?;
-    ns.apply(&pipeline_run("older", "promote", &[])).await?;
-    wait_reason(&ns, &lock_run("older"), "Waiting", slow()).await?;
-    // A newer run of the group supersedes `older`; cancelling its PipelineRun is denied.
-    ns.apply(&pipeline_run("newer", "promote", &[])).await?;
-    wait_event(&ns, "older", "WriteFailed").await?;
+    // p2 is newer than p1: by creation time, or by name within the same second.
+    ns.apply(&pipeline_run("p1", "promote", &[])).await?;
+    wait_reason(&ns, &lock_run("p1"), "Waiting", slow()).await?;
+    // p2 supersedes p1; cancelling p1 is denied.
+    ns.apply(&pipeline_run("p2", "promote", &[])).await?;
+    wait_event(&ns, "p1", "WriteFailed").await?;
     ensure!(
-        prs.get("older").await?.spec.status.is_none(),
+        prs.get("p1").await?.spec.status.is_none(),
         "the cancel was not denied"
     );
     // The slot goes on: the waiter of the other group is granted.
