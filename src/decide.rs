@@ -87,6 +87,13 @@ pub enum Phase {
     /// The run object was deleted while its PipelineRun held the slot: the hold
     /// belongs to the PipelineRun, so it lasts until that is released.
     Deleted,
+    /// The run names a PipelineRun as its owner, but that PipelineRun's
+    /// `status.childReferences` does not list it (yet, or ever: a forged run).
+    /// It is not enrolled: it neither waits in the queue nor supersedes, is
+    /// superseded, re-enters or cancels anything until it is listed. Tekton
+    /// lists a real run right after creating it, and that status update
+    /// triggers the key again.
+    Unlisted,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -724,7 +731,8 @@ fn holder_of(w: Waiter, token: i64, since: DateTime<Utc>, waited_seconds: i64) -
 /// highest `sequence` any of them gives, so the PipelineRun never supersedes itself.
 fn siblings_share_age(runs: &[RunView]) -> Vec<RunView> {
     let mut ages: HashMap<&str, &Age> = HashMap::new();
-    for r in runs {
+    // An unlisted run is no sibling: a forged run must not make its victim newer.
+    for r in runs.iter().filter(|r| r.phase != Phase::Unlisted) {
         if let Some(p) = &r.parent {
             let age = ages.entry(p.uid.as_str()).or_insert(&r.age);
             if r.age > **age {
@@ -781,6 +789,9 @@ fn label(pipeline_run: &Option<String>, run: &RunRef) -> String {
 
 /// Cancel this run's PipelineRun, unless it is already stopping or over.
 fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
+    if r.phase == Phase::Unlisted {
+        return None; // never cancel a PipelineRun on behalf of a run it does not list
+    }
     let p = r
         .parent
         .as_ref()

@@ -28,9 +28,9 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MutexSpec {
-    /// How many PipelineRuns may hold the slot at once.
+    /// How many PipelineRuns may hold the slot at once (1 to 10000).
     #[serde(default = "default_capacity")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_CAPACITY))]
     pub capacity: u32,
     /// Which waiter goes first among equal priorities.
     #[serde(default)]
@@ -66,6 +66,9 @@ impl Order {
         }
     }
 }
+
+/// The largest capacity the CRD schema (and an embedded spec) accepts.
+pub const MAX_CAPACITY: u32 = 10_000;
 
 fn default_capacity() -> u32 {
     1

@@ -4,7 +4,7 @@
 //! actionable message for an `InvalidParams` failure. Nothing is silently ignored.
 
 use crate::duration::parse_go_duration;
-use crate::mutex::{Mutex, MutexSpec, Order, Supersede};
+use crate::mutex::{MAX_CAPACITY, Mutex, MutexSpec, Order, Supersede};
 use crate::tekton::{EmbeddedSpec, Param, TaskRef};
 use kube::Resource;
 use std::time::Duration;
@@ -298,10 +298,12 @@ fn read_run_spec(
 
 fn parse_embedded_spec(spec: &serde_json::Value) -> Result<SpecFields, String> {
     let fields: SpecFields = serde_json::from_value(spec.clone()).map_err(|e| {
-        format!("customSpec.spec is not a Mutex spec ({e}): allowed fields are capacity (integer >= 1) and order (oldest-first or newest-first)")
+        format!("customSpec.spec is not a Mutex spec ({e}): allowed fields are capacity (integer 1 to {MAX_CAPACITY}) and order (oldest-first or newest-first)")
     })?;
-    if fields.capacity == Some(0) {
-        return Err("customSpec.spec.capacity must be 1 or more".into());
+    if let Some(c) = fields.capacity.filter(|c| !(1..=MAX_CAPACITY).contains(c)) {
+        return Err(format!(
+            "customSpec.spec.capacity must be 1 to {MAX_CAPACITY}, got {c}"
+        ));
     }
     Ok(fields)
 }
@@ -521,6 +523,25 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.contains("allowed fields are capacity"), "{err}");
+        for (capacity, want) in [
+            (json!(0), "must be 1 to 10000, got 0"),
+            (json!(10_001), "must be 1 to 10000, got 10001"),
+            (
+                json!(5_000_000_000u64),
+                "allowed fields are capacity (integer 1 to 10000)",
+            ),
+        ] {
+            let huge = EmbeddedSpec {
+                spec: Some(json!({"capacity": capacity})),
+                ..spec.clone()
+            };
+            let err = parse(&RunInput {
+                target: Target::Spec(&huge),
+                ..input
+            })
+            .unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
         let input = RunInput {
             namespace: "ns",
             target: Target::Spec(&spec),

@@ -3,7 +3,7 @@
 //! and the deadline of its current attempt.
 
 use crate::decide::{Parent, ParentState, Phase, RunView, Timeout};
-use crate::mutex::{Age, Holder};
+use crate::mutex::{Age, Holder, RunKind};
 use crate::observe::{ObservedRun, PIPELINE_LABEL, to_chrono};
 use crate::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::run_status;
@@ -55,7 +55,10 @@ pub fn member_view(
             wait: cfg.wait,
             waiting_since: o.waiting_since(),
             cancel_message: o.status_message.map(str::to_string),
-            phase: phase(o, cfg, deadline, now),
+            phase: match parent {
+                Some(p) if !listed(o, p) => Phase::Unlisted,
+                _ => phase(o, cfg, deadline, now),
+            },
             acquired_token: run_status::acquired_token(&o.status),
         },
         deadline,
@@ -142,6 +145,16 @@ pub fn deadline(o: &ObservedRun<'_>, cfg: &RunConfig) -> Option<DateTime<Utc>> {
     chrono::TimeDelta::from_std(limit)
         .ok()
         .and_then(|t| o.attempt_start().checked_add_signed(t))
+}
+
+/// Does the run's PipelineRun list it as its child? A PipelineRun that is gone
+/// cannot say; such a run only ever leaves (its parent has ended).
+pub fn listed(o: &ObservedRun<'_>, parent: FetchedParent<'_>) -> bool {
+    let kind = match o.kind {
+        RunKind::CustomRun => "CustomRun",
+        RunKind::Run => "Run",
+    };
+    parent.object.is_none_or(|pr| pr.lists(kind, &o.name))
 }
 
 pub fn phase(

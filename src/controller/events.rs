@@ -92,20 +92,60 @@ pub fn invalid_params(message: &str) -> Transition {
     }
 }
 
-/// Records the Event on the run (best effort, in the background).
-pub fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
+/// The API server refuses an Event whose note is longer.
+const NOTE_LIMIT: usize = 1024;
+
+/// The reason of the Event on an object the controller failed to write.
+pub const WRITE_FAILED: &str = "WriteFailed";
+
+/// A run as an Event's subject.
+pub fn run_reference(namespace: &str, run: &RunRef) -> ObjectReference {
     let api_version = match run.kind {
         RunKind::CustomRun => "tekton.dev/v1beta1",
         RunKind::Run => "tekton.dev/v1alpha1",
     };
-    let reference = ObjectReference {
+    ObjectReference {
         api_version: Some(api_version.into()),
         kind: Some(format!("{:?}", run.kind)),
         name: Some(run.name.clone()),
         namespace: Some(namespace.into()),
         uid: Some(run.uid.clone()),
         ..Default::default()
+    }
+}
+
+/// Records the Event on the run (best effort, in the background).
+pub fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
+    record_on(ctx, run_reference(namespace, run), t);
+}
+
+/// A write the API server refused (denied, throttled, too large): logged, and
+/// said on the object, since the object's own status could not say it.
+pub fn write_failed(ctx: &Context, reference: ObjectReference, what: &str, error: &super::Error) {
+    warn!(object = ?reference.name, namespace = ?reference.namespace, what, %error, "write failed; retrying with backoff");
+    // The API server's own message, not the whole Status: an Event note has at most 1024 characters.
+    let cause = match error {
+        super::Error::Kube(kube::Error::Api(s)) => s.message.clone(),
+        other => other.to_string(),
     };
+    let mut note = format!("tekton-mutex could not {what} (retrying with backoff): {cause}");
+    if note.len() > NOTE_LIMIT {
+        let cut = (0..=NOTE_LIMIT - 3)
+            .rev()
+            .find(|i| note.is_char_boundary(*i))
+            .unwrap_or(0);
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    let t = Transition {
+        reason: WRITE_FAILED,
+        note,
+        type_: EventType::Warning,
+    };
+    record_on(ctx, reference, t);
+}
+
+fn record_on(ctx: &Context, reference: ObjectReference, t: Transition) {
     let event = Event {
         type_: t.type_,
         reason: t.reason.into(),
@@ -115,7 +155,10 @@ pub fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
     };
     ctx.metrics.api_write("create", "events");
     // Off the hand-over path: the next grant's writes do not wait for Events.
-    let (recorder, name) = (ctx.recorder.clone(), run.name.clone());
+    let (recorder, name) = (
+        ctx.recorder.clone(),
+        reference.name.clone().unwrap_or_default(),
+    );
     tokio::spawn(async move {
         if let Err(e) = recorder.publish(&event, &reference).await {
             warn!(error = %e, run = %name, reason = %event.reason, "could not record an Event");

@@ -8,7 +8,7 @@ use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub async fn reconcile<K: Observe + Resource>(
     obj: Arc<K>,
@@ -20,7 +20,14 @@ pub async fn reconcile<K: Observe + Resource>(
     }
     let problem = match o.config() {
         Err(message) => Some(message),
-        Ok(cfg) => mutex_for(&ctx, &o, &cfg).await?,
+        Ok(cfg) => match mutex_for(&ctx, &o, &cfg).await {
+            Err(e) if namespace_terminating(&e) => {
+                // Nothing can be created there any more, and the run goes with it.
+                debug!(run = %o.name, namespace = %o.namespace, "namespace is being deleted; run left alone");
+                return Ok(Action::await_change());
+            }
+            other => other?,
+        },
     };
     if let Some(message) = problem {
         warn!(run = %o.name, namespace = %o.namespace, %message, "invalid Mutex run");
@@ -51,4 +58,10 @@ async fn mutex_for(
         },
     };
     Ok(cfg.spec_conflict(&existing))
+}
+
+/// The API server's answer to a create in a namespace that is being deleted.
+pub fn namespace_terminating(e: &Error) -> bool {
+    matches!(e, Error::Kube(kube::Error::Api(s))
+        if s.code == 403 && s.message.contains("because it is being terminated"))
 }

@@ -11,6 +11,7 @@
 //!   holder's reconcilers act. Correctness never rests on it: every grant is
 //!   a compare-and-swap on the Mutex status.
 
+mod backoff;
 pub mod events;
 mod finalizer;
 mod intake;
@@ -18,6 +19,7 @@ mod leader;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod tolerant;
 mod triggers;
 mod writes;
 
@@ -122,6 +124,8 @@ pub struct Context {
     recorder: Recorder,
     fault: Option<Fault>,
     metrics: Arc<Metrics>,
+    /// Failures per object, for the retry delay.
+    backoff: backoff::Backoff,
     /// Whether this replica acts (holds the Lease, or runs without election).
     acting: watch::Receiver<bool>,
 }
@@ -147,7 +151,11 @@ async fn served<K>(api: &Api<K>) -> Result<bool, kube::Error>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    match api.list(&kube::api::ListParams::default().limit(1)).await {
+    // Metadata only: one object the types cannot read must not fail the check.
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(e),
@@ -216,6 +224,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         #[cfg(not(feature = "fault-injection"))]
         fault: None,
         metrics: state.metrics.clone(),
+        backoff: Default::default(),
         acting: acting_rx.clone(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
@@ -294,7 +303,8 @@ impl Controllers {
             .runs
             .then(|| Controller::new(runs.clone(), wc.clone()));
 
-        let sync = Controller::new(scoped::<Mutex>(client, namespace), wc.clone());
+        let (mutexes, mutex_store) = tolerant_mutexes(client, namespace, &wc);
+        let sync = Controller::for_stream(mutexes, mutex_store);
         let triggers = Triggers {
             custom_runs: intake_crs.as_ref().map(|c| c.store()),
             runs: intake_runs.as_ref().map(|c| c.store()),
@@ -332,6 +342,32 @@ impl Controllers {
         }
         futures::future::join_all(loops).map(|_| ()).boxed()
     }
+}
+
+/// The Mutexes, read through [`tolerant`]: an object the types cannot read is
+/// reported and left out, never failing the list of the others.
+fn tolerant_mutexes(
+    client: &Client,
+    namespace: &Option<String>,
+    wc: &watcher::Config,
+) -> (
+    impl Stream<Item = Result<Mutex, watcher::Error>> + Send + 'static,
+    Store<Mutex>,
+) {
+    let (store, writer) = reflector::store();
+    let recorder = Recorder::new(client.clone(), reporter());
+    let stream = watcher(tolerant::api(client, namespace), wc.clone())
+        .default_backoff()
+        .filter_map(move |e| {
+            let typed = match e {
+                Ok(e) => tolerant::typed(&recorder, e).map(Ok),
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(typed)
+        })
+        .reflect(writer)
+        .applied_objects();
+    (stream, store)
 }
 
 fn drive<K, F, Fut>(
@@ -376,17 +412,37 @@ async fn sync_when_acting(m: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, Er
     if !ctx.acting() {
         return Ok(Action::await_change());
     }
-    sync::reconcile(m, ctx).await
+    let object = backoff_key(m.as_ref());
+    let result = sync::reconcile(m, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&object);
+    }
+    result
 }
 
-async fn intake_when_acting<K: Observe + Resource>(
+async fn intake_when_acting<K: Observe + Resource<DynamicType = ()>>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     if !ctx.acting() {
         return Ok(Action::await_change());
     }
-    intake::reconcile(obj, ctx).await
+    let object = backoff_key(obj.as_ref());
+    let result = intake::reconcile(obj, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&object);
+    }
+    result
+}
+
+/// Which object a failure counts against: kind, namespace and name.
+fn backoff_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
 }
 
 /// What wakes a key: its runs, their PipelineRuns, and the live pods of those.
@@ -441,19 +497,24 @@ fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
         Ok(_) => {}
         // Triggers for objects that are gone (or not created yet) are expected.
         Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+        // Logged, with its cause and retry delay, by `error_policy`.
+        Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
         Err(e) => warn!(controller = what, error = %e, "reconcile failed"),
     }
 }
 
 fn error_policy<K: Resource<DynamicType = ()>>(
-    _obj: Arc<K>,
+    obj: Arc<K>,
     err: &Error,
     ctx: Arc<Context>,
 ) -> Action {
     let controller = K::kind(&()).to_lowercase();
     ctx.metrics.reconcile_error(&controller, err.kind());
-    match err {
-        Error::Conflict => Action::requeue(Duration::from_millis(50)),
-        _ => Action::requeue(Duration::from_secs(2)),
-    }
+    let object = backoff_key(obj.as_ref());
+    let delay = match err {
+        Error::Conflict => Duration::from_millis(50),
+        _ => ctx.backoff.failed(object.clone()),
+    };
+    warn!(%object, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
 }

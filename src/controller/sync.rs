@@ -285,7 +285,10 @@ async fn fetch_parent(
     Ok(pr.filter(|p| p.meta().deletion_timestamp.is_none()))
 }
 
-/// Write the decision: the lock state first, then cancels, then the runs.
+/// Write the decision: the lock state first (its compare-and-swap failing ends
+/// the sync), then the new holders, then cancels, then the other runs. A failed
+/// write of a run or a cancel is reported and does not stop the others; the
+/// first such error is returned at the end, so the key is retried with backoff.
 async fn apply(
     ctx: &Context,
     mutex: Mutex,
@@ -314,13 +317,35 @@ async fn apply(
         );
         std::process::exit(86);
     }
+    let (grants, others): (Vec<_>, Vec<_>) = decision
+        .outcomes
+        .iter()
+        .partition(|(_, o)| matches!(o, Outcome::Acquired { .. }));
+    let mut first_error = None;
+    let tell = Tell {
+        ctx,
+        ns: &ns,
+        key: &key,
+        members,
+        now,
+    };
+    // A grant is what a waiting PipelineRun waits for: it is told first.
+    tell.runs(&grants, &mut first_error).await;
     // Cancel before marking the run: once its lock task has failed, the PipelineRun
     // may finish before the cancel lands, and tasks running beside the lock would
     // never get the cancel-mode. Both steps are re-derived from state on every sync.
     for c in &decision.cancels {
-        writes::cancel_pipeline_run(ctx, &ns, &key, c).await?;
+        if let Err(e) = writes::cancel_pipeline_run(ctx, &ns, &key, c).await {
+            let what = format!(
+                "cancel PipelineRun {} (superseded on mutex {key})",
+                c.pipeline_run
+            );
+            events::write_failed(ctx, writes::pipeline_run_reference(&ns, c), &what, &e);
+            first_error.get_or_insert(e);
+        }
     }
-    tell_runs(ctx, &ns, &key, decision, members, now).await
+    tell.runs(&others, &mut first_error).await;
+    first_error.map_or(Ok(()), Err)
 }
 
 /// The Mutex status, with a compare-and-swap on the resourceVersion we read.
@@ -356,37 +381,51 @@ async fn write_lock_state(
     Ok(())
 }
 
-/// Patch each live run whose status does not yet say its outcome.
-async fn tell_runs(
-    ctx: &Context,
-    ns: &str,
-    key: &str,
-    decision: &Decision,
-    members: &[Member],
+/// What telling the runs needs.
+struct Tell<'a> {
+    ctx: &'a Context,
+    ns: &'a str,
+    key: &'a str,
+    members: &'a [Member],
     now: DateTime<Utc>,
-) -> Result<(), Error> {
-    for (run, outcome) in &decision.outcomes {
-        let Some(m) = members.iter().find(|m| m.run().uid == run.uid) else {
-            continue;
+}
+
+impl Tell<'_> {
+    /// Patch each live run whose status does not yet say its outcome. A failed
+    /// patch is reported and kept (the first) in `first_error`; the rest go on.
+    async fn runs(&self, outcomes: &[&(RunRef, Outcome)], first_error: &mut Option<Error>) {
+        for (run, outcome) in outcomes.iter().map(|o| (&o.0, &o.1)) {
+            if let Err(e) = self.run(run, outcome).await {
+                let what = format!("update the status of {} on mutex {}", run.name, self.key);
+                events::write_failed(self.ctx, events::run_reference(self.ns, run), &what, &e);
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    async fn run(&self, run: &RunRef, outcome: &Outcome) -> Result<(), Error> {
+        let (ctx, ns, key) = (self.ctx, self.ns, self.key);
+        let Some(m) = self.members.iter().find(|m| m.run().uid == run.uid) else {
+            return Ok(());
         };
         if !matches!(m.facts.view.phase, Phase::Live { .. }) {
-            continue;
+            return Ok(());
         }
         let rv = m.resource_version.as_deref();
-        let Some(patch) = run_status::patch(run.kind, key, outcome, &m.status, rv, now) else {
-            continue;
+        let Some(patch) = run_status::patch(run.kind, key, outcome, &m.status, rv, self.now) else {
+            return Ok(());
         };
         debug!(key, run = %run.name, ?outcome, "updating run status");
         if !writes::run_status(ctx, run.kind, ns, &run.name, &patch).await? {
-            continue;
+            return Ok(());
         }
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
         if let Outcome::Superseded { by, group } = outcome {
             writes::superseded_event(ctx, ns, key, run, by, group).await;
         }
         events::run_transition(ctx, ns, key, run, outcome, &m.status);
+        Ok(())
     }
-    Ok(())
 }
 
 /// Wake up for the first waiting timeout; otherwise wait for events.

@@ -42,6 +42,7 @@ fn context(
         mutexes: store_of(mutexes),
         fault: None,
         metrics: Arc::new(Metrics::new()),
+        backoff: Default::default(),
         acting: watch::channel(true).1,
     };
     (Arc::new(ctx), handle)
@@ -69,18 +70,12 @@ async fn serve(
         let bytes = req.into_body().collect_bytes().await.unwrap();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let (code, answer) = respond(&line, &body);
-        // Transition Events (events.rs) go out in the background, in any order:
-        // answered, not recorded. The Superseded ones are written in line.
-        let background =
-            line.starts_with("POST") && line.ends_with("/events") && body["reason"] != "Superseded";
         let response = Response::builder()
             .status(code)
             .body(Body::from(serde_json::to_vec(&answer).unwrap()))
             .unwrap();
         send.send_response(response);
-        if !background {
-            seen.push((line, body));
-        }
+        seen.push((line, body));
     }
     seen
 }
@@ -147,7 +142,8 @@ fn pipeline_run(name: &str, created: &str) -> PipelineRun {
         "metadata": {"name": name, "namespace": NS, "uid": format!("{name}-uid"),
                      "creationTimestamp": created, "resourceVersion": "1",
                      "labels": {"tekton.dev/pipeline": "promote"}},
-        "spec": {}, "status": {},
+        "spec": {},
+        "status": {"childReferences": [{"kind": "CustomRun", "name": format!("{name}-lock")}]},
     }))
     .unwrap()
 }
@@ -278,9 +274,8 @@ fn holder_a_and_waiter_b() -> Value {
     })
 }
 
-#[tokio::test]
-async fn writes_go_lock_state_then_cancels_then_runs() {
-    // a holds, b waits; c (newer, same group) arrives and supersedes b.
+/// a holds (not yet told), b waits; c (newer, same group) arrives and supersedes b.
+fn a_holds_c_supersedes_b() -> (Vec<CustomRun>, Vec<PipelineRun>, Value) {
     let runs = vec![
         lock_run("a", "pending", json!({})),
         lock_run("b", "pending", json!({})),
@@ -291,7 +286,12 @@ async fn writes_go_lock_state_then_cancels_then_runs() {
         pipeline_run("b", "2026-11-30T11:59:00Z"),
         pipeline_run("c", "2026-11-30T11:59:30Z"),
     ];
-    let before = holder_a_and_waiter_b();
+    (runs, prs, holder_a_and_waiter_b())
+}
+
+#[tokio::test]
+async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
+    let (runs, prs, before) = a_holds_c_supersedes_b();
     let (ctx, handle) = context(runs, prs.clone(), vec![]);
     let b = serde_json::to_value(&prs[1]).unwrap();
     let respond = move |line: &str, body: &Value| match line {
@@ -309,17 +309,28 @@ async fn writes_go_lock_state_then_cancels_then_runs() {
         [
             format!("GET {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
             format!("GET {PIPELINE_RUNS}/b"),
             format!("PATCH {PIPELINE_RUNS}/b"),
             format!("POST {EVENTS}"),
             format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
             format!("POST {EVENTS}"),
             format!("PATCH {CUSTOM_RUNS}/c-lock/status"),
-            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
+    // By request, not by index: the transition Events land in the background.
+    let body = |line: String| &seen.iter().find(|(l, _)| *l == line).unwrap().1;
+    let superseded: Vec<&Value> = seen
+        .iter()
+        .filter(|(_, e)| e["reason"] == "Superseded")
+        .map(|(_, e)| e)
+        .collect();
     assert_eq!(seen[1].1["status"]["queue"][0]["pipelineRun"], "c");
-    let cancel = &seen[3].1;
+    assert_eq!(
+        reason(body(format!("PATCH {CUSTOM_RUNS}/a-lock/status"))),
+        "Acquired"
+    );
+    let cancel = body(format!("PATCH {PIPELINE_RUNS}/b"));
     assert_eq!(cancel["spec"]["status"], "CancelledRunFinally");
     assert_eq!(
         cancel["metadata"]["annotations"]["tekton-mutex.dev/superseded-by"], "c",
@@ -329,20 +340,108 @@ async fn writes_go_lock_state_then_cancels_then_runs() {
         cancel["metadata"]["uid"], "b-uid",
         "the uid makes the patch fail on a re-created b"
     );
-    assert_eq!(seen[4].1["reason"], "Superseded");
-    assert_eq!(seen[4].1["regarding"]["kind"], "PipelineRun");
-    let b = &seen[5].1["status"];
-    assert_eq!(reason(&seen[5].1), "CustomRunCancelled");
+    assert_eq!(superseded[0]["regarding"]["kind"], "PipelineRun");
+    let b_patch = body(format!("PATCH {CUSTOM_RUNS}/b-lock/status"));
+    let b = &b_patch["status"];
+    assert_eq!(reason(b_patch), "CustomRunCancelled");
     assert_eq!(
         b["conditions"][0]["message"],
         "Superseded: newer PipelineRun c (group promote) holds or waits for k"
     );
     assert_eq!(b["extraFields"]["supersededBy"], "c");
-    assert_eq!(seen[6].1["reason"], "Superseded");
-    assert_eq!(seen[6].1["regarding"]["kind"], "CustomRun");
-    assert_eq!(seen[6].1["regarding"]["name"], "b-lock");
-    assert_eq!(reason(&seen[7].1), "Waiting");
-    assert_eq!(reason(&seen[8].1), "Acquired");
+    assert_eq!(superseded[1]["regarding"]["kind"], "CustomRun");
+    assert_eq!(superseded[1]["regarding"]["name"], "b-lock");
+    assert_eq!(
+        reason(body(format!("PATCH {CUSTOM_RUNS}/c-lock/status"))),
+        "Waiting"
+    );
+}
+
+#[tokio::test]
+async fn refused_writes_are_reported_and_the_others_still_happen() {
+    let (runs, prs, before) = a_holds_c_supersedes_b();
+    let (ctx, handle) = context(runs, prs.clone(), vec![]);
+    let b = serde_json::to_value(&prs[1]).unwrap();
+    // An admission policy denies the cancel and b's status; c's meets throttling.
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", before.clone())),
+        l if l == format!("GET {PIPELINE_RUNS}/b") => (200, b.clone()),
+        l if l == format!("PATCH {PIPELINE_RUNS}/b") => (403, status(403, "Forbidden")),
+        l if l == format!("PATCH {CUSTOM_RUNS}/b-lock/status") => (403, status(403, "Forbidden")),
+        l if l == format!("PATCH {CUSTOM_RUNS}/c-lock/status") => {
+            (429, status(429, "TooManyRequests"))
+        }
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(
+        matches!(&result, Err(Error::Kube(kube::Error::Api(e))) if e.code == 403),
+        "the first failure is returned, so the key is retried: {result:?}"
+    );
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("GET {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+            format!("GET {PIPELINE_RUNS}/b"),
+            format!("PATCH {PIPELINE_RUNS}/b"),
+            format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
+            format!("PATCH {CUSTOM_RUNS}/c-lock/status"),
+        ],
+        "every write is tried, the grant first"
+    );
+    let mut failed: Vec<String> = seen
+        .iter()
+        .filter(|(_, e)| e["reason"] == events::WRITE_FAILED)
+        .map(|(_, e)| {
+            format!("{}/{}", e["regarding"]["kind"], e["regarding"]["name"]).replace('"', "")
+        })
+        .collect();
+    failed.sort();
+    assert_eq!(
+        failed,
+        ["CustomRun/b-lock", "CustomRun/c-lock", "PipelineRun/b"],
+        "each refused write is said on its object"
+    );
+}
+
+#[tokio::test]
+async fn a_run_its_pipelinerun_does_not_list_is_left_alone() {
+    // "a" holds; a forged run claims b, which does not list it, and looks stale.
+    let mut forged = lock_run("b", "pending", json!({}));
+    forged.metadata.name = Some("forged".into());
+    forged.metadata.uid = Some("forged-uid".into());
+    let (ctx, handle) = context(
+        vec![lock_run("a", "pending", json!({})), forged],
+        vec![
+            pipeline_run("a", "2026-11-30T11:59:00Z"),
+            pipeline_run("b", "2026-11-30T11:58:00Z"),
+        ],
+        vec![],
+    );
+    let respond = |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", json!({}))),
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(the_mutex(), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("GET {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ],
+        "the forged run is neither told, queued nor a reason to cancel b"
+    );
+    assert_eq!(seen[1].1["status"]["queue"], json!([]));
 }
 
 #[tokio::test]
@@ -602,4 +701,34 @@ fn holder_of_a() -> Value {
     let mut st = holder_a_and_waiter_b();
     st["queue"] = json!([]);
     st
+}
+
+#[tokio::test]
+async fn a_run_in_a_namespace_being_deleted_is_left_alone_other_failures_back_off() {
+    let terminating = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": "Forbidden", "code": 403,
+        "message": "mutexes.tekton-mutex.dev \"k\" is forbidden: unable to create new content in namespace ns because it is being terminated"});
+    for (answer, left_alone) in [(terminating, true), (status(403, "Forbidden"), false)] {
+        let run = Arc::new(lock_run("a", "pending", json!({})));
+        let (ctx, handle) = context(vec![], vec![], vec![]);
+        let respond = move |_: &str, _: &Value| (403, answer.clone());
+        let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+            intake_when_acting(run.clone(), ctx)
+        })
+        .await;
+        assert_eq!(lines(&seen), [format!("POST {MUTEXES}")]);
+        if left_alone {
+            assert!(result.is_ok(), "not an error, so never retried: {result:?}");
+            continue;
+        }
+        let err = result.unwrap_err();
+        let (ctx, _) = context(vec![], vec![], vec![]);
+        // Each further failure of the same object waits twice as long.
+        let first = error_policy(run.clone(), &err, ctx.clone());
+        let second = error_policy(run.clone(), &err, ctx.clone());
+        let other = error_policy(Arc::new(lock_run("b", "pending", json!({}))), &err, ctx);
+        assert_eq!(first, Action::requeue(Duration::from_millis(500)));
+        assert_eq!(second, Action::requeue(Duration::from_secs(1)));
+        assert_eq!(other, first, "another object is not slowed down");
+    }
 }

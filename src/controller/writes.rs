@@ -126,6 +126,18 @@ pub async fn invalid_params(
     run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await
 }
 
+/// The PipelineRun a cancel is for, as an Event's subject.
+pub fn pipeline_run_reference(ns: &str, c: &Cancel) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(PipelineRun::api_version(&()).into()),
+        kind: Some(PipelineRun::kind(&()).into()),
+        name: Some(c.pipeline_run.clone()),
+        namespace: Some(ns.into()),
+        uid: Some(c.pipeline_run_uid.clone()),
+        ..Default::default()
+    }
+}
+
 /// Cancel a superseded PipelineRun (unless it is already over or stopping),
 /// and record who superseded it as an Event on it.
 pub async fn cancel_pipeline_run(

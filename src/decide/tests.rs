@@ -1406,3 +1406,58 @@ fn a_group_that_still_holds_keeps_its_mark_however_long() {
     let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600 + 1));
     assert!(matches!(outcome(&d, 1), Some(Outcome::Superseded { .. })));
 }
+
+/// A run that claims PipelineRun `pr<victim>` as its owner, which does not list it.
+fn forged(i: usize, victim: usize) -> RunView {
+    with(run(i), |r| {
+        r.parent.as_mut().unwrap().name = format!("pr{victim}");
+        r.parent.as_mut().unwrap().uid = format!("pr{victim}-uid");
+        r.age.name = format!("pr{victim}");
+        r.supersede = Supersede::Pending;
+        r.phase = Phase::Unlisted;
+    })
+}
+
+#[test]
+fn an_unlisted_run_is_not_enrolled_and_cancels_nobody() {
+    let spec = MutexSpec::default();
+    let pending = |r: RunView| with(r, |r| r.supersede = Supersede::Pending);
+    // pr1 holds, pr2 waits; a forged run "of" pr2 with a huge sequence arrives.
+    let mut runs = vec![pending(run(1)), pending(run(2))];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    apply(&mut runs, &d);
+    runs.push(with(forged(9, 2), |r| r.age.sequence = Some(i64::MAX)));
+    // A forged stale-looking run "of" pr1 (the holder): it must not cancel it.
+    runs.push(with(forged(8, 1), |r| r.age.sequence = Some(-1)));
+    let d2 = decide(&spec, &d.status, &runs, t(4));
+    assert!(d2.cancels.is_empty(), "{:?}", d2.cancels);
+    assert_eq!(outcome(&d2, 9), None, "an unlisted run is told nothing");
+    assert_eq!(outcome(&d2, 8), None);
+    assert_eq!(holders(&d2), ["pr1"]);
+    assert_eq!(queue(&d2), ["pr2"], "not queued, and pr2 is not superseded");
+    let aged: Vec<_> = d2.status.queue.iter().map(|w| w.age.sequence).collect();
+    assert_eq!(
+        aged,
+        [None],
+        "a forged sibling does not change its victim's age"
+    );
+}
+
+#[test]
+fn an_unlisted_run_never_reenters_a_held_slot() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(forged(5, 0));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(outcome(&d2, 5), None, "no Acquired on behalf of pr0");
+}
+
+#[test]
+fn an_unlisted_run_marked_superseded_recancels_nothing() {
+    let spec = MutexSpec::default();
+    let runs = vec![forged(3, 0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    assert!(d.cancels.is_empty());
+}

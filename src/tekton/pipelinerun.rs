@@ -22,6 +22,19 @@ pub struct PipelineRunSpec {
 pub struct PipelineRunStatus {
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The runs Tekton created for it: the only proof that a run is its child
+    /// (an ownerReference can be written by anyone who may create runs).
+    #[serde(default)]
+    pub child_references: Vec<ChildReference>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildReference {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
 }
 
 impl PipelineRun {
@@ -46,6 +59,15 @@ impl PipelineRun {
     pub fn stopping(&self) -> bool {
         self.stop_requested()
             || self.succeeded().and_then(|c| c.reason.as_deref()) == Some(STOPPING)
+    }
+
+    /// Does its status list this run (of kind `CustomRun` or `Run`) as its child?
+    pub fn lists(&self, kind: &str, name: &str) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.child_references
+                .iter()
+                .any(|c| c.kind == kind && c.name == name)
+        })
     }
 
     fn succeeded(&self) -> Option<&Condition> {

@@ -38,7 +38,14 @@ fn custom_run(owned: bool, spec: Value, status: Value) -> CustomRun {
     .unwrap()
 }
 
-fn pipeline_run(labels: Value, spec: Value, status: Value) -> PipelineRun {
+/// PipelineRun `pr`; unless `status` says otherwise, it lists `pr-lock` as its child.
+fn pipeline_run(labels: Value, spec: Value, mut status: Value) -> PipelineRun {
+    if let Some(s) = status.as_object_mut() {
+        s.entry("childReferences").or_insert(json!([{
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun", "name": "pr-lock",
+            "pipelineTaskName": "lock",
+        }]));
+    }
     serde_json::from_value(json!({
         "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
         "metadata": {"name": "pr", "namespace": "ns", "uid": "pr-uid",
@@ -263,4 +270,39 @@ fn a_run_marked_superseded_is_done_superseded() {
         view_of(&cancelled, Some(&pr), 20).view.phase,
         Phase::Done { superseded: false }
     );
+}
+
+#[test]
+fn a_run_its_pipelinerun_does_not_list_is_unlisted() {
+    let cr = custom_run(true, json!({}), json!({}));
+    let listed = pipeline_run(json!({}), json!({}), json!({}));
+    assert!(matches!(
+        view_of(&cr, Some(&listed), 20).view.phase,
+        Phase::Live { .. }
+    ));
+    for children in [
+        json!([]),
+        json!([{"kind": "CustomRun", "name": "other-lock"}]),
+        json!([{"kind": "TaskRun", "name": "pr-lock"}]),
+    ] {
+        let pr = pipeline_run(json!({}), json!({}), json!({"childReferences": children}));
+        assert_eq!(
+            view_of(&cr, Some(&pr), 20).view.phase,
+            Phase::Unlisted,
+            "{children}"
+        );
+    }
+    // Unlisted wins over a status the run claims for itself.
+    let done = custom_run(
+        true,
+        json!({}),
+        json!({"conditions": [{"type": "Succeeded", "status": "False", "reason": "Superseded"}]}),
+    );
+    let pr = pipeline_run(json!({}), json!({}), json!({"childReferences": []}));
+    assert_eq!(view_of(&done, Some(&pr), 20).view.phase, Phase::Unlisted);
+    // A PipelineRun that is gone cannot vouch either way: the run just leaves.
+    assert!(matches!(
+        view_of(&cr, None, 20).view.phase,
+        Phase::Live { .. }
+    ));
 }

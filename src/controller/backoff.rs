@@ -1,0 +1,52 @@
+//! Per-object exponential backoff for failed reconciles: one object that keeps
+//! failing (a denied write, a namespace being deleted) is retried ever more
+//! rarely, up to a cap, so thousands of them cannot crowd out the other keys.
+//! A success forgets the object's failures.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+const FIRST: Duration = Duration::from_millis(500);
+const CAP: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    /// The delay before retrying `object` after one more failure: 0.5 s, 1 s,
+    /// 2 s, ... up to 5 min.
+    pub fn failed(&self, object: String) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(object).or_default();
+        let delay = FIRST.saturating_mul(2u32.saturating_pow(*n)).min(CAP);
+        *n = n.saturating_add(1);
+        delay
+    }
+
+    pub fn succeeded(&self, object: &str) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.remove(object);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_per_object_up_to_the_cap_and_resets_on_success() {
+        let b = Backoff::default();
+        let delays: Vec<_> = (0..4).map(|_| b.failed("a".into())).collect();
+        assert_eq!(delays, [0.5, 1.0, 2.0, 4.0].map(Duration::from_secs_f64));
+        assert_eq!(b.failed("b".into()), FIRST, "another object starts afresh");
+        for _ in 0..100 {
+            b.failed("a".into());
+        }
+        assert_eq!(b.failed("a".into()), CAP);
+        b.succeeded("a");
+        assert_eq!(b.failed("a".into()), FIRST);
+    }
+}
