@@ -177,8 +177,11 @@ api_ready() {
 
 tekton_config_dir() {
   local dir
+  # The binaries may be cached while Go's module cache is not (cleaned, or a new GOMODCACHE):
+  # fetch the module (a no-op when present) so its config/ is on disk.
   dir=$(cd "$here/tools/tekton" && GOFLAGS=-mod=mod GOTOOLCHAIN=local \
-    go list -m -f '{{.Dir}}' github.com/tektoncd/pipeline) || return 1
+    go mod download github.com/tektoncd/pipeline >&2 &&
+    GOFLAGS=-mod=mod GOTOOLCHAIN=local go list -m -f '{{.Dir}}' github.com/tektoncd/pipeline) || return 1
   echo "$dir/config"
 }
 
