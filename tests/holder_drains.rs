@@ -11,10 +11,12 @@ mod support;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use serde_json::json;
 use support::controller::ControllerProcess;
-use support::pipelines::{lock_run, mutex_status, release, slow, wait_reason};
+use support::pipelines::{
+    cancel_pipeline_run, lock_run, mutex_status, release, slow, wait_pod_recorded, wait_reason,
+};
 use support::*;
 use tekton_mutex::tekton::customrun::CustomRun;
 use tekton_mutex::tekton::pipelinerun::PipelineRun;
@@ -106,18 +108,7 @@ async fn a_deploys_b_waits(
     mark(ns, "start", "a").await?;
     ns.apply(&pipeline_run("b", "deploy", None)).await?;
     wait_reason(ns, &lock_run("b"), "Waiting", slow()).await?;
-    // Tekton deletes a cancelled TaskRun's pod only once its status names the pod.
-    wait_until("Tekton to record a's deploy pod", slow(), || async {
-        let pod = ns.kubectl(&[
-            "get",
-            "taskrun",
-            "a-deploy",
-            "-o",
-            "jsonpath={.status.podName}",
-        ]);
-        Ok(pod.ok().filter(|p| !p.trim().is_empty()))
-    })
-    .await?;
+    wait_pod_recorded(ns, "a-deploy").await?;
     Ok(())
 }
 
@@ -147,14 +138,6 @@ async fn assert_handed_over_after_the_step_ended(
     Ok(())
 }
 
-async fn cancel(ns: &TestNamespace, pr: &str, mode: &str) -> Result<()> {
-    let patch = json!({"spec": {"status": mode}});
-    ns.api::<PipelineRun>()
-        .patch(pr, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_cancelled_holder_keeps_the_slot_until_its_terminating_step_ended() -> Result<()> {
@@ -166,7 +149,7 @@ async fn a_cancelled_holder_keeps_the_slot_until_its_terminating_step_ended() ->
         None,
     )
     .await?;
-    cancel(&ns, "a", "Cancelled").await?;
+    cancel_pipeline_run(&ns, "a", "Cancelled").await?;
     assert_handed_over_after_the_step_ended(&ns, "a", "b").await
 }
 

@@ -5,7 +5,7 @@ mod support;
 
 use anyhow::{Result, ensure};
 use futures::future::try_join_all;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use serde_json::json;
 use support::controller::ControllerProcess;
 use support::pipelines::*;
@@ -14,14 +14,6 @@ use support::*;
 use tekton_mutex::mutex::Mutex;
 use tekton_mutex::tekton::customrun::CustomRun;
 use tekton_mutex::tekton::pipelinerun::PipelineRun;
-
-async fn cancel_pipeline_run(ns: &TestNamespace, pr: &str, mode: &str) -> Result<()> {
-    let patch = json!({"spec": {"status": mode}});
-    ns.api::<PipelineRun>()
-        .patch(pr, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
@@ -168,20 +160,7 @@ async fn release_case(ending: Ending) -> Result<()> {
     wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
     ns.apply(&pipeline_run("b", "deploy", &[])).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
-    // Tekton deletes a cancelled TaskRun's pod only if its status already names the
-    // pod; cancelled earlier, the pod is orphaned and runs on, and rightly keeps
-    // the slot. End a only once Tekton knows its deploy pod.
-    wait_until("Tekton to record a's deploy pod", slow(), || async {
-        let pod = ns.kubectl(&[
-            "get",
-            "taskrun",
-            "a-deploy",
-            "-o",
-            "jsonpath={.status.podName}",
-        ]);
-        Ok(pod.ok().filter(|p| !p.trim().is_empty()))
-    })
-    .await?;
+    wait_pod_recorded(&ns, "a-deploy").await?;
 
     match ending {
         Ending::Fails => release(&ns, "a").await?,

@@ -6,12 +6,13 @@
 use super::{TestNamespace, secs, wait_until};
 use anyhow::Result;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 use tekton_mutex::mutex::{Mutex, MutexStatus};
 use tekton_mutex::tekton::Condition;
 use tekton_mutex::tekton::customrun::CustomRun;
+use tekton_mutex::tekton::pipelinerun::PipelineRun;
 
 /// Extra settings for [`pipeline`].
 #[derive(Default, Clone)]
@@ -243,4 +244,32 @@ pub async fn drive_grants<S: AsRef<str>>(
         order.push(next);
     }
     Ok(order)
+}
+
+/// Asks PipelineRun `pr` to stop with `mode`, as `tkn pipelinerun cancel` does.
+pub async fn cancel_pipeline_run(ns: &TestNamespace, pr: &str, mode: &str) -> Result<()> {
+    let patch = json!({"spec": {"status": mode}});
+    ns.api::<PipelineRun>()
+        .patch(pr, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Waits until Tekton has recorded TaskRun `taskrun`'s pod in its status. Tekton deletes a
+/// cancelled TaskRun's pod only if its status names the pod; cancelled earlier, the pod is
+/// orphaned and runs on, and rightly keeps the slot.
+pub async fn wait_pod_recorded(ns: &TestNamespace, taskrun: &str) -> Result<()> {
+    let what = format!("Tekton to record {taskrun}'s pod");
+    wait_until(&what, slow(), || async {
+        let pod = ns.kubectl(&[
+            "get",
+            "taskrun",
+            taskrun,
+            "-o",
+            "jsonpath={.status.podName}",
+        ]);
+        Ok(pod.ok().filter(|p| !p.trim().is_empty()))
+    })
+    .await?;
+    Ok(())
 }
