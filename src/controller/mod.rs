@@ -16,6 +16,7 @@ pub mod events;
 mod finalizer;
 mod intake;
 mod leader;
+mod shared;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -294,14 +295,21 @@ impl Controllers {
         )
         .default_backoff()
         .touched_objects();
-        let crs: Api<CustomRun> = scoped(client, namespace);
-        let runs: Api<Run> = scoped(client, namespace);
-        let intake_crs = kinds
-            .custom_runs
-            .then(|| Controller::new(crs.clone(), wc.clone()));
-        let intake_runs = kinds
+        // Runs are watched once: intake and the key's sync share the watch, and
+        // the sync hears of a run only once the cache it reads has it.
+        let crs = kinds.custom_runs.then(|| {
+            shared::watch(
+                scoped::<CustomRun>(client, namespace),
+                wc.clone(),
+                |_| {},
+                2,
+            )
+        });
+        let runs = kinds
             .runs
-            .then(|| Controller::new(runs.clone(), wc.clone()));
+            .then(|| shared::watch(scoped::<Run>(client, namespace), wc.clone(), |_| {}, 2));
+        let (crs, intake_crs) = split(crs);
+        let (runs, intake_runs) = split(runs);
 
         let (mutexes, mutex_store) = tolerant_mutexes(client, namespace, &wc);
         let sync = Controller::for_stream(mutexes, mutex_store);
@@ -310,7 +318,12 @@ impl Controllers {
             runs: intake_runs.as_ref().map(|c| c.store()),
             mutexes: sync.store(),
         };
-        let sync = watch_related(sync, client, namespace, kinds, triggers, pr_stream, metrics);
+        let related = Related {
+            pipeline_runs: pr_stream,
+            custom_runs: crs,
+            runs,
+        };
+        let sync = watch_related(sync, client, namespace, triggers, related, metrics);
         Controllers {
             sync,
             custom_runs: intake_crs,
@@ -445,19 +458,47 @@ fn backoff_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     )
 }
 
+/// A kind's changes as the sync hears of them, and the intake controller fed by
+/// the same watch.
+fn split<K>(
+    watch: Option<shared::SharedWatch<K>>,
+) -> (Option<ChangeStream<K>>, Option<Controller<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    let Some(mut w) = watch else {
+        return (None, None);
+    };
+    let for_sync = w.changes.pop().expect("one stream per consumer");
+    let for_intake = w.changes.pop().expect("one stream per consumer");
+    (
+        Some(for_sync),
+        Some(Controller::for_shared_stream(for_intake, w.store)),
+    )
+}
+
+type ChangeStream<K> = futures::channel::mpsc::UnboundedReceiver<Arc<K>>;
+
+/// The watches besides the Mutexes' own that wake a key.
+struct Related<P> {
+    pipeline_runs: P,
+    custom_runs: Option<ChangeStream<CustomRun>>,
+    runs: Option<ChangeStream<Run>>,
+}
+
 /// What wakes a key: its runs, their PipelineRuns, and the live pods of those.
 fn watch_related(
     mut sync: Controller<Mutex>,
     client: &Client,
     namespace: &Option<String>,
-    kinds: &Served,
     triggers: Triggers,
-    pr_stream: impl Stream<Item = Result<PipelineRun, watcher::Error>> + Send + 'static,
+    related: Related<impl Stream<Item = Result<PipelineRun, watcher::Error>> + Send + 'static>,
     metrics: Arc<Metrics>,
 ) -> Controller<Mutex> {
     let wc = watcher::Config::default();
     let by_pr = triggers.clone();
-    sync = sync.watches_stream(pr_stream, move |pr: PipelineRun| {
+    sync = sync.watches_stream(related.pipeline_runs, move |pr: PipelineRun| {
         let (ns, name) = (pr.namespace(), pr.name_any());
         let refs = by_pr.of_pipeline_run(ns.clone(), &name);
         let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
@@ -475,13 +516,11 @@ fn watch_related(
             None => Vec::new(),
         }
     });
-    if kinds.custom_runs {
-        let crs: Api<CustomRun> = scoped(client, namespace);
-        sync = sync.watches(crs, wc.clone(), |cr| mutex_of(&cr));
+    if let Some(crs) = related.custom_runs {
+        sync = sync.watches_shared_stream(crs, |cr| mutex_of(cr.as_ref()));
     }
-    if kinds.runs {
-        let runs: Api<Run> = scoped(client, namespace);
-        sync = sync.watches(runs, wc, |r| mutex_of(&r));
+    if let Some(runs) = related.runs {
+        sync = sync.watches_shared_stream(runs, |r| mutex_of(r.as_ref()));
     }
     sync
 }
