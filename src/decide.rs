@@ -108,9 +108,14 @@ pub enum Timeout {
 /// What a live run's status should say.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
+    /// In the queue. Only the run next in line is told who holds the key; the
+    /// others are told just that they wait (the order is on the Mutex status), so
+    /// a grant or an arrival changes at most one waiter's status, whatever the
+    /// queue's length.
     Waiting {
-        position: usize,
-        of: usize,
+        /// At the head of the queue: the next grant is its.
+        next: bool,
+        /// Who holds the key, for the run next in line; empty for the others.
         holders: Vec<String>,
         retry: bool,
     },
@@ -396,7 +401,6 @@ impl<'a> Decider<'a> {
     /// Every live member is told where it stands; the summary fields follow the lists.
     fn report(mut self) -> Decision {
         let holder_names = self.holder_names();
-        let of = self.st.queue.len();
         for (i, w) in self.st.queue.iter().enumerate() {
             let retry = self.runs.get(w.run.uid.as_str()).is_some_and(|r| {
                 matches!(
@@ -407,10 +411,14 @@ impl<'a> Decider<'a> {
                     }
                 )
             });
+            let next = i == 0;
             let waiting = Outcome::Waiting {
-                position: i + 1,
-                of,
-                holders: holder_names.clone(),
+                next,
+                holders: if next {
+                    holder_names.clone()
+                } else {
+                    Vec::new()
+                },
                 retry,
             };
             self.outcomes.push((w.run.clone(), waiting));

@@ -81,16 +81,19 @@ pub fn superseded(status: &RunStatus) -> bool {
 pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String) {
     match outcome {
         Outcome::Waiting {
-            position,
-            of,
+            next: true,
             holders,
             ..
         } => (
             Reason::Waiting,
             format!(
-                "waiting for {key}: held by {} (position {position} of {of})",
+                "waiting for {key}: next in line, held by {}",
                 holders_text(holders)
             ),
+        ),
+        Outcome::Waiting { next: false, .. } => (
+            Reason::Waiting,
+            format!("waiting for {key}: queued (Mutex {key} lists the queue in order)"),
         ),
         Outcome::Acquired {
             token,
@@ -282,10 +285,9 @@ mod tests {
     }
 
     #[test]
-    fn waiting_message_names_key_holder_and_position() {
+    fn the_run_next_in_line_is_told_who_holds_the_key() {
         let o = Outcome::Waiting {
-            position: 2,
-            of: 3,
+            next: true,
             holders: vec!["env-staging-81".into()],
             retry: false,
         };
@@ -300,11 +302,44 @@ mod tests {
         .unwrap();
         assert_eq!(
             p["status"]["conditions"][0]["message"],
-            "waiting for jx-staging: held by env-staging-81 (position 2 of 3)"
+            "waiting for jx-staging: next in line, held by env-staging-81"
         );
         assert_eq!(p["status"]["conditions"][0]["reason"], "Waiting");
         assert_eq!(p["metadata"]["resourceVersion"], "7");
         assert!(p["status"].get("completionTime").is_none());
+    }
+
+    #[test]
+    fn the_rest_of_the_queue_is_told_only_that_it_waits() {
+        let o = Outcome::Waiting {
+            next: false,
+            holders: vec![],
+            retry: false,
+        };
+        let p = patch(
+            RunKind::CustomRun,
+            "jx-staging",
+            &o,
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            p["status"]["conditions"][0]["message"],
+            "waiting for jx-staging: queued (Mutex jx-staging lists the queue in order)"
+        );
+        assert_eq!(
+            patch(
+                RunKind::CustomRun,
+                "jx-staging",
+                &o,
+                &written(&p),
+                None,
+                now()
+            ),
+            None
+        );
     }
 
     #[test]
@@ -352,8 +387,7 @@ mod tests {
             ..Default::default()
         };
         let o = Outcome::Waiting {
-            position: 1,
-            of: 1,
+            next: true,
             holders: vec!["a".into()],
             retry: true,
         };
@@ -366,11 +400,10 @@ mod tests {
         );
     }
 
-    fn waiting(position: usize) -> Outcome {
+    fn waiting(next: bool) -> Outcome {
         Outcome::Waiting {
-            position,
-            of: 3,
-            holders: vec!["a".into()],
+            next,
+            holders: if next { vec!["a".into()] } else { vec![] },
             retry: false,
         }
     }
@@ -385,7 +418,7 @@ mod tests {
         let first = patch(
             RunKind::CustomRun,
             "k",
-            &waiting(3),
+            &waiting(false),
             &RunStatus::default(),
             None,
             now(),
@@ -393,11 +426,11 @@ mod tests {
         .unwrap();
         let ltt = |p: &Value| p["status"]["conditions"][0]["lastTransitionTime"].clone();
         assert_eq!(ltt(&first), "2026-11-30T12:00:00Z");
-        // A new position is a new message, not a transition.
+        // Moving to the head is a new message, not a transition.
         let moved = patch(
             RunKind::CustomRun,
             "k",
-            &waiting(2),
+            &waiting(true),
             &written(&first),
             None,
             later,

@@ -112,14 +112,23 @@ async fn waiters_are_served_in_creation_order() -> Result<()> {
     let last = condition_of(&ns, &lock_run("fifo-e"))
         .await?
         .unwrap_or(last);
+    // Only the head is told who holds the key; the rest, that they are queued.
     ensure!(
         last.message.as_deref()
             == Some(&format!(
-                "waiting for {}: held by fifo-a (position 4 of 4)",
+                "waiting for {0}: queued (Mutex {0} lists the queue in order)",
                 ns.name()
             )),
         "waiting message: {last:?}"
     );
+    let head = format!("waiting for {}: next in line, held by fifo-a", ns.name());
+    wait_until("fifo-b to be told it is next in line", slow(), || async {
+        let m = condition_of(&ns, &lock_run("fifo-b"))
+            .await?
+            .and_then(|c| c.message);
+        Ok((m.as_deref() == Some(head.as_str())).then_some(()))
+    })
+    .await?;
     let order = drive_grants(&ns, &prs, 5).await?;
     ensure!(order == prs, "grant order {order:?}");
     Ok(())
@@ -287,12 +296,12 @@ async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<
             .all(|w| w.pipeline_run.as_deref() != Some("b")),
         "b left the queue: {status:?}"
     );
-    wait_until("c to move up to position 1", slow(), || async {
+    wait_until("c to move up to the head of the queue", slow(), || async {
         let m = condition_of(&ns, &lock_run("c"))
             .await?
             .and_then(|c| c.message)
             .unwrap_or_default();
-        Ok(m.contains("(position 1 of 1)").then_some(()))
+        Ok(m.contains(": next in line, held by a").then_some(()))
     })
     .await?;
 
@@ -541,7 +550,7 @@ async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
     ns.apply(&standalone("s2", by_name, json!([]))).await?;
     let c = wait_reason(&ns, "s2", "Waiting", secs(30)).await?;
     ensure!(
-        c.message.as_deref() == Some("waiting for prod: held by s1 (position 1 of 1)"),
+        c.message.as_deref() == Some("waiting for prod: next in line, held by s1"),
         "{c:?}"
     );
     // A standalone holder holds until it is deleted.

@@ -67,7 +67,7 @@ async fn runs_get_the_same_semantics() -> Result<()> {
     ensure!(
         c.message
             .as_deref()
-            .is_some_and(|m| m.starts_with("waiting for env: held by r1 (position 1 of ")),
+            .is_some_and(|m| m == "waiting for env: next in line, held by r1"),
         "{c:?}"
     );
 

@@ -196,7 +196,7 @@ async fn events_tell_each_run_its_story() -> Result<()> {
     ns.apply(&pipeline_run("c", "promote", &[])).await?;
     wait_reason(&ns, &lock_run("c"), "Waiting", slow()).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
-    // b moves up from position 1 of 2 to holder; c moves up the queue: Waiting stays one Event.
+    // b moves up from the head to holder; c moves up to the head: Waiting stays one Event.
     let order = drive_grants(&ns, &["a", "b", "c"], 3).await?;
 
     // Listed by time, with ties in any order: compare as sets, and count Waiting.

@@ -227,20 +227,24 @@ mod tests {
         }
     }
 
-    fn waiting(position: usize) -> Outcome {
+    fn waiting(next: bool) -> Outcome {
         Outcome::Waiting {
-            position,
-            of: 2,
-            holders: vec!["a".into()],
+            next,
+            holders: if next { vec!["a".into()] } else { vec![] },
             retry: false,
         }
     }
 
     #[test]
     fn waiting_is_recorded_once_not_on_every_move() {
-        let first = for_outcome(RunKind::CustomRun, "k", &waiting(2), &RunStatus::default());
+        let first = for_outcome(
+            RunKind::CustomRun,
+            "k",
+            &waiting(false),
+            &RunStatus::default(),
+        );
         assert_eq!(first.map(|t| t.reason), Some("Waiting"));
-        let moved = for_outcome(RunKind::CustomRun, "k", &waiting(1), &status("Waiting"));
+        let moved = for_outcome(RunKind::CustomRun, "k", &waiting(true), &status("Waiting"));
         assert_eq!(moved, None);
     }
 

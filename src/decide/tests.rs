@@ -115,11 +115,18 @@ fn first_run_acquires_token_one_and_others_wait_fifo() {
         })
     );
     assert_eq!(
+        outcome(&d, 1),
+        Some(&Outcome::Waiting {
+            next: true,
+            holders: vec!["pr0".into()],
+            retry: false
+        })
+    );
+    assert_eq!(
         outcome(&d, 2),
         Some(&Outcome::Waiting {
-            position: 2,
-            of: 2,
-            holders: vec!["pr0".into()],
+            next: false,
+            holders: vec![],
             retry: false
         })
     );
@@ -201,8 +208,7 @@ fn cancelled_and_timed_out_waiters_leave_the_queue() {
     assert_eq!(
         outcome(&d2, 3),
         Some(&Outcome::Waiting {
-            position: 1,
-            of: 1,
+            next: true,
             holders: vec!["pr0".into()],
             retry: true
         })
@@ -1460,4 +1466,47 @@ fn an_unlisted_run_marked_superseded_recancels_nothing() {
     let runs = vec![forged(3, 0)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     assert!(d.cancels.is_empty());
+}
+
+/// Record what each run is told; returns how many runs' statuses change.
+fn tell(d: &Decision, said: &mut std::collections::HashMap<String, Outcome>) -> usize {
+    d.outcomes
+        .iter()
+        .filter(|(r, o)| said.insert(r.uid.clone(), o.clone()).as_ref() != Some(o))
+        .count()
+}
+
+/// Writes per grant stay constant: a grant changes the granted run's status and
+/// the new head's, an arrival only its own, whether 10 or 1,000 runs wait.
+#[test]
+fn a_grant_or_an_arrival_changes_as_many_run_statuses_whatever_the_queue_length() {
+    for waiters in [10, 1000] {
+        let spec = MutexSpec {
+            max_queue: 100_000,
+            ..Default::default()
+        };
+        let mut runs: Vec<RunView> = (0..=waiters).map(run).collect();
+        let mut said = std::collections::HashMap::new();
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(10_000));
+        assert_eq!(tell(&d, &mut said), waiters + 1, "everyone is told once");
+        apply(&mut runs, &d);
+        let mut status = d.status;
+        for next in 1..=3 {
+            finish(&mut runs, next - 1);
+            let d = decide(&spec, &status, &runs, t(10_000 + next as i64));
+            assert_eq!(holders(&d), [format!("pr{next}")]);
+            let changed = tell(&d, &mut said);
+            assert_eq!(changed, 2, "granted run and new head, {waiters} waiting");
+            apply(&mut runs, &d);
+            status = d.status;
+        }
+        runs.push(run(waiters + 1));
+        let d = decide(&spec, &status, &runs, t(20_000));
+        assert_eq!(
+            tell(&d, &mut said),
+            1,
+            "only the newcomer, {waiters} waiting"
+        );
+        assert_eq!(queue(&d).last(), Some(&format!("pr{}", waiters + 1)));
+    }
 }
