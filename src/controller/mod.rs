@@ -14,6 +14,7 @@
 mod backoff;
 pub mod events;
 mod finalizer;
+mod index;
 mod intake;
 mod leader;
 mod shared;
@@ -46,8 +47,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use index::{Index, Indexed};
 pub use leader::LeaderElection;
-use triggers::{Triggers, mutex_of};
+use shared::SharedWatch;
+use triggers::{Triggers, mutex_of, mutex_tags, run_tags};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -118,8 +121,8 @@ impl Fault {
 
 pub struct Context {
     client: Client,
-    custom_runs: Option<Store<CustomRun>>,
-    runs: Option<Store<Run>>,
+    custom_runs: Option<Indexed<CustomRun>>,
+    runs: Option<Indexed<Run>>,
     pipeline_runs: Store<PipelineRun>,
     mutexes: Store<Mutex>,
     recorder: Recorder,
@@ -216,9 +219,9 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client: client.clone(),
-        custom_runs: controllers.custom_runs.as_ref().map(|c| c.store()),
-        runs: controllers.runs.as_ref().map(|c| c.store()),
-        pipeline_runs: controllers.pipeline_runs.clone(),
+        custom_runs: controllers.caches.custom_runs.clone(),
+        runs: controllers.caches.runs.clone(),
+        pipeline_runs: controllers.caches.pipeline_runs.clone(),
         mutexes: controllers.sync.store(),
         #[cfg(feature = "fault-injection")]
         fault: opts.fault,
@@ -263,20 +266,31 @@ async fn caches_synced(ctx: Arc<Context>, state: Arc<http::State>) {
     waits.extend(
         ctx.custom_runs
             .as_ref()
-            .map(|s| s.wait_until_ready().boxed()),
+            .map(|s| s.store.wait_until_ready().boxed()),
     );
-    waits.extend(ctx.runs.as_ref().map(|s| s.wait_until_ready().boxed()));
+    waits.extend(
+        ctx.runs
+            .as_ref()
+            .map(|s| s.store.wait_until_ready().boxed()),
+    );
     if futures::future::try_join_all(waits).await.is_ok() {
         state.health.ready.store(true, Ordering::Relaxed);
         info!("caches synced");
     }
 }
 
-/// The three controllers, built but not yet running.
+/// The three controllers, built but not yet running, and the caches they share.
 struct Controllers {
     sync: Controller<Mutex>,
     custom_runs: Option<Controller<CustomRun>>,
     runs: Option<Controller<Run>>,
+    caches: Caches,
+}
+
+/// What the reconcilers read besides the Mutexes.
+struct Caches {
+    custom_runs: Option<Indexed<CustomRun>>,
+    runs: Option<Indexed<Run>>,
     pipeline_runs: Store<PipelineRun>,
 }
 
@@ -288,38 +302,55 @@ impl Controllers {
         metrics: Arc<Metrics>,
     ) -> Self {
         let wc = watcher::Config::default();
-        let (pr_store, pr_writer) = reflector::store();
-        let pr_stream = reflector::reflector(
-            pr_writer,
-            watcher(scoped::<PipelineRun>(client, namespace), wc.clone()),
-        )
-        .default_backoff()
-        .touched_objects();
+        let prs = shared::watch(
+            scoped::<PipelineRun>(client, namespace),
+            wc.clone(),
+            |_| {},
+            Index::new(|_| Vec::new()),
+            1,
+        );
         // Runs are watched once: intake and the key's sync share the watch, and
         // the sync hears of a run only once the cache it reads has it.
         let crs = kinds.custom_runs.then(|| {
-            shared::watch(
-                scoped::<CustomRun>(client, namespace),
+            let index = Index::new(run_tags::<CustomRun>);
+            split(shared::watch(
+                scoped(client, namespace),
                 wc.clone(),
                 |_| {},
+                index,
                 2,
-            )
+            ))
         });
-        let runs = kinds
-            .runs
-            .then(|| shared::watch(scoped::<Run>(client, namespace), wc.clone(), |_| {}, 2));
-        let (crs, intake_crs) = split(crs);
-        let (runs, intake_runs) = split(runs);
+        let runs = kinds.runs.then(|| {
+            let index = Index::new(run_tags::<Run>);
+            split(shared::watch(
+                scoped(client, namespace),
+                wc.clone(),
+                |_| {},
+                index,
+                2,
+            ))
+        });
+        let (cr_cache, run_cache) = (
+            crs.as_ref().map(|s| s.cache.clone()),
+            runs.as_ref().map(|s| s.cache.clone()),
+        );
+        let (crs, intake_crs) = crs.map(|s| (s.changes, s.intake)).unzip();
+        let (runs, intake_runs) = runs.map(|s| (s.changes, s.intake)).unzip();
 
-        let (mutexes, mutex_store) = tolerant_mutexes(client, namespace, &wc);
-        let sync = Controller::for_stream(mutexes, mutex_store);
+        let (mutexes, mutex_cache) = tolerant_mutexes(client, namespace, &wc);
+        let sync = Controller::for_stream(mutexes, mutex_cache.store.clone());
         let triggers = Triggers {
-            custom_runs: intake_crs.as_ref().map(|c| c.store()),
-            runs: intake_runs.as_ref().map(|c| c.store()),
-            mutexes: sync.store(),
+            custom_runs: cr_cache.clone(),
+            runs: run_cache.clone(),
+            mutexes: mutex_cache,
         };
+        let SharedWatch {
+            cache: pr_cache,
+            changes: mut pr_changes,
+        } = prs;
         let related = Related {
-            pipeline_runs: pr_stream,
+            pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
             custom_runs: crs,
             runs,
         };
@@ -328,7 +359,11 @@ impl Controllers {
             sync,
             custom_runs: intake_crs,
             runs: intake_runs,
-            pipeline_runs: pr_store,
+            caches: Caches {
+                custom_runs: cr_cache,
+                runs: run_cache,
+                pipeline_runs: pr_cache.store,
+            },
         }
     }
 
@@ -365,9 +400,14 @@ fn tolerant_mutexes(
     wc: &watcher::Config,
 ) -> (
     impl Stream<Item = Result<Mutex, watcher::Error>> + Send + 'static,
-    Store<Mutex>,
+    Indexed<Mutex>,
 ) {
     let (store, writer) = reflector::store();
+    let index = Index::new(mutex_tags);
+    let cache = Indexed {
+        store: store.clone(),
+        index: index.clone(),
+    };
     let recorder = Recorder::new(client.clone(), reporter());
     let stream = watcher(tolerant::api(client, namespace), wc.clone())
         .default_backoff()
@@ -379,8 +419,14 @@ fn tolerant_mutexes(
             futures::future::ready(typed)
         })
         .reflect(writer)
+        // After the reflector has stored the event: the index follows the cache.
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                index.apply(e, &store);
+            }
+        })
         .applied_objects();
-    (stream, store)
+    (stream, cache)
 }
 
 fn drive<K, F, Fut>(
@@ -458,31 +504,39 @@ fn backoff_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     )
 }
 
-/// A kind's changes as the sync hears of them, and the intake controller fed by
-/// the same watch.
-fn split<K>(
-    watch: Option<shared::SharedWatch<K>>,
-) -> (Option<ChangeStream<K>>, Option<Controller<K>>)
+/// A run kind's watch, split between its two consumers.
+struct Split<K>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Send + Sync + 'static,
 {
-    let Some(mut w) = watch else {
-        return (None, None);
-    };
-    let for_sync = w.changes.pop().expect("one stream per consumer");
-    let for_intake = w.changes.pop().expect("one stream per consumer");
-    (
-        Some(for_sync),
-        Some(Controller::for_shared_stream(for_intake, w.store)),
-    )
+    /// The changes, as the key's sync hears of them.
+    changes: ChangeStream<K>,
+    /// The intake controller, fed by the same watch.
+    intake: Controller<K>,
+    cache: Indexed<K>,
+}
+
+fn split<K>(watch: SharedWatch<K>) -> Split<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    let SharedWatch { cache, mut changes } = watch;
+    let for_sync = changes.pop().expect("one stream per consumer");
+    let for_intake = changes.pop().expect("one stream per consumer");
+    Split {
+        changes: for_sync,
+        intake: Controller::for_shared_stream(for_intake, cache.store.clone()),
+        cache,
+    }
 }
 
 type ChangeStream<K> = futures::channel::mpsc::UnboundedReceiver<Arc<K>>;
 
 /// The watches besides the Mutexes' own that wake a key.
-struct Related<P> {
-    pipeline_runs: P,
+struct Related {
+    pipeline_runs: ChangeStream<PipelineRun>,
     custom_runs: Option<ChangeStream<CustomRun>>,
     runs: Option<ChangeStream<Run>>,
 }
@@ -493,12 +547,12 @@ fn watch_related(
     client: &Client,
     namespace: &Option<String>,
     triggers: Triggers,
-    related: Related<impl Stream<Item = Result<PipelineRun, watcher::Error>> + Send + 'static>,
+    related: Related,
     metrics: Arc<Metrics>,
 ) -> Controller<Mutex> {
     let wc = watcher::Config::default();
     let by_pr = triggers.clone();
-    sync = sync.watches_stream(related.pipeline_runs, move |pr: PipelineRun| {
+    sync = sync.watches_shared_stream(related.pipeline_runs, move |pr: Arc<PipelineRun>| {
         let (ns, name) = (pr.namespace(), pr.name_any());
         let refs = by_pr.of_pipeline_run(ns.clone(), &name);
         let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();

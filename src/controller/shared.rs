@@ -7,32 +7,32 @@
 //! would wake the key again until a timeout. Here every consumer hears of an object
 //! from the reflector that stored it, after it stored it (deletions included).
 
+use super::index::{Index, Indexed};
 use futures::channel::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use futures::{Stream, StreamExt};
 use kube::Resource;
-use kube::runtime::reflector::{self, Lookup, Store};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::Arc;
 use tracing::warn;
 
-/// A kind's cache, and one stream of changed objects per consumer.
-pub struct SharedWatch<K: Lookup + Clone + 'static>
-where
-    K::DynamicType: std::hash::Hash + Eq,
-{
-    pub store: Store<K>,
+/// A kind's indexed cache, and one stream of changed objects per consumer.
+pub struct SharedWatch<K: Resource<DynamicType = ()> + 'static> {
+    pub cache: Indexed<K>,
     pub changes: Vec<UnboundedReceiver<Arc<K>>>,
 }
 
-/// Watch `api` once, strip each object with `strip` before it is cached, and
-/// hand every changed object (applied or deleted) to `consumers` streams.
+/// Watch `api` once, strip each object with `strip` before it is cached, index
+/// it, and hand every changed object (applied or deleted) to `consumers` streams.
 /// The watch runs in a task of its own until every consumer has gone.
 pub fn watch<K>(
     api: kube::Api<K>,
     wc: watcher::Config,
     strip: fn(&mut K),
+    index: Index<K>,
     consumers: usize,
 ) -> SharedWatch<K>
 where
@@ -41,33 +41,62 @@ where
     let (store, writer) = reflector::store();
     let events = watcher(api, wc).default_backoff().modify(strip);
     let (senders, changes) = (0..consumers).map(|_| mpsc::unbounded()).unzip();
-    tokio::spawn(fan_out(reflector::reflector(writer, events), senders));
-    SharedWatch { store, changes }
+    tokio::spawn(fan_out(events, writer, index.clone(), senders));
+    SharedWatch {
+        cache: Indexed { store, index },
+        changes,
+    }
 }
 
-/// Forward each object the reflector has stored to every consumer. The reflector
-/// yields an event only after writing it to the store, so a consumer that reads
-/// the store on hearing of an object finds that object's version, or a newer one.
+/// Store and index each event, then tell every consumer of the objects it
+/// changed. A consumer that reads the cache on hearing of an object finds that
+/// object's version or a newer one. Objects of a full list are told once the
+/// list is complete: until then the cache still shows the previous one.
 async fn fan_out<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    mut writer: Writer<K>,
+    index: Index<K>,
     senders: Vec<UnboundedSender<Arc<K>>>,
 ) where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    let mut objects = std::pin::pin!(events.touched_objects());
-    while let Some(object) = objects.next().await {
-        match object {
-            Ok(o) => {
-                let o = Arc::new(o);
-                let delivered = senders
-                    .iter()
-                    .filter(|s| s.unbounded_send(o.clone()).is_ok());
-                if delivered.count() == 0 {
-                    return;
-                }
-            }
+    let store = writer.as_reader();
+    let mut listed: Vec<ObjectRef<K>> = Vec::new();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
             // The watcher backs off and resumes on its own.
-            Err(e) => warn!(kind = K::kind(&()).as_ref(), error = %e, "watch failed; retrying"),
+            Err(e) => {
+                warn!(kind = K::kind(&()).as_ref(), error = %e, "watch failed; retrying");
+                continue;
+            }
+        };
+        writer.apply_watcher_event(&event);
+        index.apply(&event, &store);
+        let changed: Vec<Arc<K>> = match event {
+            watcher::Event::Apply(o) => store.get(&ObjectRef::from_obj(&o)).into_iter().collect(),
+            watcher::Event::Delete(o) => vec![Arc::new(o)],
+            watcher::Event::Init => {
+                listed.clear();
+                Vec::new()
+            }
+            watcher::Event::InitApply(o) => {
+                listed.push(ObjectRef::from_obj(&o));
+                Vec::new()
+            }
+            watcher::Event::InitDone => std::mem::take(&mut listed)
+                .iter()
+                .filter_map(|r| store.get(r))
+                .collect(),
+        };
+        for o in changed {
+            let delivered = senders
+                .iter()
+                .filter(|s| s.unbounded_send(o.clone()).is_ok());
+            if delivered.count() == 0 {
+                return;
+            }
         }
     }
 }
@@ -76,7 +105,7 @@ async fn fan_out<K>(
 mod tests {
     use super::*;
     use crate::tekton::customrun::CustomRun;
-    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::reflector::Store;
 
     fn run(name: &str, version: &str) -> CustomRun {
         serde_json::from_value(serde_json::json!({
@@ -102,10 +131,15 @@ mod tests {
         let (store, writer) = reflector::store::<CustomRun>();
         let (source, events) = mpsc::unbounded();
         let (senders, mut changes): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::unbounded()).unzip();
-        tokio::spawn(fan_out(reflector::reflector(writer, events), senders));
+        tokio::spawn(fan_out(events, writer, Index::new(|_| vec![]), senders));
         let send = |e| source.unbounded_send(Ok(e)).unwrap();
         send(watcher::Event::Init);
         send(watcher::Event::InitApply(run("a", "1")));
+        // Not told before the list is complete: the cache does not have it yet.
+        tokio::task::yield_now().await;
+        for c in &mut changes {
+            assert!(c.try_recv().is_err(), "told of a listed object too early");
+        }
         send(watcher::Event::InitDone);
         for c in &mut changes {
             let heard = c.next().await.unwrap();
@@ -133,7 +167,7 @@ mod tests {
         let (_store, writer) = reflector::store::<CustomRun>();
         let (source, events) = mpsc::unbounded();
         let (senders, changes): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::unbounded()).unzip();
-        let task = tokio::spawn(fan_out(reflector::reflector(writer, events), senders));
+        let task = tokio::spawn(fan_out(events, writer, Index::new(|_| vec![]), senders));
         drop(changes);
         source
             .unbounded_send(Ok(watcher::Event::Apply(run("a", "1"))))

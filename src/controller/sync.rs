@@ -5,6 +5,7 @@
 //! Mutex status is written first so that a crash never leaves a run told
 //! something the lock state does not back.
 
+use super::index::{Indexed, Tag};
 use super::{Context, Error, Fault, events, finalizer, writes};
 use crate::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
@@ -20,7 +21,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -205,7 +206,7 @@ async fn fetch_runs(ctx: &Context, mutex: &Mutex) -> Result<Vec<Fetched>, Error>
 /// disagrees with the Mutex never joins: intake fails it as InvalidParams.
 async fn fetch_kind<K>(
     ctx: &Context,
-    store: &Store<K>,
+    cache: &Indexed<K>,
     kind: RunKind,
     wrap: fn(Arc<K>) -> AnyRun,
     mutex: &Mutex,
@@ -244,7 +245,7 @@ where
         }
         Ok(())
     };
-    for obj in store.state() {
+    for obj in cache.get(&Tag::key(ns, key)) {
         add(obj, &mut found).await?;
     }
     let missing: Vec<&RunRef> = named

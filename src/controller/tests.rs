@@ -36,7 +36,7 @@ fn context(
     let ctx = Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
-        custom_runs: Some(store_of(custom_runs)),
+        custom_runs: Some(indexed_of(custom_runs)),
         runs: None,
         pipeline_runs: store_of(pipeline_runs),
         mutexes: store_of(mutexes),
@@ -46,6 +46,14 @@ fn context(
         acting: watch::channel(true).1,
     };
     (Arc::new(ctx), handle)
+}
+
+/// A cache indexed as the controller indexes the runs.
+fn indexed_of(objects: Vec<CustomRun>) -> Indexed<CustomRun> {
+    let store = store_of(objects);
+    let index = Index::new(run_tags::<CustomRun>);
+    index.apply(&watcher::Event::InitDone, &store);
+    Indexed { store, index }
 }
 
 fn store_of<K>(objects: Vec<K>) -> Store<K>

@@ -1,73 +1,45 @@
 //! Which Mutexes an event concerns. A run's event concerns its own key. A
 //! PipelineRun's event, or one of its pods', concerns the keys its lock runs
-//! belong to and the keys it holds (its lock run may have been deleted).
+//! belong to and the keys it holds (its lock run may have been deleted). Both
+//! are looked up in the caches' indexes, never by scanning a cache.
 
+use super::index::{Indexed, Tag, namespace_of};
 use crate::mutex::Mutex;
 use crate::observe::{Observe, PIPELINE_RUN_LABEL};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::run::Run;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 #[derive(Clone)]
 pub struct Triggers {
-    pub custom_runs: Option<Store<CustomRun>>,
-    pub runs: Option<Store<Run>>,
-    pub mutexes: Store<Mutex>,
+    pub custom_runs: Option<Indexed<CustomRun>>,
+    pub runs: Option<Indexed<Run>>,
+    pub mutexes: Indexed<Mutex>,
 }
 
 impl Triggers {
     /// The Mutexes that PipelineRun `ns/name` waits for or holds.
     pub fn of_pipeline_run(&self, ns: Option<String>, name: &str) -> Vec<ObjectRef<Mutex>> {
+        let tag = Tag::pipeline_run(ns.as_deref().unwrap_or_default(), name);
         let mut refs = Vec::new();
-        if let Some(s) = &self.custom_runs {
-            refs.extend(mutexes_of_children(s, &ns, name));
+        if let Some(c) = &self.custom_runs {
+            refs.extend(c.get(&tag).iter().filter_map(|r| mutex_of(r.as_ref())));
         }
-        if let Some(s) = &self.runs {
-            refs.extend(mutexes_of_children(s, &ns, name));
+        if let Some(c) = &self.runs {
+            refs.extend(c.get(&tag).iter().filter_map(|r| mutex_of(r.as_ref())));
         }
-        refs.extend(self.held_by(&ns, name));
+        // The Mutexes whose status names this PipelineRun as a holder.
+        refs.extend(
+            self.mutexes
+                .get(&tag)
+                .iter()
+                .map(|m| ObjectRef::from_obj(m.as_ref())),
+        );
         refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         refs.dedup();
         refs
     }
-
-    /// The Mutexes whose status names this PipelineRun as a holder.
-    fn held_by(&self, ns: &Option<String>, name: &str) -> Vec<ObjectRef<Mutex>> {
-        self.mutexes
-            .state()
-            .iter()
-            .filter(|m| m.namespace() == *ns)
-            .filter(|m| {
-                m.status.as_ref().is_some_and(|s| {
-                    s.holders
-                        .iter()
-                        .any(|h| h.pipeline_run.as_deref() == Some(name))
-                })
-            })
-            .map(|m| ObjectRef::from_obj(m.as_ref()))
-            .collect()
-    }
-}
-
-/// The Mutexes that the lock runs of this PipelineRun belong to.
-fn mutexes_of_children<K>(
-    store: &Store<K>,
-    ns: &Option<String>,
-    name: &str,
-) -> Vec<ObjectRef<Mutex>>
-where
-    K: Observe + Resource<DynamicType = ()> + Clone + 'static,
-{
-    store
-        .state()
-        .iter()
-        .filter(|c| {
-            c.namespace() == *ns
-                && c.labels().get(PIPELINE_RUN_LABEL).map(String::as_str) == Some(name)
-        })
-        .filter_map(|c| mutex_of(c.as_ref()))
-        .collect()
 }
 
 /// The Mutex object a run belongs to, if it is a valid Mutex run.
@@ -78,4 +50,28 @@ pub fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
     }
     let cfg = o.config().ok()?;
     Some(ObjectRef::new(&cfg.key).within(&o.namespace))
+}
+
+/// A Mutex run is found by its key and by its PipelineRun; other runs not at all.
+pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
+    let Some(m) = mutex_of(run) else {
+        return Vec::new();
+    };
+    let ns = namespace_of(run);
+    let mut tags = vec![Tag::key(&ns, &m.name)];
+    if let Some(pr) = run.labels().get(PIPELINE_RUN_LABEL) {
+        tags.push(Tag::pipeline_run(&ns, pr));
+    }
+    tags
+}
+
+/// A Mutex is found by the PipelineRuns that hold it.
+pub fn mutex_tags(m: &Mutex) -> Vec<Tag> {
+    let ns = namespace_of(m);
+    m.status
+        .iter()
+        .flat_map(|s| &s.holders)
+        .filter_map(|h| h.pipeline_run.as_deref())
+        .map(|pr| Tag::pipeline_run(&ns, pr))
+        .collect()
 }

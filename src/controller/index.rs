@@ -1,0 +1,216 @@
+//! A cache's objects by tag (a run by its key and by its PipelineRun, a Mutex by
+//! the PipelineRuns that hold it), so that an event finds the keys it concerns,
+//! and a sync its key's runs, without scanning the cache.
+//!
+//! The index follows the watch: it is updated from each event right after the
+//! reflector has stored it, before anyone hears of the change.
+
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+/// What an object is found by: a namespace and a name of some kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Tag {
+    /// The Mutex key a run belongs to.
+    Key { namespace: String, key: String },
+    /// A PipelineRun (by name) that a run belongs to, or that holds a Mutex.
+    PipelineRun { namespace: String, name: String },
+}
+
+impl Tag {
+    pub fn key(namespace: &str, key: &str) -> Tag {
+        Tag::Key {
+            namespace: namespace.into(),
+            key: key.into(),
+        }
+    }
+
+    pub fn pipeline_run(namespace: &str, name: &str) -> Tag {
+        Tag::PipelineRun {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// The objects of one cache by tag.
+pub struct Index<K: Resource<DynamicType = ()> + 'static> {
+    tags_of: fn(&K) -> Vec<Tag>,
+    inner: Arc<RwLock<Inner<K>>>,
+}
+
+impl<K: Resource<DynamicType = ()> + 'static> Clone for Index<K> {
+    fn clone(&self) -> Self {
+        Index {
+            tags_of: self.tags_of,
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<K: Resource<DynamicType = ()> + 'static> {
+    by_tag: HashMap<Tag, HashSet<ObjectRef<K>>>,
+    tags: HashMap<ObjectRef<K>, Vec<Tag>>,
+}
+
+impl<K: Resource<DynamicType = ()> + 'static> Default for Inner<K> {
+    fn default() -> Self {
+        Inner {
+            by_tag: HashMap::new(),
+            tags: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + 'static> Inner<K> {
+    fn remove(&mut self, r: &ObjectRef<K>) {
+        for tag in self.tags.remove(r).unwrap_or_default() {
+            if let Some(set) = self.by_tag.get_mut(&tag) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.by_tag.remove(&tag);
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, r: ObjectRef<K>, tags: Vec<Tag>) {
+        self.remove(&r);
+        for tag in &tags {
+            self.by_tag
+                .entry(tag.clone())
+                .or_default()
+                .insert(r.clone());
+        }
+        if !tags.is_empty() {
+            self.tags.insert(r, tags);
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Index<K> {
+    pub fn new(tags_of: fn(&K) -> Vec<Tag>) -> Self {
+        Index {
+            tags_of,
+            inner: Default::default(),
+        }
+    }
+
+    /// Follow one watch event, once the reflector has applied it to `store`.
+    /// A full list (re-list after a broken watch included) is read back from the
+    /// store: objects deleted meanwhile leave the index with it.
+    pub fn apply(&self, event: &watcher::Event<K>, store: &Store<K>) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(o) => inner.insert(ObjectRef::from_obj(o), (self.tags_of)(o)),
+            watcher::Event::Delete(o) => inner.remove(&ObjectRef::from_obj(o)),
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            watcher::Event::InitDone => {
+                *inner = Inner::default();
+                for o in store.state() {
+                    inner.insert(ObjectRef::from_obj(o.as_ref()), (self.tags_of)(&o));
+                }
+            }
+        }
+    }
+
+    /// The cached objects with this tag.
+    pub fn get(&self, tag: &Tag, store: &Store<K>) -> Vec<Arc<K>> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        inner
+            .by_tag
+            .get(tag)
+            .into_iter()
+            .flatten()
+            .filter_map(|r| store.get(r))
+            .collect()
+    }
+}
+
+/// A cache and its index, read together.
+pub struct Indexed<K: Resource<DynamicType = ()> + 'static> {
+    pub store: Store<K>,
+    pub index: Index<K>,
+}
+
+impl<K: Resource<DynamicType = ()> + 'static> Clone for Indexed<K> {
+    fn clone(&self) -> Self {
+        Indexed {
+            store: self.store.clone(),
+            index: self.index.clone(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Indexed<K> {
+    pub fn get(&self, tag: &Tag) -> Vec<Arc<K>> {
+        self.index.get(tag, &self.store)
+    }
+}
+
+/// A namespaced object's namespace, as tags want it.
+pub fn namespace_of<K: Resource>(o: &K) -> String {
+    o.namespace().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tekton::customrun::CustomRun;
+    use kube::runtime::reflector::store::Writer;
+
+    fn run(name: &str, key: &str) -> CustomRun {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tekton.dev/v1beta1",
+            "kind": "CustomRun",
+            "metadata": {"name": name, "namespace": "ns", "labels": {"key": key}},
+            "spec": {},
+        }))
+        .unwrap()
+    }
+
+    fn by_label(r: &CustomRun) -> Vec<Tag> {
+        r.labels()
+            .get("key")
+            .map(|k| Tag::key("ns", k))
+            .into_iter()
+            .collect()
+    }
+
+    fn names(v: Vec<Arc<CustomRun>>) -> Vec<String> {
+        let mut n: Vec<String> = v.iter().map(|r| r.name_any()).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn follows_applies_deletes_retags_and_relists() {
+        let mut writer = Writer::<CustomRun>::default();
+        let store = writer.as_reader();
+        let index = Index::new(by_label);
+        let mut apply = |e: watcher::Event<CustomRun>| {
+            writer.apply_watcher_event(&e);
+            index.apply(&e, &store);
+        };
+        apply(watcher::Event::Apply(run("a", "k1")));
+        apply(watcher::Event::Apply(run("b", "k1")));
+        apply(watcher::Event::Apply(run("c", "k2")));
+        let k1 = Tag::key("ns", "k1");
+        assert_eq!(names(index.get(&k1, &store)), ["a", "b"]);
+        apply(watcher::Event::Apply(run("b", "k2")));
+        assert_eq!(names(index.get(&k1, &store)), ["a"]);
+        assert_eq!(names(index.get(&Tag::key("ns", "k2"), &store)), ["b", "c"]);
+        apply(watcher::Event::Delete(run("a", "k1")));
+        assert!(index.get(&k1, &store).is_empty());
+        // A re-list that no longer has c: c goes from the index too.
+        apply(watcher::Event::Init);
+        apply(watcher::Event::InitApply(run("b", "k2")));
+        apply(watcher::Event::InitApply(run("d", "k1")));
+        apply(watcher::Event::InitDone);
+        assert_eq!(names(index.get(&Tag::key("ns", "k2"), &store)), ["b"]);
+        assert_eq!(names(index.get(&k1, &store)), ["d"]);
+    }
+}
