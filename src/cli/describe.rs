@@ -212,9 +212,16 @@ async fn events(target: &Target, names: &[String]) -> Result<Vec<EventRow>> {
         .list(&ListParams::default())
         .await
         .map_err(|e| api_failure("list events", e))?;
+    // Events mirrored from core/v1 (Tekton's) have no eventTime: their last timestamp counts.
     let time = |e: &Event| -> Option<DateTime<Utc>> {
-        let t = serde_json::to_value(e.event_time.as_ref()?).ok()?;
-        parse_time(t.as_str())
+        let last = e.series.as_ref().map(|s| &s.last_observed_time);
+        let t = match (last, &e.event_time, &e.deprecated_last_timestamp) {
+            (Some(t), _, _) => serde_json::to_value(t),
+            (None, Some(t), _) => serde_json::to_value(t),
+            (None, None, Some(t)) => serde_json::to_value(t),
+            (None, None, None) => serde_json::to_value(e.metadata.creation_timestamp.as_ref()?),
+        };
+        parse_time(t.ok()?.as_str())
     };
     let mut rows: Vec<EventRow> = list
         .items
