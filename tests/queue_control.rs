@@ -98,6 +98,13 @@ async fn describe_lists_the_exact_queue_order() -> Result<()> {
         list.starts_with("KEY ") && list.contains("run-1 (") && list.contains(" ago)"),
         "list said:\n{list}"
     );
+    let by_context = tkn_mutex_in(&ns, &["list", "--context", "tekton-mutex-local"])?.stdout()?;
+    ensure!(by_context.contains("run-1 ("), "{by_context}");
+    let no_context = tkn_mutex_in(&ns, &["list", "--context", "nope"])?;
+    ensure!(
+        no_context.code == Some(1) && no_context.stderr.contains("kubeconfig"),
+        "{no_context:?}"
+    );
     let unknown = tkn_mutex_in(&ns, &["describe", "nope"])?;
     ensure!(
         unknown.code == Some(1) && unknown.stderr.contains("no Mutex \"nope\""),
@@ -185,11 +192,12 @@ async fn release_force_hands_over_with_a_higher_token() -> Result<()> {
         .unwrap_or_default()
         .parse()?;
     ensure!(new > old, "token {new} after {old}");
-    let pr = ns.api::<PipelineRun>().get("run-1").await?;
-    ensure!(
-        pr.spec.status.is_some(),
-        "the released holder's PipelineRun is cancelled"
-    );
+    // The new holder is told first; the cancel of the old one follows.
+    let pr = wait_until("run-1 to be cancelled", slow(), || async {
+        let pr = ns.api::<PipelineRun>().get("run-1").await?;
+        Ok(pr.spec.status.is_some().then_some(pr))
+    })
+    .await?;
     let note = pr
         .annotations()
         .get("tekton-mutex.dev/released-by")
@@ -218,12 +226,11 @@ async fn clear_fails_every_waiter_with_cleared() -> Result<()> {
                     .is_some_and(|m| m.contains("cleared by admin")),
             "{c:?}"
         );
-        let p = ns.api::<PipelineRun>().get(pr).await?;
-        ensure!(
-            p.spec.status.as_deref() == Some("CancelledRunFinally"),
-            "{pr}: {:?}",
-            p.spec
-        );
+        let cancelled = |p: PipelineRun| p.spec.status.as_deref() == Some("CancelledRunFinally");
+        wait_until(&format!("{pr} to be cancelled"), slow(), || async {
+            Ok(cancelled(ns.api::<PipelineRun>().get(pr).await?).then_some(()))
+        })
+        .await?;
     }
     let st = mutex_status(&ns, KEY).await?;
     ensure!(st.queue.is_empty() && st.holders.len() == 1, "{st:?}");
@@ -342,4 +349,38 @@ async fn viewer_kubeconfig(ns: &TestNamespace) -> Result<std::path::PathBuf> {
     std::fs::create_dir_all(path.parent().unwrap())?;
     std::fs::write(&path, serde_yaml::to_string(&kc)?)?;
     Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn without_a_controller_a_request_times_out_and_says_so() -> Result<()> {
+    let ns = TestNamespace::create("qc-timeout").await?;
+    support::controller::install_crd(&repo_root().join("config/crd.yaml")).await?;
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": KEY}, "spec": {}});
+    ns.apply(&mutex.to_string()).await?;
+    let r = tkn_mutex_in(&ns, &["clear", KEY, "--timeout", "1"])?;
+    ensure!(
+        r.code == Some(1)
+            && r.stderr
+                .contains("did not acknowledge the request within 1s")
+            && r.stderr.contains("request.tekton-mutex.dev/"),
+        "{r:?}"
+    );
+    // The request stays for the controller to act on when it runs.
+    let _c = ControllerProcess::start(ns.name()).await?;
+    wait_until("the controller to act on the request", slow(), || async {
+        let m = ns.api::<tekton_mutex::mutex::Mutex>().get(KEY).await?;
+        let acked = m
+            .status
+            .as_ref()
+            .is_some_and(|s| s.observed_requests.len() == 1);
+        let left = m
+            .annotations()
+            .keys()
+            .any(|k| k.starts_with("request.tekton-mutex.dev/"));
+        Ok((acked && !left).then_some(()))
+    })
+    .await?;
+    Ok(())
 }

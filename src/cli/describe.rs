@@ -4,7 +4,7 @@
 use super::output::{age, or_dashes, parse_time, table};
 use super::{Failure, Result, Target, api_failure};
 use crate::control::ObservedRequest;
-use crate::mutex::{Mutex, RunKind};
+use crate::mutex::{Mutex, RunKind, Waiter};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
@@ -14,6 +14,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// How many of the key's most recent Events describe shows.
 const RECENT_EVENTS: usize = 10;
@@ -129,9 +130,12 @@ async fn gather(target: &Target, m: &Mutex) -> Result<Described> {
             state,
         });
     }
-    let mut queue = Vec::new();
-    for (i, w) in st.queue.iter().enumerate() {
-        queue.push(WaiterRow {
+    let starts = start_times(target, &st.queue).await?;
+    let queue = st
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, w)| WaiterRow {
             position: i + 1,
             pipeline_run: w.pipeline_run.clone(),
             lock_run: w.run.name.clone(),
@@ -139,9 +143,9 @@ async fn gather(target: &Target, m: &Mutex) -> Result<Described> {
             sequence: w.age.sequence,
             priority: w.priority,
             promoted: st.promoted.contains(&w.run.uid),
-            waiting_since: started(target, w.run.kind, &w.run.name).await?,
-        });
-    }
+            waiting_since: starts.get(&w.run.uid).copied(),
+        })
+        .collect::<Vec<_>>();
     let marks = st.groups.iter().map(|g| MarkRow {
         group: g.group.clone(),
         newest: g.pipeline_run.clone().unwrap_or(g.newest.name.clone()),
@@ -186,23 +190,36 @@ async fn pipeline_run_state(target: &Target, name: &str, uid: Option<&str>) -> R
     })
 }
 
-/// When a lock run started waiting (its current attempt's start).
-async fn started(target: &Target, kind: RunKind, name: &str) -> Result<Option<DateTime<Utc>>> {
-    let (client, ns) = (target.client.clone(), &target.namespace);
-    let fail = |e| api_failure(&format!("read {kind:?} {name}"), e);
-    let start = match kind {
-        RunKind::CustomRun => Api::<CustomRun>::namespaced(client, ns)
-            .get_opt(name)
-            .await
-            .map_err(fail)?
-            .and_then(|r| r.status?.start_time),
-        RunKind::Run => Api::<Run>::namespaced(client, ns)
-            .get_opt(name)
-            .await
-            .map_err(fail)?
-            .and_then(|r| r.status?.start_time),
-    };
-    Ok(parse_time(start.as_deref()))
+/// When each waiting lock run started waiting (its current attempt's start), by
+/// uid: one list per kind in the queue, not one read per waiter.
+async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String, DateTime<Utc>>> {
+    let (client, ns) = (target.client.clone(), target.namespace.as_str());
+    let has = |kind| queue.iter().any(|w| w.run.kind == kind);
+    let mut starts = Vec::new();
+    if has(RunKind::CustomRun) {
+        let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+        let list = api.list(&ListParams::default()).await;
+        let list = list.map_err(|e| api_failure("list CustomRuns", e))?;
+        starts.extend(
+            list.items
+                .into_iter()
+                .map(|r| (r.uid(), r.status.and_then(|s| s.start_time))),
+        );
+    }
+    if has(RunKind::Run) {
+        let api: Api<Run> = Api::namespaced(client, ns);
+        let list = api.list(&ListParams::default()).await;
+        let list = list.map_err(|e| api_failure("list Runs", e))?;
+        starts.extend(
+            list.items
+                .into_iter()
+                .map(|r| (r.uid(), r.status.and_then(|s| s.start_time))),
+        );
+    }
+    Ok(starts
+        .into_iter()
+        .filter_map(|(uid, t)| Some((uid?, parse_time(t.as_deref())?)))
+        .collect())
 }
 
 /// The most recent Events about the Mutex, its holders and waiters (theirs and their lock runs').
@@ -254,8 +271,51 @@ pub fn render(d: &Described, now: DateTime<Utc>) -> String {
         "Name:         {}\nNamespace:    {}\nCapacity:     {}\nOrder:        {}\nMax queue:    {}\nLast token:   {}\nFrozen:       {frozen}\n",
         d.key, d.namespace, d.capacity, d.order, d.max_queue, d.last_token
     );
-    let holders: Vec<Vec<String>> = d
-        .holders
+    let headers = ["PIPELINERUN", "LOCK RUN", "TOKEN", "SINCE", "STATE"];
+    section(&mut out, "Holders", &headers, &holder_rows(d, now));
+    let headers = [
+        "POSITION",
+        "PIPELINERUN",
+        "GROUP",
+        "SEQUENCE",
+        "PRIORITY",
+        "WAITING SINCE",
+    ];
+    section(
+        &mut out,
+        "Queue (in grant order)",
+        &headers,
+        &queue_rows(d, now),
+    );
+    let marks: Vec<Vec<String>> = d
+        .supersede_marks
+        .iter()
+        .map(|m| vec![m.group.clone(), m.newest.clone(), age(m.granted, now)])
+        .collect();
+    let headers = ["GROUP", "NEWEST", "GRANTED"];
+    section(&mut out, "Last supersede per group", &headers, &marks);
+    let headers = ["AGE", "ACTION", "BY", "RESULT", "MESSAGE"];
+    section(
+        &mut out,
+        "Requests (most recent first)",
+        &headers,
+        &request_rows(d, now),
+    );
+    let events: Vec<Vec<String>> = d
+        .events
+        .iter()
+        .map(|e| {
+            let (t, r) = (e.type_.clone(), e.reason.clone());
+            vec![age(e.time, now), t, r, e.object.clone(), e.note.clone()]
+        })
+        .collect();
+    let headers = ["AGE", "TYPE", "REASON", "OBJECT", "MESSAGE"];
+    section(&mut out, "Events", &headers, &events);
+    out
+}
+
+fn holder_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+    d.holders
         .iter()
         .map(|h| {
             vec![
@@ -266,23 +326,16 @@ pub fn render(d: &Described, now: DateTime<Utc>) -> String {
                 h.state.clone(),
             ]
         })
-        .collect();
-    section(
-        &mut out,
-        "Holders",
-        &["PIPELINERUN", "LOCK RUN", "TOKEN", "SINCE", "STATE"],
-        &holders,
-    );
-    let queue: Vec<Vec<String>> = d
-        .queue
+        .collect()
+}
+
+fn queue_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+    d.queue
         .iter()
         .map(|w| {
+            let promoted = if w.promoted { " (promoted)" } else { "" };
             vec![
-                format!(
-                    "{}{}",
-                    w.position,
-                    if w.promoted { " (promoted)" } else { "" }
-                ),
+                format!("{}{promoted}", w.position),
                 or_dashes(w.pipeline_run.clone()),
                 w.group.clone(),
                 or_dashes(w.sequence.map(|s| s.to_string())),
@@ -290,29 +343,11 @@ pub fn render(d: &Described, now: DateTime<Utc>) -> String {
                 age(w.waiting_since, now),
             ]
         })
-        .collect();
-    let headers = [
-        "POSITION",
-        "PIPELINERUN",
-        "GROUP",
-        "SEQUENCE",
-        "PRIORITY",
-        "WAITING SINCE",
-    ];
-    section(&mut out, "Queue (in grant order)", &headers, &queue);
-    let marks: Vec<Vec<String>> = d
-        .supersede_marks
-        .iter()
-        .map(|m| vec![m.group.clone(), m.newest.clone(), age(m.granted, now)])
-        .collect();
-    section(
-        &mut out,
-        "Last supersede per group",
-        &["GROUP", "NEWEST", "GRANTED"],
-        &marks,
-    );
-    let requests: Vec<Vec<String>> = d
-        .requests
+        .collect()
+}
+
+fn request_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+    d.requests
         .iter()
         .rev()
         .map(|r| {
@@ -324,34 +359,7 @@ pub fn render(d: &Described, now: DateTime<Utc>) -> String {
                 r.message.clone(),
             ]
         })
-        .collect();
-    let headers = ["AGE", "ACTION", "BY", "RESULT", "MESSAGE"];
-    section(
-        &mut out,
-        "Requests (most recent first)",
-        &headers,
-        &requests,
-    );
-    let events: Vec<Vec<String>> = d
-        .events
-        .iter()
-        .map(|e| {
-            vec![
-                age(e.time, now),
-                e.type_.clone(),
-                e.reason.clone(),
-                e.object.clone(),
-                e.note.clone(),
-            ]
-        })
-        .collect();
-    section(
-        &mut out,
-        "Events",
-        &["AGE", "TYPE", "REASON", "OBJECT", "MESSAGE"],
-        &events,
-    );
-    out
+        .collect()
 }
 
 fn section(out: &mut String, title: &str, headers: &[&str], rows: &[Vec<String>]) {
