@@ -5,7 +5,7 @@
 #
 #   hack/cluster.sh up     build what is missing, start everything, prove it with a PipelineRun
 #   hack/cluster.sh down   stop exactly what `up` started (by pid) and remove the state
-#   hack/cluster.sh env    print `export KUBECONFIG=...` and a PATH with the built kubectl and tkn
+#   hack/cluster.sh env    print `export KUBECONFIG=...` and a PATH with the built kubectl, tkn and tkn-mutex
 #   hack/cluster.sh logs   say where each component logs
 #
 # State lives in .cluster/ (gitignored): kubeconfig, logs/, pids/, pki/, etcd/, pods/.
@@ -363,8 +363,10 @@ cmd_up() {
   if [[ -z ${TEKTON_MUTEX_SKIP_BUILD:-} ]]; then
     "$here/build.sh"
   fi
-  log "building pod-runner (cargo build -p pod-runner)"
-  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner) || die "building testbed/pod-runner failed"
+  # pod-runner stands in for the kubelet; tkn-mutex is the `tkn mutex` plugin (on PATH via `env`).
+  log "building pod-runner and tkn-mutex (cargo build -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex)"
+  (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex) ||
+    die "building testbed/pod-runner and tkn-mutex failed"
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
   local ports etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port
@@ -471,7 +473,9 @@ cmd_env() {
   [[ -f $KUBECONFIG_FILE ]] || log "warning: no cluster is up (run hack/cluster.sh up)"
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_FILE"
   # shellcheck disable=SC2016 # $PATH is for the shell that evals this line
-  printf 'export PATH=%q:%q:"$PATH"\n' "$(dirname "$(component_bin kubectl)")" "$(dirname "$(component_bin tkn)")"
+  # The built tkn-mutex too: tkn finds `tkn mutex` plugins on PATH.
+  printf 'export PATH=%q:%q:%q:"$PATH"\n' "$(dirname "$(component_bin kubectl)")" "$(dirname "$(component_bin tkn)")" \
+    "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"
 }
 
 cmd_logs() {

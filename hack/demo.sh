@@ -216,6 +216,17 @@ bold "tkn customrun list -n $PIPELINES_NS   (the guarded round's locks)"
 echo
 bold "kubectl get mutexes -n $PIPELINES_NS"
 k get mutexes -n "$PIPELINES_NS"
+# tkn finds the tkn-mutex plugin (built above with the controller) on PATH.
+tkn_mutex() { PATH="$TARGET_DIR/debug:$PATH" "$TKN" mutex "$@"; }
+echo
+bold "tkn mutex list -n $PIPELINES_NS   (queue control: see the README's \"Queue control\")"
+tkn_mutex list -n "$PIPELINES_NS"
+demo_key=$(k get mutexes -n "$PIPELINES_NS" -o jsonpath='{.items[0].metadata.name}')
+if [[ -n $demo_key ]]; then
+  echo
+  bold "tkn mutex describe $demo_key -n $PIPELINES_NS"
+  tkn_mutex describe "$demo_key" -n "$PIPELINES_NS"
+fi
 
 # ------------------------------------------------------------------ side by side
 

@@ -7,6 +7,7 @@
 //! from what triggered the call, so re-running it after a crash redoes whatever
 //! was not yet applied.
 
+use crate::control::{Request, Unreadable};
 use crate::mutex::{
     Age, GroupMark, Holder, MAX_GROUP_MARKS, MutexSpec, MutexStatus, Order, RunRef, Supersede,
     Waiter,
@@ -143,6 +144,18 @@ pub enum Outcome {
     /// Not admitted yet: the Mutex is being deleted. It is created again once
     /// its holders and waiters are gone, and the run joins that one.
     MutexDeleting,
+    /// Queued, but the key is frozen (`spec.frozen`): nothing new is granted.
+    Frozen {
+        position: usize,
+        of: usize,
+        holders: Vec<String>,
+        retry: bool,
+        reason: Option<String>,
+    },
+    /// A person let it go: its queue was cleared, or its PipelineRun's hold released.
+    Cleared {
+        message: String,
+    },
 }
 
 /// A PipelineRun the controller must cancel.
@@ -162,6 +175,8 @@ pub struct Decision {
     pub status: MutexStatus,
     pub outcomes: Vec<(RunRef, Outcome)>,
     pub cancels: Vec<Cancel>,
+    /// PipelineRuns a person let go (released or cleared) to cancel.
+    pub control_cancels: Vec<ControlCancel>,
 }
 
 /// Whether a run should be out of the queue, and what to tell it if so.
@@ -190,7 +205,7 @@ pub fn decide(
     decide_with(spec, prev, runs, now, MutexFacts::default())
 }
 
-/// The decision, as a script of named steps over one working state.
+/// The decision with no queue-control request pending.
 pub fn decide_with(
     spec: &MutexSpec,
     prev: &MutexStatus,
@@ -198,16 +213,31 @@ pub fn decide_with(
     now: DateTime<Utc>,
     facts: MutexFacts,
 ) -> Decision {
+    decide_requested(spec, prev, runs, now, facts, &[])
+}
+
+/// The decision, as a script of named steps over one working state; `requests`
+/// are the queue-control requests on the Mutex ([`control`]).
+pub fn decide_requested(
+    spec: &MutexSpec,
+    prev: &MutexStatus,
+    runs: &[RunView],
+    now: DateTime<Utc>,
+    facts: MutexFacts,
+    requests: &[Result<Request, Unreadable>],
+) -> Decision {
     let runs = siblings_share_age(runs);
     let mut d = Decider::new(spec, prev, &runs, now, facts);
     d.rebuild_from_runs();
+    d.take_requests(requests);
+    d.carry_out_dismissals();
     d.release_ended_holders();
     d.drop_leavers();
     d.admit_arrivals();
     d.supersede_running();
     d.recancel_superseded();
     d.forget_idle_marks();
-    d.report()
+    d.report().finish_controls(spec)
 }
 
 struct Decider<'a> {
@@ -216,6 +246,7 @@ struct Decider<'a> {
     st: MutexStatus,
     outcomes: Vec<(RunRef, Outcome)>,
     cancels: Vec<Cancel>,
+    control_cancels: Vec<ControlCancel>,
     now: DateTime<Utc>,
     all: &'a [RunView],
     runs: HashMap<&'a str, &'a RunView>,
@@ -235,6 +266,7 @@ impl<'a> Decider<'a> {
             st: prev.clone(),
             outcomes: Vec::new(),
             cancels: Vec::new(),
+            control_cancels: Vec::new(),
             now,
             all,
             runs: all.iter().map(|r| (r.run.uid.as_str(), r)).collect(),
@@ -258,7 +290,7 @@ impl<'a> Decider<'a> {
             let known = self.st.holders.iter().any(|h| {
                 h.run.uid == r.run.uid || r.parent.as_ref().is_some_and(|p| is_parent(h.party(), p))
             });
-            if known || !still_holds(r) {
+            if known || !still_holds(r) || self.dismissed(r) {
                 continue;
             }
             self.st.queue.retain(|w| w.run.uid != r.run.uid);
@@ -306,7 +338,9 @@ impl<'a> Decider<'a> {
             .all
             .iter()
             .filter(|r| {
-                matches!(r.phase, Phase::Live { .. }) && !known.contains(r.run.uid.as_str())
+                matches!(r.phase, Phase::Live { .. })
+                    && !known.contains(r.run.uid.as_str())
+                    && !self.dismissed(r)
             })
             .collect();
         arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));
@@ -444,6 +478,7 @@ impl<'a> Decider<'a> {
             status: self.st,
             outcomes: self.outcomes,
             cancels: self.cancels,
+            control_cancels: self.control_cancels,
         }
     }
 
@@ -643,6 +678,9 @@ impl<'a> Decider<'a> {
     /// Hand free slots to the head of the queue.
     fn grant(&mut self) {
         self.sort_queue();
+        if self.spec.frozen {
+            return;
+        }
         while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
             // Tokens never wrap or repeat: at i64::MAX the key grants no more.
             let Some(token) = self.st.last_token.checked_add(1) else {
@@ -684,6 +722,7 @@ impl<'a> Decider<'a> {
             };
             Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
         });
+        self.promoted_first();
     }
 
     /// Seconds since the run started waiting.
@@ -812,6 +851,9 @@ fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
         group: r.group.clone(),
     })
 }
+
+mod control;
+pub use control::ControlCancel;
 
 #[cfg(test)]
 mod tests;

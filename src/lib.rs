@@ -1,6 +1,8 @@
 //! tekton-mutex: a Tekton custom task that lets a pipeline say "one at a time here".
 #![forbid(unsafe_code)]
 
+pub mod cli;
+pub mod control;
 pub mod controller;
 pub mod decide;
 pub mod duration;

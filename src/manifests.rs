@@ -8,6 +8,8 @@ use serde_yaml::{Mapping, Value};
 
 const RBAC: &str = include_str!("../config/rbac.yaml");
 const DEPLOYMENT: &str = include_str!("../config/deployment.yaml");
+/// The role for people who control queues (`tkn mutex`): see the README's "Queue control".
+const OPERATOR_ROLE: &str = include_str!("../config/operator-role.yaml");
 const NAMESPACED_RBAC: &str = include_str!("../config/namespaced/rbac.yaml");
 const NAMESPACED_DEPLOYMENT: &str = include_str!("../config/namespaced/deployment.yaml");
 
@@ -34,7 +36,12 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
         return Err(Error::NotPinned(image.into()));
     }
     let sources: Vec<String> = match install {
-        Install::Cluster => vec![crate::crd_yaml(), RBAC.into(), DEPLOYMENT.into()],
+        Install::Cluster => vec![
+            crate::crd_yaml(),
+            RBAC.into(),
+            OPERATOR_ROLE.into(),
+            DEPLOYMENT.into(),
+        ],
         Install::Namespaced => vec![NAMESPACED_RBAC.into(), NAMESPACED_DEPLOYMENT.into()],
     };
     let mut out = format!(
@@ -103,11 +110,15 @@ mod tests {
     fn cluster_install_has_everything_once_pinned_and_labelled() {
         let objs = docs(&render(Install::Cluster, IMAGE, "1.2.3").unwrap());
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        let operator = objs
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole")
+            .find(|o| o["metadata"]["name"] == "tekton-mutex-operator");
+        assert!(operator.is_some(), "the tekton-mutex-operator ClusterRole");
         for kind in [
             "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
-            "ClusterRole",
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",

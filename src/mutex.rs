@@ -44,6 +44,13 @@ pub struct MutexSpec {
     #[serde(default = "default_mark_idle_days")]
     #[schemars(range(min = 1, max = 3650))]
     pub mark_idle_days: u32,
+    /// A frozen key grants nothing new: holders keep the slot, waiters stay
+    /// queued (reason `Frozen`) and their timeouts still apply.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+    /// Why it is frozen: shown in every waiter's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_reason: Option<String>,
 }
 
 impl Default for MutexSpec {
@@ -53,6 +60,8 @@ impl Default for MutexSpec {
             order: Order::default(),
             max_queue: default_max_queue(),
             mark_idle_days: default_mark_idle_days(),
+            frozen: false,
+            frozen_reason: None,
         }
     }
 }
@@ -120,6 +129,18 @@ pub struct MutexStatus {
     /// Queue length (for `kubectl get`).
     #[serde(default)]
     pub waiting: i64,
+    /// spec.frozen as the controller last acted on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+    /// Queue-control requests acted on, the most recent last (see [`crate::control`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed_requests: Vec<crate::control::ObservedRequest>,
+    /// PipelineRuns let go by a person, while anything of them can still run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dismissed: Vec<crate::control::Dismissed>,
+    /// Waiters moved to the front by a person (run uids), the latest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub promoted: Vec<String>,
 }
 
 /// Which CustomRun (or Run) an entry stands for.

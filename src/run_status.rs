@@ -26,6 +26,13 @@ pub enum Reason {
     Superseded,
     Cancelled(RunKind),
     TimedOut(RunKind),
+    /// Queued on a frozen key (`spec.frozen`); the message gives the freeze reason.
+    Frozen,
+    /// Let go by a person: the queue was cleared (`tkn mutex clear`), or the
+    /// PipelineRun's hold released (`tkn mutex release --force`); the message says who.
+    Cleared,
+    /// The reason of the Event on a PipelineRun whose hold a person released.
+    Released,
 }
 
 impl Reason {
@@ -41,19 +48,24 @@ impl Reason {
             Reason::Cancelled(RunKind::Run) => "RunCancelled",
             Reason::TimedOut(RunKind::CustomRun) => "CustomRunTimedOut",
             Reason::TimedOut(RunKind::Run) => "RunTimedOut",
+            Reason::Frozen => "Frozen",
+            Reason::Cleared => "Cleared",
+            Reason::Released => "Released",
         }
     }
 
     /// The condition status this reason goes with.
     pub fn status(self) -> &'static str {
         match self {
-            Reason::Waiting => "Unknown",
+            Reason::Waiting | Reason::Frozen => "Unknown",
             Reason::Acquired | Reason::NotAcquired => "True",
             Reason::InvalidParams
             | Reason::QueueFull
             | Reason::Superseded
             | Reason::Cancelled(_)
-            | Reason::TimedOut(_) => "False",
+            | Reason::TimedOut(_)
+            | Reason::Cleared
+            | Reason::Released => "False",
         }
     }
 }
@@ -129,6 +141,23 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                 "the queue for {key} is full: {limit} runs already wait (spec.maxQueue of Mutex {key} is {limit})"
             ),
         ),
+        Outcome::Frozen {
+            position,
+            of,
+            holders,
+            reason,
+            ..
+        } => (
+            Reason::Frozen,
+            format!(
+                "waiting for {key}: frozen{} (position {position} of {of}; held by {})",
+                reason
+                    .as_deref()
+                    .map_or(String::new(), |r| format!(": {r}")),
+                holders_text(holders)
+            ),
+        ),
+        Outcome::Cleared { message } => (Reason::Cleared, format!("let go of {key}: {message}")),
         Outcome::MutexDeleting => (
             Reason::Waiting,
             format!(
@@ -194,7 +223,10 @@ pub fn patch(
 ) -> Option<Value> {
     let (reason, message) = condition(kind, key, outcome);
     let status = reason.status();
-    let retry = matches!(outcome, Outcome::Waiting { retry: true, .. });
+    let retry = matches!(
+        outcome,
+        Outcome::Waiting { retry: true, .. } | Outcome::Frozen { retry: true, .. }
+    );
     let same = current.succeeded().is_some_and(|c| {
         c.status == status
             && c.reason.as_deref() == Some(reason.as_str())

@@ -48,6 +48,9 @@ pub fn for_outcome(
         Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
         Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
         Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),
+        Outcome::Frozen { .. } if was.as_deref() == Some(Reason::Frozen.as_str()) => return None,
+        Outcome::Frozen { .. } => (Reason::Frozen.as_str(), EventType::Normal),
+        Outcome::Cleared { .. } => (Reason::Cleared.as_str(), EventType::Warning),
     };
     Some(Transition {
         reason,

@@ -12,6 +12,7 @@
 //!   a compare-and-swap on the Mutex status.
 
 mod backoff;
+mod control;
 pub mod events;
 mod finalizer;
 mod index;

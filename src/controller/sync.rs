@@ -6,7 +6,7 @@
 //! something the lock state does not back.
 
 use super::index::{Indexed, Tag};
-use super::{Context, Error, Fault, events, finalizer, writes};
+use super::{Context, Error, Fault, control, events, finalizer, writes};
 use crate::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
 use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
@@ -60,7 +60,8 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     let facts = MutexFacts {
         deleting: mutex.meta().deletion_timestamp.is_some(),
     };
-    let decision = decide::decide_with(&mutex.spec, &current, &views, now, facts);
+    let requests = crate::control::requests_from(mutex.annotations());
+    let decision = decide::decide_requested(&mutex.spec, &current, &views, now, facts, &requests);
     if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
         warn!(
             key,
@@ -69,7 +70,12 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
         );
     }
     let spec = mutex.spec.clone();
+    // Only a Mutex with requests on it is needed again after the write.
+    let asked = (!requests.is_empty()).then(|| mutex.clone());
     apply(ctx, mutex, &current, &decision, &members, now).await?;
+    if let Some(asked) = asked {
+        control::acknowledge(ctx, &asked, &current, &decision, &requests).await?;
+    }
     if facts.deleting && !finalizer::in_use(&decision) {
         hand_over_to_new_mutex(ctx, ns, key, &spec, &decision).await?;
     }
@@ -345,6 +351,7 @@ async fn apply(
             first_error.get_or_insert(e);
         }
     }
+    control::cancel_all(ctx, &ns, &key, &decision.control_cancels, &mut first_error).await;
     tell.runs(&others, &mut first_error).await;
     first_error.map_or(Ok(()), Err)
 }

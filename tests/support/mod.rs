@@ -20,6 +20,7 @@
 //! hack/test.sh), else through hack/lib.sh's `component_bin`.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod controller;
 pub mod ops;
 pub mod pipelines;

@@ -1,0 +1,35 @@
+//! `tkn mutex clear KEY [--keep-pipelineruns] [--reason TEXT]`.
+
+use super::request::submit;
+use super::{Result, Target, Wait};
+use crate::control::{Action, Request};
+use clap::Args;
+
+#[derive(Args)]
+pub struct ClearArgs {
+    /// The key (the Mutex's name).
+    key: String,
+    /// Fail the waiters' lock tasks but leave their PipelineRuns running.
+    #[arg(long = "keep-pipelineruns")]
+    keep_pipeline_runs: bool,
+    /// Why: shown in every waiter's message.
+    #[arg(long)]
+    reason: Option<String>,
+    #[command(flatten)]
+    wait: Wait,
+}
+
+pub async fn run(target: &Target, a: ClearArgs) -> Result<()> {
+    target.mutex(&a.key).await?;
+    let request = Request {
+        id: String::new(),
+        action: Action::Clear,
+        pipeline_run: None,
+        reason: a.reason,
+        by: String::new(),
+        force: false,
+        keep_pipeline_runs: a.keep_pipeline_runs,
+    };
+    println!("{}", submit(target, &a.key, request, a.wait).await?);
+    Ok(())
+}

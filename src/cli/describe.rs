@@ -1,0 +1,438 @@
+//! `tkn mutex describe KEY [-o json|yaml]`: holders, the queue in grant order,
+//! the last supersede per group, recent requests and Events.
+
+use super::output::{age, or_dashes, parse_time, table};
+use super::{Failure, Result, Target, api_failure};
+use crate::control::ObservedRequest;
+use crate::mutex::{Mutex, RunKind, Waiter};
+use crate::tekton::customrun::CustomRun;
+use crate::tekton::pipelinerun::PipelineRun;
+use crate::tekton::run::Run;
+use chrono::{DateTime, Utc};
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// How many of the key's most recent Events describe shows.
+const RECENT_EVENTS: usize = 10;
+
+#[derive(Args)]
+pub struct DescribeArgs {
+    /// The key (the Mutex's name).
+    key: String,
+    /// Print for scripts instead of the text.
+    #[arg(short = 'o', long, value_enum)]
+    output: Option<Format>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Json,
+    Yaml,
+}
+
+/// Everything describe shows, as `-o json|yaml` prints it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Described {
+    pub key: String,
+    pub namespace: String,
+    pub capacity: u32,
+    pub order: String,
+    pub max_queue: u32,
+    pub frozen: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen_reason: Option<String>,
+    pub last_token: i64,
+    pub holders: Vec<HolderRow>,
+    /// In the order they will be granted.
+    pub queue: Vec<WaiterRow>,
+    pub supersede_marks: Vec<MarkRow>,
+    pub requests: Vec<ObservedRequest>,
+    pub events: Vec<EventRow>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderRow {
+    pub pipeline_run: Option<String>,
+    pub lock_run: String,
+    pub token: i64,
+    pub since: DateTime<Utc>,
+    /// The PipelineRun's Succeeded reason (e.g. Running), `Gone` if deleted.
+    pub state: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaiterRow {
+    pub position: usize,
+    pub pipeline_run: Option<String>,
+    pub lock_run: String,
+    pub group: String,
+    pub sequence: Option<i64>,
+    pub priority: i64,
+    pub promoted: bool,
+    pub waiting_since: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MarkRow {
+    pub group: String,
+    pub newest: String,
+    pub granted: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventRow {
+    pub time: Option<DateTime<Utc>>,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub object: String,
+    pub note: String,
+}
+
+pub async fn run(target: &Target, args: DescribeArgs) -> Result<()> {
+    let m = target.mutex(&args.key).await?;
+    let d = gather(target, &m).await?;
+    let text = match args.output {
+        Some(Format::Json) => serde_json::to_string_pretty(&d).map(|s| s + "\n").ok(),
+        Some(Format::Yaml) => serde_yaml::to_string(&d).ok(),
+        None => Some(render(&d, Utc::now())),
+    };
+    print!(
+        "{}",
+        text.ok_or_else(|| Failure("could not format the output".into()))?
+    );
+    Ok(())
+}
+
+/// Read what the status names: the holders' PipelineRuns, the waiters' lock runs, Events.
+async fn gather(target: &Target, m: &Mutex) -> Result<Described> {
+    let st = m.status.clone().unwrap_or_default();
+    let mut holders = Vec::new();
+    for h in &st.holders {
+        let state = match &h.pipeline_run {
+            Some(pr) => pipeline_run_state(target, pr, h.pipeline_run_uid.as_deref()).await?,
+            None => "standalone".into(),
+        };
+        holders.push(HolderRow {
+            pipeline_run: h.pipeline_run.clone(),
+            lock_run: h.run.name.clone(),
+            token: h.token,
+            since: h.since,
+            state,
+        });
+    }
+    let starts = start_times(target, &st.queue).await?;
+    let queue = st
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, w)| WaiterRow {
+            position: i + 1,
+            pipeline_run: w.pipeline_run.clone(),
+            lock_run: w.run.name.clone(),
+            group: w.group.clone(),
+            sequence: w.age.sequence,
+            priority: w.priority,
+            promoted: st.promoted.contains(&w.run.uid),
+            waiting_since: starts.get(&w.run.uid).copied(),
+        })
+        .collect::<Vec<_>>();
+    let marks = st.groups.iter().map(|g| MarkRow {
+        group: g.group.clone(),
+        newest: g.pipeline_run.clone().unwrap_or(g.newest.name.clone()),
+        granted: g.granted,
+    });
+    let mut names: Vec<String> = vec![m.name_any()];
+    names.extend(holders.iter().filter_map(|h| h.pipeline_run.clone()));
+    names.extend(queue.iter().filter_map(|w| w.pipeline_run.clone()));
+    names.extend(st.holders.iter().map(|h| h.run.name.clone()));
+    names.extend(st.queue.iter().map(|w| w.run.name.clone()));
+    Ok(Described {
+        key: m.name_any(),
+        namespace: target.namespace.clone(),
+        capacity: m.spec.capacity,
+        order: m.spec.order.as_str().into(),
+        max_queue: m.spec.max_queue,
+        frozen: m.spec.frozen,
+        frozen_reason: m.spec.frozen_reason.clone(),
+        last_token: st.last_token,
+        holders,
+        queue,
+        supersede_marks: marks.collect(),
+        requests: st.observed_requests.clone(),
+        events: events(target, &names).await?,
+    })
+}
+
+async fn pipeline_run_state(target: &Target, name: &str, uid: Option<&str>) -> Result<String> {
+    let api: Api<PipelineRun> = Api::namespaced(target.client.clone(), &target.namespace);
+    let pr = api
+        .get_opt(name)
+        .await
+        .map_err(|e| api_failure(&format!("read PipelineRun {name}"), e))?
+        .filter(|p| uid.is_none() || p.uid().as_deref() == uid);
+    Ok(match pr {
+        None => "Gone".into(),
+        Some(p) => p
+            .status
+            .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Succeeded"))
+            .and_then(|c| c.reason)
+            .unwrap_or_else(|| "Started".into()),
+    })
+}
+
+/// When each waiting lock run started waiting (its current attempt's start), by
+/// uid: one list per kind in the queue, not one read per waiter.
+async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String, DateTime<Utc>>> {
+    let (client, ns) = (target.client.clone(), target.namespace.as_str());
+    let has = |kind| queue.iter().any(|w| w.run.kind == kind);
+    let mut starts = Vec::new();
+    if has(RunKind::CustomRun) {
+        let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+        let list = api.list(&ListParams::default()).await;
+        let list = list.map_err(|e| api_failure("list CustomRuns", e))?;
+        starts.extend(
+            list.items
+                .into_iter()
+                .map(|r| (r.uid(), r.status.and_then(|s| s.start_time))),
+        );
+    }
+    if has(RunKind::Run) {
+        let api: Api<Run> = Api::namespaced(client, ns);
+        let list = api.list(&ListParams::default()).await;
+        let list = list.map_err(|e| api_failure("list Runs", e))?;
+        starts.extend(
+            list.items
+                .into_iter()
+                .map(|r| (r.uid(), r.status.and_then(|s| s.start_time))),
+        );
+    }
+    Ok(starts
+        .into_iter()
+        .filter_map(|(uid, t)| Some((uid?, parse_time(t.as_deref())?)))
+        .collect())
+}
+
+/// The most recent Events about the Mutex, its holders and waiters (theirs and their lock runs').
+async fn events(target: &Target, names: &[String]) -> Result<Vec<EventRow>> {
+    let api: Api<Event> = Api::namespaced(target.client.clone(), &target.namespace);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| api_failure("list events", e))?;
+    // Events mirrored from core/v1 (Tekton's) have no eventTime: their last timestamp counts.
+    let time = |e: &Event| -> Option<DateTime<Utc>> {
+        let last = e.series.as_ref().map(|s| &s.last_observed_time);
+        let t = match (last, &e.event_time, &e.deprecated_last_timestamp) {
+            (Some(t), _, _) => serde_json::to_value(t),
+            (None, Some(t), _) => serde_json::to_value(t),
+            (None, None, Some(t)) => serde_json::to_value(t),
+            (None, None, None) => serde_json::to_value(e.metadata.creation_timestamp.as_ref()?),
+        };
+        parse_time(t.ok()?.as_str())
+    };
+    let mut rows: Vec<EventRow> = list
+        .items
+        .iter()
+        .filter_map(|e| {
+            let r = e.regarding.as_ref()?;
+            let name = r.name.clone()?;
+            names.contains(&name).then(|| EventRow {
+                time: time(e),
+                type_: e.type_.clone().unwrap_or_default(),
+                reason: e.reason.clone().unwrap_or_default(),
+                object: format!("{}/{name}", r.kind.clone().unwrap_or_default()),
+                note: e.note.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    rows.sort_by_key(|r| r.time);
+    let skip = rows.len().saturating_sub(RECENT_EVENTS);
+    Ok(rows.split_off(skip))
+}
+
+/// The text: a header, then one table per section.
+pub fn render(d: &Described, now: DateTime<Utc>) -> String {
+    let frozen = match (&d.frozen, &d.frozen_reason) {
+        (false, _) => "no".to_string(),
+        (true, None) => "yes".into(),
+        (true, Some(r)) => format!("yes: {r}"),
+    };
+    let mut out = format!(
+        "Name:         {}\nNamespace:    {}\nCapacity:     {}\nOrder:        {}\nMax queue:    {}\nLast token:   {}\nFrozen:       {frozen}\n",
+        d.key, d.namespace, d.capacity, d.order, d.max_queue, d.last_token
+    );
+    let headers = ["PIPELINERUN", "LOCK RUN", "TOKEN", "SINCE", "STATE"];
+    section(&mut out, "Holders", &headers, &holder_rows(d, now));
+    let headers = [
+        "POSITION",
+        "PIPELINERUN",
+        "GROUP",
+        "SEQUENCE",
+        "PRIORITY",
+        "WAITING SINCE",
+    ];
+    section(
+        &mut out,
+        "Queue (in grant order)",
+        &headers,
+        &queue_rows(d, now),
+    );
+    let marks: Vec<Vec<String>> = d
+        .supersede_marks
+        .iter()
+        .map(|m| vec![m.group.clone(), m.newest.clone(), age(m.granted, now)])
+        .collect();
+    let headers = ["GROUP", "NEWEST", "GRANTED"];
+    section(&mut out, "Last supersede per group", &headers, &marks);
+    let headers = ["AGE", "ACTION", "BY", "RESULT", "MESSAGE"];
+    section(
+        &mut out,
+        "Requests (most recent first)",
+        &headers,
+        &request_rows(d, now),
+    );
+    let events: Vec<Vec<String>> = d
+        .events
+        .iter()
+        .map(|e| {
+            let (t, r) = (e.type_.clone(), e.reason.clone());
+            vec![age(e.time, now), t, r, e.object.clone(), e.note.clone()]
+        })
+        .collect();
+    let headers = ["AGE", "TYPE", "REASON", "OBJECT", "MESSAGE"];
+    section(&mut out, "Events", &headers, &events);
+    out
+}
+
+fn holder_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+    d.holders
+        .iter()
+        .map(|h| {
+            vec![
+                or_dashes(h.pipeline_run.clone()),
+                h.lock_run.clone(),
+                h.token.to_string(),
+                age(Some(h.since), now),
+                h.state.clone(),
+            ]
+        })
+        .collect()
+}
+
+fn queue_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+    d.queue
+        .iter()
+        .map(|w| {
+            let promoted = if w.promoted { " (promoted)" } else { "" };
+            vec![
+                format!("{}{promoted}", w.position),
+                or_dashes(w.pipeline_run.clone()),
+                w.group.clone(),
+                or_dashes(w.sequence.map(|s| s.to_string())),
+                w.priority.to_string(),
+                age(w.waiting_since, now),
+            ]
+        })
+        .collect()
+}
+
+fn request_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+    d.requests
+        .iter()
+        .rev()
+        .map(|r| {
+            vec![
+                age(Some(r.at), now),
+                r.action.map_or("?", |a| a.as_str()).into(),
+                or_dashes(Some(r.by.clone())),
+                format!("{:?}", r.verdict),
+                r.message.clone(),
+            ]
+        })
+        .collect()
+}
+
+fn section(out: &mut String, title: &str, headers: &[&str], rows: &[Vec<String>]) {
+    out.push_str(&format!("\n{title}\n"));
+    if rows.is_empty() {
+        out.push_str(" No entries\n");
+        return;
+    }
+    for line in table(headers, rows).lines() {
+        out.push_str(&format!(" {line}\n"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    #[test]
+    fn the_text_lists_holders_and_the_queue_in_grant_order() {
+        let now = Utc::now();
+        let waiter = |position: usize, pr: &str, promoted: bool| WaiterRow {
+            position,
+            pipeline_run: Some(pr.into()),
+            lock_run: format!("{pr}-lock"),
+            group: "deploy".into(),
+            sequence: None,
+            priority: 0,
+            promoted,
+            waiting_since: Some(now - TimeDelta::minutes(2)),
+        };
+        let d = Described {
+            key: "staging".into(),
+            namespace: "ci".into(),
+            capacity: 1,
+            order: "oldest-first".into(),
+            max_queue: 1000,
+            frozen: true,
+            frozen_reason: Some("release freeze".into()),
+            last_token: 4,
+            holders: vec![HolderRow {
+                pipeline_run: Some("deploy-4".into()),
+                lock_run: "deploy-4-lock".into(),
+                token: 4,
+                since: now - TimeDelta::hours(1),
+                state: "Running".into(),
+            }],
+            queue: vec![waiter(1, "deploy-7", true), waiter(2, "deploy-5", false)],
+            supersede_marks: vec![],
+            requests: vec![],
+            events: vec![],
+        };
+        let text = render(&d, now);
+        assert!(
+            text.contains("Frozen:       yes: release freeze\n"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "\nHolders\n PIPELINERUN   LOCK RUN        TOKEN   SINCE        STATE\n deploy-4      deploy-4-lock   4       1 hour ago   Running\n"
+        ), "{text}");
+        let queue = text.split("Queue (in grant order)\n").nth(1).unwrap();
+        let order: Vec<&str> = queue
+            .lines()
+            .skip(1)
+            .take(2)
+            .map(|l| {
+                l.split_whitespace()
+                    .nth(if l.contains("promoted") { 2 } else { 1 })
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(order, ["deploy-7", "deploy-5"]);
+        assert!(text.contains("Last supersede per group\n No entries\n"));
+        assert!(!text.contains('\x1b'), "no colour");
+    }
+}

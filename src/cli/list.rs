@@ -1,0 +1,149 @@
+//! `tkn mutex list [-A]`: one line per key.
+
+use super::output::{age, table};
+use super::{Result, Target, api_failure};
+use crate::mutex::Mutex;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+#[derive(Args)]
+pub struct ListArgs {
+    /// List the keys of every namespace.
+    #[arg(short = 'A', long)]
+    all_namespaces: bool,
+}
+
+pub async fn run(target: &Target, args: ListArgs) -> Result<()> {
+    let api: Api<Mutex> = match args.all_namespaces {
+        true => Api::all(target.client.clone()),
+        false => target.mutexes(),
+    };
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| api_failure("list mutexes", e))?;
+    if list.items.is_empty() {
+        match args.all_namespaces {
+            true => eprintln!("No mutexes found"),
+            false => eprintln!("No mutexes found in namespace {}", target.namespace),
+        }
+        return Ok(());
+    }
+    print!("{}", render(&list.items, args.all_namespaces, Utc::now()));
+    Ok(())
+}
+
+/// The table: holders with their age, queue length, last token, capacity, frozen.
+pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> String {
+    let mut headers = vec![
+        "KEY",
+        "HOLDERS",
+        "WAITING",
+        "LAST TOKEN",
+        "CAPACITY",
+        "FROZEN",
+    ];
+    if all_namespaces {
+        headers.insert(0, "NAMESPACE");
+    }
+    let rows: Vec<Vec<String>> = mutexes
+        .iter()
+        .map(|m| {
+            let st = m.status.clone().unwrap_or_default();
+            let holders: Vec<String> = st
+                .holders
+                .iter()
+                .map(|h| {
+                    let name = h.pipeline_run.as_deref().unwrap_or(&h.run.name);
+                    format!("{name} ({})", age(Some(h.since), now))
+                })
+                .collect();
+            let mut row = vec![
+                m.name_any(),
+                match holders.is_empty() {
+                    true => "---".into(),
+                    false => holders.join(", "),
+                },
+                st.queue.len().to_string(),
+                st.last_token.to_string(),
+                m.spec.capacity.to_string(),
+                match m.spec.frozen {
+                    true => "yes".into(),
+                    false => "no".into(),
+                },
+            ];
+            if all_namespaces {
+                row.insert(0, m.namespace().unwrap_or_default());
+            }
+            row
+        })
+        .collect();
+    table(&headers, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mutex::{Age, Holder, MutexSpec, MutexStatus, RunKind, RunRef, Supersede};
+    use chrono::TimeDelta;
+
+    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Mutex {
+        let mut m = Mutex::new(
+            name,
+            MutexSpec {
+                frozen,
+                ..Default::default()
+            },
+        );
+        m.metadata.namespace = Some("ci".into());
+        let holders = holders
+            .iter()
+            .map(|(pr, mins)| Holder {
+                run: RunRef {
+                    kind: RunKind::CustomRun,
+                    name: format!("{pr}-lock"),
+                    uid: "u".into(),
+                },
+                pipeline_run: Some(pr.to_string()),
+                pipeline_run_uid: None,
+                token: 7,
+                since: now - TimeDelta::minutes(*mins),
+                waited_seconds: 0,
+                group: "g".into(),
+                age: Age {
+                    sequence: None,
+                    created: now,
+                    name: pr.to_string(),
+                },
+                supersede: Supersede::None,
+            })
+            .collect();
+        m.status = Some(MutexStatus {
+            holders,
+            last_token: 7,
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn a_row_per_key_with_holder_ages() {
+        let now = Utc::now();
+        let text = render(
+            &[
+                mutex("staging", &[("deploy-3", 5)], false, now),
+                mutex("prod", &[], true, now),
+            ],
+            true,
+            now,
+        );
+        assert_eq!(
+            text,
+            "NAMESPACE   KEY       HOLDERS                    WAITING   LAST TOKEN   CAPACITY   FROZEN\n\
+             ci          staging   deploy-3 (5 minutes ago)   0         7            1          no\n\
+             ci          prod      ---                        0         7            1          yes\n"
+        );
+    }
+}

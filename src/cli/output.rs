@@ -1,0 +1,124 @@
+//! Output as tkn prints it: plain columns (no colour) and ages such as
+//! `5 minutes ago` (tkn's `formatted.Age`: the largest whole unit).
+
+use chrono::{DateTime, Utc};
+
+/// `5 minutes ago`, `1 hour ago`, `---` when unknown.
+pub fn age(t: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    let Some(t) = t else {
+        return "---".into();
+    };
+    let secs = (now - t).num_seconds().max(0);
+    const UNITS: [(&str, i64); 6] = [
+        ("year", 365 * 86_400),
+        ("week", 7 * 86_400),
+        ("day", 86_400),
+        ("hour", 3_600),
+        ("minute", 60),
+        ("second", 1),
+    ];
+    let (unit, size) = UNITS
+        .iter()
+        .copied()
+        .find(|(_, size)| secs >= *size)
+        .unwrap_or(("second", 1));
+    let n = secs / size;
+    format!("{n} {unit}{} ago", if n == 1 { "" } else { "s" })
+}
+
+/// An RFC 3339 time as Kubernetes writes it.
+pub fn parse_time(s: Option<&str>) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s?)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// Columns padded to their widest cell, three spaces apart, like tkn's tabwriter.
+/// An empty table is the headers alone.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            out.push_str(cell);
+            if i < last {
+                out.push_str(&" ".repeat(w - cell.chars().count() + 3));
+            }
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// `---` for an empty or absent value, as tkn shows it.
+pub fn or_dashes(s: Option<String>) -> String {
+    s.filter(|s| !s.is_empty()).unwrap_or_else(|| "---".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    #[test]
+    fn ages_read_like_tkn() {
+        let now = Utc::now();
+        let ago = |secs: i64| age(Some(now - TimeDelta::seconds(secs)), now);
+        assert_eq!(ago(0), "0 seconds ago");
+        assert_eq!(ago(1), "1 second ago");
+        assert_eq!(ago(59), "59 seconds ago");
+        assert_eq!(ago(60), "1 minute ago");
+        assert_eq!(ago(5 * 60 + 59), "5 minutes ago");
+        assert_eq!(ago(3 * 3600), "3 hours ago");
+        assert_eq!(ago(86_400), "1 day ago");
+        assert_eq!(ago(15 * 86_400), "2 weeks ago");
+        assert_eq!(ago(800 * 86_400), "2 years ago");
+        assert_eq!(
+            ago(-5),
+            "0 seconds ago",
+            "a clock ahead of ours is not the future"
+        );
+        assert_eq!(age(None, now), "---");
+    }
+
+    #[test]
+    fn tables_align_on_the_widest_cell_without_trailing_spaces() {
+        let t = table(
+            &["KEY", "HOLDERS", "WAITING"],
+            &[
+                vec![
+                    "staging".into(),
+                    "deploy-12 (5 minutes ago)".into(),
+                    "2".into(),
+                ],
+                vec!["prod".into(), "---".into(), "0".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "KEY       HOLDERS                     WAITING\n\
+             staging   deploy-12 (5 minutes ago)   2\n\
+             prod      ---                         0\n"
+        );
+        assert_eq!(table(&["A", "B"], &[]), "A   B\n");
+    }
+
+    #[test]
+    fn kubernetes_times_parse() {
+        let t = parse_time(Some("2026-11-30T19:00:00Z")).unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-11-30T19:00:00+00:00");
+        assert_eq!(parse_time(Some("yesterday")), None);
+        assert_eq!(parse_time(None), None);
+    }
+}

@@ -1,0 +1,63 @@
+//! `tkn mutex release KEY --holder PIPELINERUN --force [--reason TEXT]`.
+
+use super::request::submit;
+use super::{Failure, Result, Target, Wait};
+use crate::control::{Action, Request};
+use clap::Args;
+
+#[derive(Args)]
+pub struct ReleaseArgs {
+    /// The key (the Mutex's name).
+    key: String,
+    /// The holding PipelineRun (or standalone run) to take the slot from.
+    #[arg(long)]
+    holder: String,
+    /// Required: the holder's PipelineRun is cancelled and the next waiter gets the slot.
+    #[arg(long)]
+    force: bool,
+    /// Why: recorded on the PipelineRun (annotation and Event).
+    #[arg(long)]
+    reason: Option<String>,
+    #[command(flatten)]
+    wait: Wait,
+}
+
+pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
+    if !a.force {
+        return Err(Failure(format!(
+            "release takes the slot from {} and cancels its PipelineRun: add --force to do it",
+            a.holder
+        )));
+    }
+    let m = target.mutex(&a.key).await?;
+    let holders: Vec<String> = m
+        .status
+        .unwrap_or_default()
+        .holders
+        .iter()
+        .map(|h| h.pipeline_run.clone().unwrap_or(h.run.name.clone()))
+        .collect();
+    if !holders.contains(&a.holder) {
+        return Err(Failure(format!(
+            "{} does not hold {} (holders: {})",
+            a.holder,
+            a.key,
+            if holders.is_empty() {
+                "nobody".into()
+            } else {
+                holders.join(", ")
+            }
+        )));
+    }
+    let request = Request {
+        id: String::new(),
+        action: Action::Release,
+        pipeline_run: Some(a.holder),
+        reason: a.reason,
+        by: String::new(),
+        force: true,
+        keep_pipeline_runs: false,
+    };
+    println!("{}", submit(target, &a.key, request, a.wait).await?);
+    Ok(())
+}

@@ -1,0 +1,386 @@
+//! Queue control by people (issue 15) on the local control plane: the real
+//! Tekton controller runs real Pipelines, tekton-mutex runs as a process, and
+//! every command goes through `tkn-mutex` (describe also through the real
+//! `tkn mutex`, found on PATH by tkn's plugin convention).
+
+mod support;
+
+use anyhow::{Result, ensure};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
+use kube::api::PostParams;
+use kube::config::Kubeconfig;
+use serde_json::json;
+use support::cli::{tkn_mutex, tkn_plugin};
+use support::controller::ControllerProcess;
+use support::pipelines::*;
+use support::*;
+use tekton_mutex::tekton::pipelinerun::PipelineRun;
+
+const KEY: &str = "staging";
+
+/// A namespace with the controller serving it, the pipeline, and PipelineRuns
+/// `prs` created one after the other; the first holds `staging`, the rest wait.
+async fn queued(prefix: &str, prs: &[&str]) -> Result<(TestNamespace, ControllerProcess)> {
+    let ns = TestNamespace::create(prefix).await?;
+    let controller = ControllerProcess::start(ns.name()).await?;
+    let opts = Opts {
+        lock_params: &[("key", KEY), ("supersede", "none")],
+        ..Default::default()
+    };
+    ns.apply(&pipeline("deploy", &opts)).await?;
+    for (i, pr) in prs.iter().enumerate() {
+        ns.apply(&pipeline_run(pr, "deploy", &[])).await?;
+        // One at a time, so the queue order is the creation order.
+        wait_until(&format!("{pr} to be enrolled"), slow(), || async {
+            let st = mutex_status(&ns, KEY).await?;
+            Ok((st.holders.len() + st.queue.len() == i + 1).then_some(()))
+        })
+        .await?;
+    }
+    wait_reason(&ns, &lock_run(prs[0]), "Acquired", slow()).await?;
+    Ok((ns, controller))
+}
+
+async fn queue(ns: &TestNamespace) -> Result<Vec<String>> {
+    let st = mutex_status(ns, KEY).await?;
+    Ok(st
+        .queue
+        .iter()
+        .filter_map(|w| w.pipeline_run.clone())
+        .collect())
+}
+
+fn tkn_mutex_in(ns: &TestNamespace, args: &[&str]) -> Result<support::cli::Ran> {
+    tkn_mutex(&[args, &["-n", ns.name()]].concat())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn describe_lists_the_exact_queue_order() -> Result<()> {
+    let (ns, _c) = queued("qc-describe", &["run-1", "run-2", "run-3", "run-4"]).await?;
+    let text = tkn_plugin(&["describe", KEY, "-n", ns.name()])?.stdout()?;
+    let queue_text = text
+        .split("Queue (in grant order)\n")
+        .nth(1)
+        .unwrap_or_default();
+    let listed: Vec<&str> = queue_text
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    ensure!(
+        listed == ["run-2", "run-3", "run-4"],
+        "describe said:\n{text}"
+    );
+    ensure!(
+        text.contains("run-1-lock"),
+        "the holder and its lock run:\n{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&tkn_mutex_in(&ns, &["describe", KEY, "-o", "json"])?.stdout()?)?;
+    let order: Vec<&str> = json["queue"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["pipelineRun"].as_str())
+        .collect();
+    ensure!(
+        order == queue(&ns).await?,
+        "-o json {order:?} vs the status"
+    );
+    ensure!(json["holders"][0]["state"] == "Running", "{json}");
+    let list = tkn_plugin(&["list", "-n", ns.name()])?.stdout()?;
+    ensure!(
+        list.starts_with("KEY ") && list.contains("run-1 (") && list.contains(" ago)"),
+        "list said:\n{list}"
+    );
+    let by_context = tkn_mutex_in(&ns, &["list", "--context", "tekton-mutex-local"])?.stdout()?;
+    ensure!(by_context.contains("run-1 ("), "{by_context}");
+    let no_context = tkn_mutex_in(&ns, &["list", "--context", "nope"])?;
+    ensure!(
+        no_context.code == Some(1) && no_context.stderr.contains("kubeconfig"),
+        "{no_context:?}"
+    );
+    let unknown = tkn_mutex_in(&ns, &["describe", "nope"])?;
+    ensure!(
+        unknown.code == Some(1) && unknown.stderr.contains("no Mutex \"nope\""),
+        "{unknown:?}"
+    );
+    release(&ns, "run-1").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn freeze_holds_back_a_waiter_and_unfreeze_lets_it_through() -> Result<()> {
+    let (ns, _c) = queued("qc-freeze", &["run-1", "run-2"]).await?;
+    let out = tkn_mutex_in(&ns, &["freeze", KEY, "--reason", "change freeze"])?.stdout()?;
+    ensure!(out.contains("frozen"), "{out}");
+    release(&ns, "run-1").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "run-1", slow())
+        .await?;
+    let c = wait_reason(&ns, &lock_run("run-2"), "Frozen", slow()).await?;
+    ensure!(
+        c.status == "Unknown"
+            && c.message
+                .as_deref()
+                .is_some_and(|m| m.contains("change freeze")),
+        "{c:?}"
+    );
+    // The holder is gone and the waiter still waits: frozen, not merely slow.
+    wait_until("run-1 to be released", slow(), || async {
+        Ok(mutex_status(&ns, KEY)
+            .await?
+            .holders
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    ensure!(queue(&ns).await? == ["run-2"]);
+    ensure!(
+        condition_of(&ns, &lock_run("run-2"))
+            .await?
+            .and_then(|c| c.reason)
+            .as_deref()
+            == Some("Frozen")
+    );
+    tkn_mutex_in(&ns, &["unfreeze", KEY])?.stdout()?;
+    wait_reason(&ns, &lock_run("run-2"), "Acquired", slow()).await?;
+    release(&ns, "run-2").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn release_force_hands_over_with_a_higher_token() -> Result<()> {
+    let (ns, _c) = queued("qc-release", &["run-1", "run-2"]).await?;
+    let old: i64 = result_of(&ns, &lock_run("run-1"), "token")
+        .await?
+        .unwrap_or_default()
+        .parse()?;
+    let unforced = tkn_mutex_in(&ns, &["release", KEY, "--holder", "run-1"])?;
+    ensure!(
+        unforced.code == Some(1) && unforced.stderr.contains("--force"),
+        "{unforced:?}"
+    );
+    let wrong = tkn_mutex_in(&ns, &["release", KEY, "--holder", "run-2", "--force"])?;
+    ensure!(
+        wrong.code == Some(1) && wrong.stderr.contains("does not hold"),
+        "{wrong:?}"
+    );
+    let out = tkn_mutex_in(
+        &ns,
+        &[
+            "release",
+            KEY,
+            "--holder",
+            "run-1",
+            "--force",
+            "--reason",
+            "hung in finally",
+        ],
+    )?
+    .stdout()?;
+    ensure!(out.contains("released run-1"), "{out}");
+    wait_reason(&ns, &lock_run("run-2"), "Acquired", slow()).await?;
+    let new: i64 = result_of(&ns, &lock_run("run-2"), "token")
+        .await?
+        .unwrap_or_default()
+        .parse()?;
+    ensure!(new > old, "token {new} after {old}");
+    // The new holder is told first; the cancel of the old one follows.
+    let pr = wait_until("run-1 to be cancelled", slow(), || async {
+        let pr = ns.api::<PipelineRun>().get("run-1").await?;
+        Ok(pr.spec.status.is_some().then_some(pr))
+    })
+    .await?;
+    let note = pr
+        .annotations()
+        .get("tekton-mutex.dev/released-by")
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        note.contains("released by admin") && note.contains("hung in finally"),
+        "{note:?}"
+    );
+    release(&ns, "run-2").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn clear_fails_every_waiter_with_cleared() -> Result<()> {
+    let (ns, _c) = queued("qc-clear", &["run-1", "run-2", "run-3"]).await?;
+    let out = tkn_mutex_in(&ns, &["clear", KEY, "--reason", "bad release"])?.stdout()?;
+    ensure!(out.contains("cleared 2 waiters"), "{out}");
+    for pr in ["run-2", "run-3"] {
+        let c = wait_reason(&ns, &lock_run(pr), "Cleared", slow()).await?;
+        ensure!(
+            c.status == "False"
+                && c.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("cleared by admin")),
+            "{c:?}"
+        );
+        let cancelled = |p: PipelineRun| p.spec.status.as_deref() == Some("CancelledRunFinally");
+        wait_until(&format!("{pr} to be cancelled"), slow(), || async {
+            Ok(cancelled(ns.api::<PipelineRun>().get(pr).await?).then_some(()))
+        })
+        .await?;
+    }
+    let st = mutex_status(&ns, KEY).await?;
+    ensure!(st.queue.is_empty() && st.holders.len() == 1, "{st:?}");
+    release(&ns, "run-1").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn promote_moves_a_waiter_to_the_front() -> Result<()> {
+    let (ns, _c) = queued("qc-promote", &["run-1", "run-2", "run-3", "run-4"]).await?;
+    let missing = tkn_mutex_in(&ns, &["promote", KEY, "run-9"])?;
+    ensure!(
+        missing.code == Some(1) && missing.stderr.contains("not waiting"),
+        "{missing:?}"
+    );
+    tkn_mutex_in(&ns, &["promote", KEY, "run-4"])?.stdout()?;
+    ensure!(queue(&ns).await? == ["run-4", "run-2", "run-3"]);
+    release(&ns, "run-1").await?;
+    wait_reason(&ns, &lock_run("run-4"), "Acquired", slow()).await?;
+    ensure!(queue(&ns).await? == ["run-2", "run-3"]);
+    for pr in ["run-4", "run-2", "run-3"] {
+        release(&ns, pr).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_user_without_patch_rights_is_refused_by_the_api_server() -> Result<()> {
+    let (ns, _c) = queued("qc-rbac", &["run-1", "run-2"]).await?;
+    let kubeconfig = viewer_kubeconfig(&ns).await?;
+    let as_viewer = |args: &[&str]| {
+        tkn_mutex(
+            &[
+                args,
+                &[
+                    "-n",
+                    ns.name(),
+                    "--kubeconfig",
+                    kubeconfig.to_str().unwrap(),
+                ],
+            ]
+            .concat(),
+        )
+    };
+    let seen = as_viewer(&["describe", KEY])?.stdout()?;
+    ensure!(seen.contains("run-2"), "a viewer may look: {seen}");
+    for args in [
+        &["freeze", KEY][..],
+        &["release", KEY, "--holder", "run-1", "--force"],
+        &["clear", KEY],
+    ] {
+        let r = as_viewer(args)?;
+        ensure!(
+            r.code == Some(1)
+                && r.stderr.contains("the API server refused")
+                && r.stderr.contains("tekton-mutex-operator"),
+            "{args:?}: {r:?}"
+        );
+    }
+    let st = mutex_status(&ns, KEY).await?;
+    ensure!(
+        st.holders.len() == 1 && st.queue.len() == 1 && !st.frozen,
+        "nothing changed: {st:?}"
+    );
+    release(&ns, "run-1").await?;
+    release(&ns, "run-2").await?;
+    Ok(())
+}
+
+/// A kubeconfig for ServiceAccount `viewer`, which may only read mutexes and runs.
+async fn viewer_kubeconfig(ns: &TestNamespace) -> Result<std::path::PathBuf> {
+    let pp = PostParams::default();
+    ns.api::<ServiceAccount>()
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "viewer"}}))?,
+        )
+        .await?;
+    let role = json!({
+        "metadata": {"name": "mutex-viewer"},
+        "rules": [
+            {"apiGroups": ["tekton-mutex.dev"], "resources": ["mutexes"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["tekton.dev"], "resources": ["pipelineruns", "customruns", "runs"], "verbs": ["get", "list"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["list"]},
+        ],
+    });
+    ns.api::<Role>()
+        .create(&pp, &serde_json::from_value(role)?)
+        .await?;
+    let binding = json!({
+        "metadata": {"name": "mutex-viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "mutex-viewer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": ns.name()}],
+    });
+    ns.api::<RoleBinding>()
+        .create(&pp, &serde_json::from_value(binding)?)
+        .await?;
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+    let token = ns
+        .api::<ServiceAccount>()
+        .create_subresource::<TokenRequest, TokenRequest>("token", "viewer", &pp, &request)
+        .await?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default();
+    let mut kc = Kubeconfig::read_from(kubeconfig_path())?;
+    for user in &mut kc.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+        }
+    }
+    let path = repo_root().join(format!("target/test-logs/viewer-{}.kubeconfig", ns.name()));
+    std::fs::create_dir_all(path.parent().unwrap())?;
+    std::fs::write(&path, serde_yaml::to_string(&kc)?)?;
+    Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn without_a_controller_a_request_times_out_and_says_so() -> Result<()> {
+    let ns = TestNamespace::create("qc-timeout").await?;
+    support::controller::install_crd(&repo_root().join("config/crd.yaml")).await?;
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": KEY}, "spec": {}});
+    ns.apply(&mutex.to_string()).await?;
+    let r = tkn_mutex_in(&ns, &["clear", KEY, "--timeout", "1"])?;
+    ensure!(
+        r.code == Some(1)
+            && r.stderr
+                .contains("did not acknowledge the request within 1s")
+            && r.stderr.contains("request.tekton-mutex.dev/"),
+        "{r:?}"
+    );
+    // The request stays for the controller to act on when it runs.
+    let _c = ControllerProcess::start(ns.name()).await?;
+    wait_until("the controller to act on the request", slow(), || async {
+        let m = ns.api::<tekton_mutex::mutex::Mutex>().get(KEY).await?;
+        let acked = m
+            .status
+            .as_ref()
+            .is_some_and(|s| s.observed_requests.len() == 1);
+        let left = m
+            .annotations()
+            .keys()
+            .any(|k| k.starts_with("request.tekton-mutex.dev/"));
+        Ok((acked && !left).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
