@@ -146,8 +146,9 @@ pub enum Outcome {
     MutexDeleting,
     /// Queued, but the key is frozen (`spec.frozen`): nothing new is granted.
     Frozen {
-        position: usize,
-        of: usize,
+        /// At the head of the queue: the first grant after the thaw is its.
+        next: bool,
+        /// Who holds the key, for the run next in line; empty for the others.
         holders: Vec<String>,
         retry: bool,
         reason: Option<String>,

@@ -142,19 +142,22 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             ),
         ),
         Outcome::Frozen {
-            position,
-            of,
+            next,
             holders,
             reason,
             ..
         } => (
             Reason::Frozen,
             format!(
-                "waiting for {key}: frozen{} (position {position} of {of}; held by {})",
+                "waiting for {key}: frozen{}; {}",
                 reason
                     .as_deref()
                     .map_or(String::new(), |r| format!(": {r}")),
-                holders_text(holders)
+                if *next {
+                    format!("next in line, held by {}", holders_text(holders))
+                } else {
+                    format!("queued (Mutex {key} lists the queue in order)")
+                }
             ),
         ),
         Outcome::Cleared { message } => (Reason::Cleared, format!("let go of {key}: {message}")),

@@ -257,15 +257,13 @@ impl Decision {
         }
         for (_, o) in &mut self.outcomes {
             if let Outcome::Waiting {
-                position,
-                of,
+                next,
                 holders,
                 retry,
             } = o
             {
                 *o = Outcome::Frozen {
-                    position: *position,
-                    of: *of,
+                    next: *next,
                     holders: std::mem::take(holders),
                     retry: *retry,
                     reason: spec.frozen_reason.clone(),

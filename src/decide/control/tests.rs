@@ -140,7 +140,7 @@ fn a_frozen_key_grants_nothing_and_its_waiters_say_why() {
     assert!(w.status.frozen);
     let o = d.outcomes.iter().find(|(r, _)| r.uid == "uid-1").unwrap();
     assert!(
-        matches!(&o.1, Outcome::Frozen { position: 1, of: 1, reason: Some(r), .. } if r == "change freeze")
+        matches!(&o.1, Outcome::Frozen { next: true, reason: Some(r), .. } if r == "change freeze")
     );
     w.spec.frozen = false;
     w.step(&[]);
