@@ -18,6 +18,7 @@ mod index;
 mod intake;
 mod leader;
 mod shared;
+mod strip;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -294,7 +295,7 @@ impl Controllers {
         let prs = shared::watch(
             scoped::<PipelineRun>(client, namespace),
             wc.clone(),
-            |_| {},
+            strip::pipeline_run,
             Index::new(|_| Vec::new()),
             1,
         );
@@ -305,7 +306,7 @@ impl Controllers {
             split(shared::watch(
                 scoped(client, namespace),
                 wc.clone(),
-                |_| {},
+                strip::custom_run,
                 index,
                 2,
             ))
@@ -315,7 +316,7 @@ impl Controllers {
             split(shared::watch(
                 scoped(client, namespace),
                 wc.clone(),
-                |_| {},
+                strip::run,
                 index,
                 2,
             ))
