@@ -22,6 +22,7 @@ mod strip;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod told;
 mod tolerant;
 mod triggers;
 mod writes;
@@ -133,6 +134,8 @@ pub struct Context {
     metrics: Arc<Metrics>,
     /// Failures per object, for the retry delay.
     backoff: backoff::Backoff,
+    /// Run statuses written and not yet seen back in the cache.
+    told: told::Told,
     /// Whether this replica acts (holds the Lease, or runs without election).
     acting: watch::Receiver<bool>,
 }
@@ -233,6 +236,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         fault: None,
         metrics: state.metrics.clone(),
         backoff: Default::default(),
+        told: Default::default(),
         acting: acting_rx.clone(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());

@@ -463,10 +463,15 @@ impl Tell<'_> {
         let Some(patch) = run_status::patch(run.kind, key, outcome, &m.status, rv, self.now) else {
             return Ok(());
         };
+        // Our last patch of this version landed; its watch event brings the key back.
+        if ctx.told.pending(&run.uid, rv) {
+            return Ok(());
+        }
         debug!(key, run = %run.name, ?outcome, "updating run status");
         if !writes::run_status(ctx, run.kind, ns, &run.name, &patch).await? {
             return Ok(());
         }
+        ctx.told.patched(&run.uid, rv);
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
         if let Outcome::Superseded { by, group } = outcome {
             writes::superseded_event(ctx, ns, key, run, by, group).await;

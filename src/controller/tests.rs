@@ -44,6 +44,7 @@ fn context(
         fault: None,
         metrics: Arc::new(Metrics::new()),
         backoff: Default::default(),
+        told: Default::default(),
         acting: watch::channel(true).1,
     };
     (Arc::new(ctx), handle)
