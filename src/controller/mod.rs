@@ -19,9 +19,11 @@ mod index;
 mod intake;
 mod leader;
 mod shared;
+mod strip;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod told;
 mod tolerant;
 mod triggers;
 mod writes;
@@ -126,11 +128,15 @@ pub struct Context {
     runs: Option<Indexed<Run>>,
     pipeline_runs: Store<PipelineRun>,
     mutexes: Store<Mutex>,
+    /// One per cache: whether it holds its first full list.
+    listed: Vec<shared::Listed>,
     recorder: Recorder,
     fault: Option<Fault>,
     metrics: Arc<Metrics>,
     /// Failures per object, for the retry delay.
     backoff: backoff::Backoff,
+    /// Run statuses written and not yet seen back in the cache.
+    told: told::Told,
     /// Whether this replica acts (holds the Lease, or runs without election).
     acting: watch::Receiver<bool>,
 }
@@ -223,6 +229,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         custom_runs: controllers.caches.custom_runs.clone(),
         runs: controllers.caches.runs.clone(),
         pipeline_runs: controllers.caches.pipeline_runs.clone(),
+        listed: controllers.caches.listed.clone(),
         mutexes: controllers.sync.store(),
         #[cfg(feature = "fault-injection")]
         fault: opts.fault,
@@ -230,6 +237,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         fault: None,
         metrics: state.metrics.clone(),
         backoff: Default::default(),
+        told: Default::default(),
         acting: acting_rx.clone(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
@@ -260,24 +268,9 @@ fn reporter() -> Reporter {
 
 /// Resolves once every cache has its first full list, and marks /readyz.
 async fn caches_synced(ctx: Arc<Context>, state: Arc<http::State>) {
-    let mut waits = vec![
-        ctx.mutexes.wait_until_ready().boxed(),
-        ctx.pipeline_runs.wait_until_ready().boxed(),
-    ];
-    waits.extend(
-        ctx.custom_runs
-            .as_ref()
-            .map(|s| s.store.wait_until_ready().boxed()),
-    );
-    waits.extend(
-        ctx.runs
-            .as_ref()
-            .map(|s| s.store.wait_until_ready().boxed()),
-    );
-    if futures::future::try_join_all(waits).await.is_ok() {
-        state.health.ready.store(true, Ordering::Relaxed);
-        info!("caches synced");
-    }
+    shared::all_listed(&ctx.listed).await;
+    state.health.ready.store(true, Ordering::Relaxed);
+    info!("caches synced");
 }
 
 /// The three controllers, built but not yet running, and the caches they share.
@@ -293,6 +286,7 @@ struct Caches {
     custom_runs: Option<Indexed<CustomRun>>,
     runs: Option<Indexed<Run>>,
     pipeline_runs: Store<PipelineRun>,
+    listed: Vec<shared::Listed>,
 }
 
 impl Controllers {
@@ -306,7 +300,7 @@ impl Controllers {
         let prs = shared::watch(
             scoped::<PipelineRun>(client, namespace),
             wc.clone(),
-            |_| {},
+            strip::pipeline_run,
             Index::new(|_| Vec::new()),
             1,
         );
@@ -317,7 +311,7 @@ impl Controllers {
             split(shared::watch(
                 scoped(client, namespace),
                 wc.clone(),
-                |_| {},
+                strip::custom_run,
                 index,
                 2,
             ))
@@ -327,7 +321,7 @@ impl Controllers {
             split(shared::watch(
                 scoped(client, namespace),
                 wc.clone(),
-                |_| {},
+                strip::run,
                 index,
                 2,
             ))
@@ -336,10 +330,14 @@ impl Controllers {
             crs.as_ref().map(|s| s.cache.clone()),
             runs.as_ref().map(|s| s.cache.clone()),
         );
+        let mut listed = vec![prs.listed.clone()];
+        listed.extend(crs.as_ref().map(|s| s.listed.clone()));
+        listed.extend(runs.as_ref().map(|s| s.listed.clone()));
         let (crs, intake_crs) = crs.map(|s| (s.changes, s.intake)).unzip();
         let (runs, intake_runs) = runs.map(|s| (s.changes, s.intake)).unzip();
 
-        let (mutexes, mutex_cache) = tolerant_mutexes(client, namespace, &wc);
+        let (mutexes, mutex_cache, mutexes_listed) = tolerant_mutexes(client, namespace, &wc);
+        listed.push(mutexes_listed);
         let sync = Controller::for_stream(mutexes, mutex_cache.store.clone());
         let triggers = Triggers {
             custom_runs: cr_cache.clone(),
@@ -349,6 +347,7 @@ impl Controllers {
         let SharedWatch {
             cache: pr_cache,
             changes: mut pr_changes,
+            ..
         } = prs;
         let related = Related {
             pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
@@ -364,6 +363,7 @@ impl Controllers {
                 custom_runs: cr_cache,
                 runs: run_cache,
                 pipeline_runs: pr_cache.store,
+                listed,
             },
         }
     }
@@ -402,7 +402,9 @@ fn tolerant_mutexes(
 ) -> (
     impl Stream<Item = Result<Mutex, watcher::Error>> + Send + 'static,
     Indexed<Mutex>,
+    shared::Listed,
 ) {
+    let (listed_tx, listed) = watch::channel(false);
     let (store, writer) = reflector::store();
     let index = Index::new(mutex_tags);
     let cache = Indexed {
@@ -424,10 +426,13 @@ fn tolerant_mutexes(
         .inspect(move |e| {
             if let Ok(e) = e {
                 index.apply(e, &store);
+                if matches!(e, watcher::Event::InitDone) {
+                    listed_tx.send_replace(true);
+                }
             }
         })
         .applied_objects();
-    (stream, cache)
+    (stream, cache, listed)
 }
 
 fn drive<K, F, Fut>(
@@ -516,6 +521,7 @@ where
     /// The intake controller, fed by the same watch.
     intake: Controller<K>,
     cache: Indexed<K>,
+    listed: shared::Listed,
 }
 
 fn split<K>(watch: SharedWatch<K>) -> Split<K>
@@ -523,13 +529,18 @@ where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Send + Sync + 'static,
 {
-    let SharedWatch { cache, mut changes } = watch;
+    let SharedWatch {
+        cache,
+        mut changes,
+        listed,
+    } = watch;
     let for_sync = changes.pop().expect("one stream per consumer");
     let for_intake = changes.pop().expect("one stream per consumer");
     Split {
         changes: for_sync,
         intake: Controller::for_shared_stream(for_intake, cache.store.clone()),
         cache,
+        listed,
     }
 }
 

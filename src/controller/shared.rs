@@ -23,6 +23,21 @@ use tracing::warn;
 pub struct SharedWatch<K: Resource<DynamicType = ()> + 'static> {
     pub cache: Indexed<K>,
     pub changes: Vec<UnboundedReceiver<Arc<K>>>,
+    /// Turns true once the cache holds its first full list.
+    pub listed: Listed,
+}
+
+/// Whether a cache holds its first full list. Unlike `Store::wait_until_ready`
+/// (kube-runtime 5 keeps one waker per store, so of several tasks waiting at
+/// once only the last is woken), any number of tasks may wait on it.
+pub type Listed = tokio::sync::watch::Receiver<bool>;
+
+/// Wait until every cache holds its first full list.
+pub async fn all_listed(listed: &[Listed]) {
+    for l in listed {
+        // A closed sender means the watch is gone; there is nothing to wait for.
+        let _ = l.clone().wait_for(|done| *done).await;
+    }
 }
 
 /// Watch `api` once, strip each object with `strip` before it is cached, index
@@ -41,10 +56,12 @@ where
     let (store, writer) = reflector::store();
     let events = watcher(api, wc).default_backoff().modify(strip);
     let (senders, changes) = (0..consumers).map(|_| mpsc::unbounded()).unzip();
-    tokio::spawn(fan_out(events, writer, index.clone(), senders));
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
+    tokio::spawn(fan_out(events, writer, index.clone(), senders, listed_tx));
     SharedWatch {
         cache: Indexed { store, index },
         changes,
+        listed,
     }
 }
 
@@ -57,11 +74,12 @@ async fn fan_out<K>(
     mut writer: Writer<K>,
     index: Index<K>,
     senders: Vec<UnboundedSender<Arc<K>>>,
+    listed: tokio::sync::watch::Sender<bool>,
 ) where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     let store = writer.as_reader();
-    let mut listed: Vec<ObjectRef<K>> = Vec::new();
+    let mut relisted: Vec<ObjectRef<K>> = Vec::new();
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         let event = match event {
@@ -78,17 +96,20 @@ async fn fan_out<K>(
             watcher::Event::Apply(o) => store.get(&ObjectRef::from_obj(&o)).into_iter().collect(),
             watcher::Event::Delete(o) => vec![Arc::new(o)],
             watcher::Event::Init => {
-                listed.clear();
+                relisted.clear();
                 Vec::new()
             }
             watcher::Event::InitApply(o) => {
-                listed.push(ObjectRef::from_obj(&o));
+                relisted.push(ObjectRef::from_obj(&o));
                 Vec::new()
             }
-            watcher::Event::InitDone => std::mem::take(&mut listed)
-                .iter()
-                .filter_map(|r| store.get(r))
-                .collect(),
+            watcher::Event::InitDone => {
+                listed.send_replace(true);
+                std::mem::take(&mut relisted)
+                    .iter()
+                    .filter_map(|r| store.get(r))
+                    .collect()
+            }
         };
         for o in changed {
             let delivered = senders
@@ -117,6 +138,10 @@ mod tests {
         .unwrap()
     }
 
+    fn listed() -> tokio::sync::watch::Sender<bool> {
+        tokio::sync::watch::channel(false).0
+    }
+
     fn cached_version(store: &Store<CustomRun>, name: &str) -> Option<String> {
         store
             .get(&ObjectRef::new(name).within("ns"))
@@ -131,7 +156,13 @@ mod tests {
         let (store, writer) = reflector::store::<CustomRun>();
         let (source, events) = mpsc::unbounded();
         let (senders, mut changes): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::unbounded()).unzip();
-        tokio::spawn(fan_out(events, writer, Index::new(|_| vec![]), senders));
+        tokio::spawn(fan_out(
+            events,
+            writer,
+            Index::new(|_| vec![]),
+            senders,
+            listed(),
+        ));
         let send = |e| source.unbounded_send(Ok(e)).unwrap();
         send(watcher::Event::Init);
         send(watcher::Event::InitApply(run("a", "1")));
@@ -167,7 +198,13 @@ mod tests {
         let (_store, writer) = reflector::store::<CustomRun>();
         let (source, events) = mpsc::unbounded();
         let (senders, changes): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::unbounded()).unzip();
-        let task = tokio::spawn(fan_out(events, writer, Index::new(|_| vec![]), senders));
+        let task = tokio::spawn(fan_out(
+            events,
+            writer,
+            Index::new(|_| vec![]),
+            senders,
+            listed(),
+        ));
         drop(changes);
         source
             .unbounded_send(Ok(watcher::Event::Apply(run("a", "1"))))

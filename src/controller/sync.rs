@@ -35,8 +35,11 @@ const MAX_ATTEMPTS: usize = 5;
 pub async fn reconcile(mutex: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = mutex.namespace().unwrap_or_default();
     let key = mutex.name_any();
+    caches_ready(&ctx).await;
+    // The cached Mutex first; after a conflict, the API server's.
+    let mut cached = Some(mutex);
     for _ in 0..MAX_ATTEMPTS {
-        match sync_key(&ctx, &ns, &key).await {
+        match sync_key(&ctx, &ns, &key, cached.take()).await {
             Err(Error::Conflict) => continue,
             other => return other,
         }
@@ -44,10 +47,46 @@ pub async fn reconcile(mutex: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, E
     Err(Error::Conflict)
 }
 
-async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
-    // Read the lock state from the API server, not the cache: the CAS needs it fresh.
-    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(mutex) = api.get_opt(key).await? else {
+/// A run or PipelineRun missing from a cache that has not had its first list
+/// yet proves nothing: the sync would read each from the API, one by one.
+async fn caches_ready(ctx: &Context) {
+    super::shared::all_listed(&ctx.listed).await;
+}
+
+/// The Mutex to decide on: the cached one if given, else the API server's.
+/// Deciding on a cached one is safe where the lock state changes (its write is
+/// a compare-and-swap); where only runs would be told, it is checked first.
+async fn read_mutex(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    cached: Option<Arc<Mutex>>,
+) -> Result<Option<Mutex>, Error> {
+    match cached {
+        Some(m) => Ok(Some(m.as_ref().clone())),
+        None => Ok(Api::<Mutex>::namespaced(ctx.client.clone(), ns)
+            .get_opt(key)
+            .await?),
+    }
+}
+
+/// Is the cached Mutex still the API server's? A decision that tells runs
+/// something without changing the lock state must not rest on an old one.
+async fn still_current(ctx: &Context, mutex: &Mutex) -> Result<bool, Error> {
+    let api: Api<Mutex> =
+        Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    let fresh = api.get_metadata_opt(&mutex.name_any()).await?;
+    Ok(fresh.is_some_and(|f| f.resource_version() == mutex.resource_version()))
+}
+
+async fn sync_key(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    cached: Option<Arc<Mutex>>,
+) -> Result<Action, Error> {
+    let from_cache = cached.is_some();
+    let Some(mutex) = read_mutex(ctx, ns, key, cached).await? else {
         return Ok(Action::await_change());
     };
     let mut fetched = fetch_runs(ctx, &mutex).await?;
@@ -68,6 +107,14 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
             namespace = ns,
             "fencing tokens are exhausted (lastToken is the largest i64): nothing more is granted on this key"
         );
+    }
+    let unchanged = decision.status == current;
+    if from_cache
+        && unchanged
+        && (facts.deleting || writes_runs(key, &members, &decision, now))
+        && !still_current(ctx, &mutex).await?
+    {
+        return Err(Error::Conflict);
     }
     let spec = mutex.spec.clone();
     // Only a Mutex with requests on it is needed again after the write.
@@ -423,10 +470,15 @@ impl Tell<'_> {
         let Some(patch) = run_status::patch(run.kind, key, outcome, &m.status, rv, self.now) else {
             return Ok(());
         };
+        // Our last patch of this version landed; its watch event brings the key back.
+        if ctx.told.pending(&run.uid, rv) {
+            return Ok(());
+        }
         debug!(key, run = %run.name, ?outcome, "updating run status");
         if !writes::run_status(ctx, run.kind, ns, &run.name, &patch).await? {
             return Ok(());
         }
+        ctx.told.patched(&run.uid, rv);
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
         if let Outcome::Superseded { by, group } = outcome {
             writes::superseded_event(ctx, ns, key, run, by, group).await;
@@ -434,6 +486,22 @@ impl Tell<'_> {
         events::run_transition(ctx, ns, key, run, outcome, &m.status);
         Ok(())
     }
+}
+
+/// Would applying the decision write anything besides the lock state: a cancel,
+/// or a run whose status does not yet say its outcome?
+fn writes_runs(key: &str, members: &[Member], decision: &Decision, now: DateTime<Utc>) -> bool {
+    let tells = |(run, outcome): &(RunRef, Outcome)| {
+        members
+            .iter()
+            .filter(|m| m.run().uid == run.uid)
+            .filter(|m| matches!(m.facts.view.phase, Phase::Live { .. }))
+            .any(|m| {
+                let rv = m.resource_version.as_deref();
+                run_status::patch(run.kind, key, outcome, &m.status, rv, now).is_some()
+            })
+    };
+    !decision.cancels.is_empty() || decision.outcomes.iter().any(tells)
 }
 
 /// Wake up for the first waiting timeout; otherwise wait for events.

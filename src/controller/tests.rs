@@ -40,9 +40,11 @@ fn context(
         runs: None,
         pipeline_runs: store_of(pipeline_runs),
         mutexes: store_of(mutexes),
+        listed: Vec::new(),
         fault: None,
         metrics: Arc::new(Metrics::new()),
         backoff: Default::default(),
+        told: Default::default(),
         acting: watch::channel(true).1,
     };
     (Arc::new(ctx), handle)
@@ -181,7 +183,12 @@ fn mutex(resource_version: &str, status: Value) -> Value {
 }
 
 fn the_mutex() -> Arc<Mutex> {
-    Arc::new(serde_json::from_value(mutex("1", json!({}))).unwrap())
+    cached(mutex("1", json!({})))
+}
+
+/// The Mutex as the sync's cache hands it to the reconcile.
+fn cached(m: Value) -> Arc<Mutex> {
+    Arc::new(serde_json::from_value(m).unwrap())
 }
 
 fn reason(patch: &Value) -> &str {
@@ -189,7 +196,7 @@ fn reason(patch: &Value) -> &str {
 }
 
 #[tokio::test]
-async fn a_conflict_on_the_mutex_status_is_decided_again_from_a_fresh_read() {
+async fn a_conflict_on_the_cached_mutex_is_decided_again_from_a_fresh_read() {
     let (ctx, handle) = context(
         vec![lock_run("a", "pending", json!({}))],
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
@@ -216,20 +223,21 @@ async fn a_conflict_on_the_mutex_status_is_decided_again_from_a_fresh_read() {
     assert_eq!(
         lines(&seen),
         [
-            format!("GET {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
             format!("GET {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
-        ]
+        ],
+        "the cached Mutex first, the API server's after a conflict"
     );
-    let (_, retried) = &seen[3];
+    assert_eq!(seen[0].1["metadata"]["resourceVersion"], "1");
+    let (_, retried) = &seen[2];
     assert_eq!(
         retried["metadata"]["resourceVersion"], "2",
         "the retry is a CAS on the fresh read"
     );
     assert_eq!(retried["status"]["holders"][0]["token"], 1);
-    assert_eq!(reason(&seen[4].1), "Acquired");
+    assert_eq!(reason(&seen[3].1), "Acquired");
 }
 
 #[tokio::test]
@@ -256,7 +264,7 @@ async fn run_patches_answered_404_or_409_are_left_to_the_next_sync() {
     })
     .await;
     assert!(result.is_ok(), "{result:?} {seen:?}");
-    let mut patched = lines(&seen)[2..].to_vec();
+    let mut patched = lines(&seen)[1..].to_vec();
     patched.sort();
     assert_eq!(
         patched,
@@ -308,14 +316,13 @@ async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(the_mutex(), ctx)
+        sync::reconcile(cached(mutex("1", holder_a_and_waiter_b())), ctx)
     })
     .await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         lines(&seen),
         [
-            format!("GET {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
             format!("GET {PIPELINE_RUNS}/b"),
@@ -333,7 +340,7 @@ async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
         .filter(|(_, e)| e["reason"] == "Superseded")
         .map(|(_, e)| e)
         .collect();
-    assert_eq!(seen[1].1["status"]["queue"][0]["pipelineRun"], "c");
+    assert_eq!(seen[0].1["status"]["queue"][0]["pipelineRun"], "c");
     assert_eq!(
         reason(body(format!("PATCH {CUSTOM_RUNS}/a-lock/status"))),
         "Acquired"
@@ -382,7 +389,7 @@ async fn refused_writes_are_reported_and_the_others_still_happen() {
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(the_mutex(), ctx)
+        sync::reconcile(cached(mutex("1", holder_a_and_waiter_b())), ctx)
     })
     .await;
     assert!(
@@ -392,7 +399,6 @@ async fn refused_writes_are_reported_and_the_others_still_happen() {
     assert_eq!(
         lines(&seen),
         [
-            format!("GET {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
             format!("GET {PIPELINE_RUNS}/b"),
@@ -443,13 +449,12 @@ async fn a_run_its_pipelinerun_does_not_list_is_left_alone() {
     assert_eq!(
         lines(&seen),
         [
-            format!("GET {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ],
         "the forged run is neither told, queued nor a reason to cancel b"
     );
-    assert_eq!(seen[1].1["status"]["queue"], json!([]));
+    assert_eq!(seen[0].1["status"]["queue"], json!([]));
 }
 
 #[tokio::test]
@@ -468,14 +473,17 @@ async fn a_supersede_is_counted_once_when_its_write_lands() {
         vec![],
     );
     let metrics = ctx.metrics.clone();
-    let mut lock_state = holder_a_and_waiter_b();
+    let lock_state = Arc::new(std::sync::Mutex::new(holder_a_and_waiter_b()));
+    let cache = lock_state.clone();
     let b_running = serde_json::to_value(pipeline_run("b", "2026-11-30T11:59:00Z")).unwrap();
     let mut b_cancelled = false;
     let mut b_patches = 0;
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", lock_state.clone())),
+        l if l == format!("GET {MUTEXES}/k") => {
+            (200, mutex("1", lock_state.lock().unwrap().clone()))
+        }
         l if l == format!("PUT {MUTEXES}/k/status") => {
-            lock_state = body["status"].clone();
+            *lock_state.lock().unwrap() = body["status"].clone();
             ok(line, body)
         }
         l if l == format!("GET {PIPELINE_RUNS}/b") => {
@@ -499,8 +507,9 @@ async fn a_supersede_is_counted_once_when_its_write_lands() {
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| async move {
-        sync::reconcile(the_mutex(), ctx.clone()).await?;
-        sync::reconcile(the_mutex(), ctx).await
+        let now = || cached(mutex("1", cache.lock().unwrap().clone()));
+        sync::reconcile(now(), ctx.clone()).await?;
+        sync::reconcile(now(), ctx).await
     })
     .await;
     assert!(result.is_ok(), "{result:?}");
@@ -595,36 +604,26 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
         vec![],
     );
-    let respond = |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => {
-            let mut m = mutex("1", json!({}));
-            m["metadata"]["finalizers"] = json!(["someone-else"]);
-            (200, m)
-        }
-        _ => ok(line, body),
-    };
-    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(the_mutex(), ctx)
-    })
-    .await;
+    let mut m = mutex("1", json!({}));
+    m["metadata"]["finalizers"] = json!(["someone-else"]);
+    let (result, seen) = exchange(ctx, handle, ok, |ctx| sync::reconcile(cached(m), ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         lines(&seen),
         [
-            format!("GET {MUTEXES}/k"),
             format!("PATCH {MUTEXES}/k"),
             format!("PUT {MUTEXES}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
-    let patch = &seen[1].1["metadata"];
+    let patch = &seen[0].1["metadata"];
     assert_eq!(
         patch["finalizers"],
         json!(["someone-else", finalizer::LOCK_STATE_FINALIZER])
     );
     assert_eq!(patch["resourceVersion"], "1", "a compare-and-swap");
     assert_eq!(
-        seen[2].1["metadata"]["resourceVersion"], "2",
+        seen[1].1["metadata"]["resourceVersion"], "2",
         "the status write follows the finalizer's resourceVersion"
     );
 }
@@ -655,15 +654,9 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
         m["metadata"]["finalizers"] = json!([finalizer::LOCK_STATE_FINALIZER, "someone-else"]);
         m
     };
-    let mut gets = 0;
+    // The sync starts from the cached Mutex; the release reads it fresh.
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => {
-            gets += 1;
-            match gets {
-                1 => (200, deleting(holder_of_a())),
-                _ => (200, deleting(json!({"lastToken": 1}))),
-            }
-        }
+        l if l == format!("GET {MUTEXES}/k") => (200, deleting(json!({"lastToken": 1}))),
         l if l.starts_with("GET /api/v1/namespaces/ns/pods") => (
             200,
             json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": []}),
@@ -671,7 +664,7 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(the_mutex(), ctx)
+        sync::reconcile(cached(deleting(holder_of_a())), ctx)
     })
     .await;
     assert!(result.is_ok(), "{result:?} {seen:?}");
@@ -738,5 +731,68 @@ async fn a_run_in_a_namespace_being_deleted_is_left_alone_other_failures_back_of
         assert_eq!(first, Action::requeue(Duration::from_millis(500)));
         assert_eq!(second, Action::requeue(Duration::from_secs(1)));
         assert_eq!(other, first, "another object is not slowed down");
+    }
+}
+
+/// A decision that only tells runs (the lock state stays as it is) checks that
+/// the cached Mutex is still the API server's, and decides again if not.
+#[tokio::test]
+async fn runs_are_told_only_what_the_current_lock_state_backs() {
+    let runs = || {
+        vec![
+            lock_run("a", "pending", json!({})),
+            lock_run("b", "pending", json!({})),
+        ]
+    };
+    let prs = vec![
+        pipeline_run("a", "2026-11-30T11:58:00Z"),
+        pipeline_run("b", "2026-11-30T11:59:00Z"),
+    ];
+    // The lock state as the controller writes it for a holding and b waiting.
+    let (ctx, handle) = context(runs(), prs, vec![]);
+    let (_, seen) = exchange(ctx, handle, ok, |ctx| {
+        sync::reconcile(cached(mutex("1", holder_a_and_waiter_b())), ctx)
+    })
+    .await;
+    let settled = seen[0].1["status"].clone();
+    assert_eq!(settled["holders"][0]["pipelineRun"], "a");
+    for (server_version, expected) in [
+        ("1", vec!["GET", "PATCH a-lock", "PATCH b-lock"]),
+        ("2", vec!["GET", "GET", "PATCH a-lock", "PATCH b-lock"]),
+    ] {
+        let state = settled.clone();
+        let (ctx, handle) = context(
+            vec![
+                lock_run("a", "pending", json!({})),
+                lock_run("b", "pending", json!({})),
+            ],
+            vec![
+                pipeline_run("a", "2026-11-30T11:58:00Z"),
+                pipeline_run("b", "2026-11-30T11:59:00Z"),
+            ],
+            vec![],
+        );
+        let respond = move |line: &str, body: &Value| match line {
+            l if l == format!("GET {MUTEXES}/k") => (200, mutex(server_version, state.clone())),
+            _ => ok(line, body),
+        };
+        let cache = cached(mutex("1", settled.clone()));
+        let (result, seen) =
+            exchange(ctx, handle, respond, |ctx| sync::reconcile(cache, ctx)).await;
+        assert!(result.is_ok(), "{result:?}");
+        let short: Vec<String> = lines(&seen)
+            .iter()
+            .map(|l| {
+                l.replace(&format!("{MUTEXES}/k"), "")
+                    .replace(&format!("{CUSTOM_RUNS}/"), "")
+                    .replace("/status", "")
+                    .trim()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            short, expected,
+            "server at resourceVersion {server_version}"
+        );
     }
 }

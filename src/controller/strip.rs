@@ -1,0 +1,101 @@
+//! What the caches keep: only what the controller reads. Applied to each object
+//! as the watch delivers it, before it is cached, so that a cluster's history of
+//! runs and PipelineRuns costs little memory. (The typed structs already drop
+//! every field they do not name: pipelineSpec, taskRunTemplate, ...)
+
+use crate::observe::Observe;
+use crate::tekton::customrun::CustomRun;
+use crate::tekton::pipelinerun::PipelineRun;
+use crate::tekton::run::Run;
+use kube::api::ObjectMeta;
+
+/// Never read: who wrote which field, and annotations (kubectl's
+/// last-applied-configuration alone is a copy of the whole object).
+fn meta(m: &mut ObjectMeta) {
+    m.managed_fields = None;
+    m.annotations = None;
+}
+
+/// A PipelineRun keeps its state and the custom runs it lists (its TaskRuns go).
+pub fn pipeline_run(pr: &mut PipelineRun) {
+    meta(&mut pr.metadata);
+    if let Some(s) = pr.status.as_mut() {
+        s.child_references
+            .retain(|c| c.kind == "CustomRun" || c.kind == "Run");
+    }
+}
+
+/// Another custom task's run keeps only its identity: the controller never acts on it.
+pub fn custom_run(cr: &mut CustomRun) {
+    meta(&mut cr.metadata);
+    if !cr.observe().is_mutex() {
+        cr.spec.params.clear();
+        cr.spec.custom_spec = None;
+        cr.status = None;
+    }
+}
+
+pub fn run(r: &mut Run) {
+    meta(&mut r.metadata);
+    if !r.observe().is_mutex() {
+        r.spec.params.clear();
+        r.spec.spec = None;
+        r.status = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn custom_run_of(kind: &str) -> CustomRun {
+        serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "r", "namespace": "ns",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"customRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": kind},
+                     "params": [{"name": "key", "value": "k"}]},
+            "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_mutex_run_keeps_what_the_controller_reads() {
+        let mut cr = custom_run_of("Mutex");
+        let before = cr.clone();
+        custom_run(&mut cr);
+        assert_eq!(cr.metadata.managed_fields, None);
+        assert_eq!(cr.metadata.annotations, None);
+        assert_eq!((&cr.spec, &cr.status), (&before.spec, &before.status));
+        assert!(cr.observe().config().is_ok());
+    }
+
+    #[test]
+    fn another_custom_tasks_run_keeps_only_its_identity() {
+        let mut cr = custom_run_of("Approval");
+        custom_run(&mut cr);
+        assert!(cr.spec.params.is_empty() && cr.status.is_none());
+        assert!(!cr.observe().is_mutex());
+    }
+
+    #[test]
+    fn a_pipeline_run_keeps_its_state_and_its_custom_runs() {
+        let mut pr: PipelineRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+            "metadata": {"name": "p", "namespace": "ns", "managedFields": [{"manager": "x"}]},
+            "spec": {"status": "Cancelled", "pipelineSpec": {"tasks": []}},
+            "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}],
+                       "childReferences": [{"kind": "TaskRun", "name": "p-build"},
+                                           {"kind": "CustomRun", "name": "p-lock"}]},
+        }))
+        .unwrap();
+        pipeline_run(&mut pr);
+        assert_eq!(pr.metadata.managed_fields, None);
+        assert!(pr.lists("CustomRun", "p-lock") && !pr.lists("TaskRun", "p-build"));
+        assert!(pr.stop_requested());
+        assert_eq!(pr.status.as_ref().unwrap().conditions.len(), 1);
+    }
+}
