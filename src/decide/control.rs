@@ -115,7 +115,7 @@ impl Decider<'_> {
         let h = self.st.holders.remove(i);
         self.st.dismissed.push(Dismissed {
             pipeline_run: h.pipeline_run.clone(),
-            uid: h.pipeline_run_uid.clone().unwrap_or(h.run.uid.clone()),
+            uid: self.party_uid(&h.pipeline_run_uid, &h.run.uid),
             dismissal: Dismissal::Released,
             message: format!("the hold of {name} was {message}"),
             keep_pipeline_run: false,
@@ -130,9 +130,10 @@ impl Decider<'_> {
         let waiters = std::mem::take(&mut self.st.queue);
         let n = waiters.len();
         for w in waiters {
+            let uid = self.party_uid(&w.pipeline_run_uid, &w.run.uid);
             self.st.dismissed.push(Dismissed {
                 pipeline_run: w.pipeline_run.clone(),
-                uid: w.pipeline_run_uid.clone().unwrap_or(w.run.uid.clone()),
+                uid,
                 dismissal: Dismissal::Cleared,
                 message: message.into(),
                 keep_pipeline_run: r.keep_pipeline_runs,
@@ -193,6 +194,16 @@ impl Decider<'_> {
                 })
             })
             .collect();
+    }
+
+    /// The uid a dismissal goes by: the run's PipelineRun as observed now (an
+    /// entry from before uids were kept has none), else the entry's, else the run's own.
+    fn party_uid(&self, pipeline_run_uid: &Option<String>, run_uid: &str) -> String {
+        let observed = self.runs.get(run_uid).and_then(|r| r.parent.as_ref());
+        observed
+            .map(|p| p.uid.clone())
+            .or_else(|| pipeline_run_uid.clone())
+            .unwrap_or_else(|| run_uid.to_string())
     }
 
     /// Is this run part of a PipelineRun a person let go?

@@ -281,3 +281,13 @@ fn a_request_is_acted_on_once_and_acknowledgements_stay_bounded() {
     assert_eq!(acks.len(), crate::control::MAX_OBSERVED_REQUESTS);
     assert_eq!(acks.last().unwrap().id, "x29");
 }
+
+#[test]
+fn a_holder_recorded_without_its_pipeline_run_uid_is_released_for_good() {
+    let mut w = World::new(2);
+    w.status.holders[0].pipeline_run_uid = None;
+    w.step(&[request("r", Action::Release, Some("pr0"))]);
+    assert_eq!(w.status.dismissed[0].uid, "pr0-uid");
+    w.step(&[]);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+}
