@@ -5,6 +5,7 @@ pub mod controller;
 pub mod decide;
 pub mod duration;
 pub mod http;
+pub mod key_name;
 pub mod manifests;
 pub mod mutex;
 pub mod observe;

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     shortname = "mtx",
     category = "tekton",
     category = "tekton-pipelines",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
     printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
     printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
     printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
@@ -44,6 +45,11 @@ pub struct MutexSpec {
     #[serde(default = "default_mark_idle_days")]
     #[schemars(range(min = 1, max = 3650))]
     pub mark_idle_days: u32,
+    /// The key as the runs wrote it, when it is not the object's name itself
+    /// (see src/key_name.rs). Runs with another key never use this Mutex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub key: Option<String>,
 }
 
 impl Default for MutexSpec {
@@ -53,6 +59,7 @@ impl Default for MutexSpec {
             order: Order::default(),
             max_queue: default_max_queue(),
             mark_idle_days: default_mark_idle_days(),
+            key: None,
         }
     }
 }

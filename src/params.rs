@@ -115,6 +115,10 @@ impl RunConfig {
                 key = self.key
             )
         };
+        let (ours, theirs) = (self.spec.key.as_deref(), existing.key.as_deref());
+        if let Some(m) = crate::key_name::mismatch(&self.key, ours, theirs) {
+            return Some(m);
+        }
         let f = &self.spec_fields;
         if let Some(c) = f.capacity.filter(|c| *c != existing.capacity) {
             return Some(differs(
@@ -265,9 +269,12 @@ fn read_target(
             }
         }
     }
+    // Free-form keys map to an object name; the Mutex keeps the key itself.
     if let Some(k) = key_param {
-        validate_key(&k)?;
-        cfg.key = k;
+        cfg.key = crate::key_name::object_name(&k)?;
+        cfg.spec.key = Some(k);
+    } else {
+        cfg.spec.key = Some(cfg.key.clone());
     }
     Ok(())
 }
@@ -438,8 +445,8 @@ mod tests {
                 &[("key", json!({"a": 1}))],
                 "must be a string, got an object",
             ),
-            (&[("key", json!("Not_Valid"))], "not a valid name"),
-            (&[("key", json!("-a"))], "not a valid name"),
+            (&[("key", json!(""))], "key is empty"),
+            (&[("key", json!("k".repeat(1025)))], "at most 1024 bytes"),
             (
                 &[("supersede", json!("all"))],
                 "allowed values are pending, none, running",
