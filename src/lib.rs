@@ -10,6 +10,7 @@ pub mod manifests;
 pub mod mutex;
 pub mod observe;
 pub mod params;
+pub mod release_after;
 pub mod run_status;
 pub mod tekton;
 pub mod view;

@@ -18,6 +18,7 @@ pub const PARAMS: &[&str] = &[
     "sequence",
     "priority",
     "wait",
+    crate::release_after::PARAM,
 ];
 
 /// The wait limit of a standalone run that sets no timeout: what Tekton's own
@@ -92,6 +93,8 @@ pub struct RunConfig {
     pub wait: bool,
     pub timeout: WaitLimit,
     pub retries: u32,
+    /// Pipeline tasks after which the slot goes free (`release-after`); empty: the whole PipelineRun.
+    pub release_after: Vec<String>,
 }
 
 /// The fields of a Mutex spec that a run's embedded spec sets.
@@ -160,6 +163,7 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
         wait: true,
         timeout: WaitLimit::Unset,
         retries: 0,
+        release_after: Vec::new(),
     };
     let key_param = read_params(&mut cfg, input.params)?;
     read_target(&mut cfg, &input.target, key_param)?;
@@ -233,6 +237,7 @@ fn read_policy_param(cfg: &mut RunConfig, name: &str, value: &str) -> Result<(),
                 _ => return Err(invalid_choice(name, value, &["true", "false"])),
             }
         }
+        crate::release_after::PARAM => cfg.release_after = crate::release_after::parse(value)?,
         other => {
             return Err(format!(
                 "unknown param {other:?}: allowed params are {}",
