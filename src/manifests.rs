@@ -103,8 +103,9 @@ mod tests {
     fn cluster_install_has_everything_once_pinned_and_labelled() {
         let objs = docs(&render(Install::Cluster, IMAGE, "1.2.3").unwrap());
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        let crds = kinds.iter().filter(|k| **k == "CustomResourceDefinition");
+        assert_eq!(crds.count(), 2, "Mutex and ClusterMutex in {kinds:?}");
         for kind in [
-            "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
             "ClusterRole",

@@ -15,7 +15,12 @@ use serde_json::{Value, json};
 use support::controller::ControllerProcess;
 use support::pipelines::{condition_of, lock_run, mutex_status, slow, wait_reason};
 use support::*;
+use tekton_mutex::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
 use tekton_mutex::mutex::Mutex;
+
+/// A cluster-wide controller would act in the other tests' namespaces too:
+/// the test that starts one runs alone.
+static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// A step that marks `<what>-start`, waits for gate `<what>-go-<pr>`, marks `<what>-end`.
 fn gated_step(what: &str) -> Value {
@@ -115,6 +120,7 @@ async fn succeeded(ns: &TestNamespace, pr: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn release_after_deploy_hands_over_while_the_tests_still_run() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let ns = TestNamespace::create("scope-section").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
     let params = [("release-after", "deploy"), ("supersede", "none")];
@@ -169,6 +175,7 @@ async fn release_after_deploy_hands_over_while_the_tests_still_run() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn release_after_a_task_that_is_not_in_the_pipeline_is_invalid() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let ns = TestNamespace::create("scope-section-bad").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
     let params = [("release-after", "deploy,deplyo")];
@@ -192,6 +199,7 @@ fn keyed_pipeline(name: &str, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn repo_url_keys_each_get_their_own_mutex() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let ns = TestNamespace::create("scope-keys").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
     // Both map to the readable prefix github-com-org-repo-main.
@@ -242,5 +250,96 @@ async fn repo_url_keys_each_get_their_own_mutex() -> Result<()> {
             == Some("Acquired"),
         "p lost its slot"
     );
+    Ok(())
+}
+
+/// Deletes the (cluster-scoped) ClusterMutex when the test ends.
+struct ClusterMutexGuard(kube::Api<ClusterMutex>, String);
+
+impl Drop for ClusterMutexGuard {
+    fn drop(&mut self) {
+        let (api, name) = (self.0.clone(), self.1.clone());
+        tokio::spawn(async move { api.delete(&name, &Default::default()).await });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let (a, b, c) = (
+        TestNamespace::create("scope-cluster-a").await?,
+        TestNamespace::create("scope-cluster-b").await?,
+        TestNamespace::create("scope-cluster-c").await?,
+    );
+    let _ctl = ControllerProcess::start_cluster_wide("cluster-wide").await?;
+    let name = format!("prod-db-{}", a.name().rsplit('-').next().unwrap_or("x"));
+    let api: kube::Api<ClusterMutex> = kube::Api::all(a.client());
+    let spec: ClusterMutexSpec =
+        serde_json::from_value(json!({"namespaces": [a.name(), b.name()]}))?;
+    api.create(&PostParams::default(), &ClusterMutex::new(&name, spec))
+        .await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let task_ref =
+        json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": name});
+    // The same Pipeline name (so the same supersede group) in every namespace.
+    for ns in [&a, &b, &c] {
+        ns.apply(&section_pipeline("env", task_ref.clone(), &[]))
+            .await?;
+    }
+    a.apply(&pipeline_run("a1", "env")).await?;
+    wait_reason(&a, &lock_run("a1"), "Acquired", slow()).await?;
+    b.apply(&pipeline_run("b1", "env")).await?;
+    wait_reason(&b, &lock_run("b1"), "Waiting", slow()).await?;
+    // A newer run of the group in another namespace does not supersede b1.
+    a.apply(&pipeline_run("a2", "env")).await?;
+    wait_reason(&a, &lock_run("a2"), "Waiting", slow()).await?;
+    let st = api.get(&name).await?.status.unwrap_or_default();
+    let queued: Vec<_> = st.queue.iter().map(|w| w.run.name.clone()).collect();
+    ensure!(
+        queued
+            == [
+                format!("{}/b1-lock", b.name()),
+                format!("{}/a2-lock", a.name())
+            ],
+        "queue: {queued:?}"
+    );
+    ensure!(
+        st.holding == format!("{}/a1", a.name()),
+        "holding: {}",
+        st.holding
+    );
+    // A namespace that is not allowed is refused, and told how to be allowed.
+    c.apply(&pipeline_run("c1", "env")).await?;
+    let refused = wait_reason(&c, &lock_run("c1"), "Forbidden", slow()).await?;
+    let m = refused.message.unwrap_or_default();
+    ensure!(m.contains(c.name()) && m.contains("spec.namespaces"), "{m}");
+    // a1 ends: b1 (first in line) gets the slot, only after a1 ended.
+    open_gate(&a, "deploy", "a1").await?;
+    open_gate(&a, "test", "a1").await?;
+    let a1_end = mark(&a, "test-end", "a1").await?;
+    wait_reason(&b, &lock_run("b1"), "Acquired", slow()).await?;
+    let b1_start = mark(&b, "deploy-start", "b1").await?;
+    ensure!(b1_start > a1_end, "b1 deployed while a1 still ran");
+    ensure!(
+        condition_of(&a, &lock_run("a2"))
+            .await?
+            .and_then(|c| c.reason)
+            .as_deref()
+            == Some("Waiting"),
+        "a2 must wait for b1"
+    );
+    open_gate(&b, "deploy", "b1").await?;
+    open_gate(&b, "test", "b1").await?;
+    wait_reason(&a, &lock_run("a2"), "Acquired", slow()).await?;
+    open_gate(&a, "deploy", "a2").await?;
+    open_gate(&a, "test", "a2").await?;
+    succeeded(&a, "a2").await?;
+    let st = wait_until("the ClusterMutex to be free", slow(), || async {
+        let st = api.get(&name).await?.status.unwrap_or_default();
+        Ok(st.holders.is_empty().then_some(st))
+    })
+    .await?;
+    ensure!(st.last_token == 3 && st.queue.is_empty(), "{st:?}");
     Ok(())
 }

@@ -15,6 +15,9 @@ pub async fn reconcile<K: Observe + Resource>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    if let Some(action) = super::cluster::intake(obj.as_ref(), &ctx).await? {
+        return Ok(action);
+    }
     let o = obj.observe();
     if !o.is_mutex() || o.is_done() || o.deleting {
         return Ok(Action::await_change());

@@ -12,6 +12,7 @@
 //!   a compare-and-swap on the Mutex status.
 
 mod backoff;
+mod cluster;
 pub mod events;
 mod finalizer;
 mod intake;
@@ -167,6 +168,8 @@ where
 struct Served {
     custom_runs: bool,
     runs: bool,
+    /// ClusterMutexes can be read (CRD installed, cluster-wide rights).
+    cluster_mutexes: bool,
 }
 
 /// Fails early, with the fix, when a CRD the controller needs is missing.
@@ -181,6 +184,7 @@ async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Serve
     let kinds = Served {
         custom_runs: served(&scoped::<CustomRun>(client, namespace)).await?,
         runs: served(&scoped::<Run>(client, namespace)).await?,
+        cluster_mutexes: cluster::wiring::served(client).await?,
     };
     if !kinds.custom_runs && !kinds.runs {
         return Err(Error::MissingCrd(
@@ -278,6 +282,7 @@ struct Controllers {
     custom_runs: Option<Controller<CustomRun>>,
     runs: Option<Controller<Run>>,
     pipeline_runs: Store<PipelineRun>,
+    cluster: Option<Controller<crate::cluster_mutex::ClusterMutex>>,
 }
 
 impl Controllers {
@@ -312,7 +317,13 @@ impl Controllers {
             mutexes: sync.store(),
         };
         let sync = watch_related(sync, client, namespace, kinds, triggers, pr_stream, metrics);
+        let cluster = kinds.cluster_mutexes.then(|| {
+            let crs = intake_crs.as_ref().map(|c| c.store());
+            let runs = intake_runs.as_ref().map(|c| c.store());
+            cluster::wiring::controller(client, namespace, crs, runs)
+        });
         Controllers {
+            cluster,
             sync,
             custom_runs: intake_crs,
             runs: intake_runs,
@@ -340,6 +351,10 @@ impl Controllers {
         }
         if let Some(c) = self.runs {
             loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &leading));
+        }
+        if let Some(c) = self.cluster {
+            let reconcile = cluster::wiring::reconcile_when_acting;
+            loops.push(drive("clustermutex", c, reconcile, &ctx, &leading));
         }
         futures::future::join_all(loops).map(|_| ()).boxed()
     }

@@ -276,7 +276,7 @@ where
 
 /// The run's PipelineRun, from the cache when it has it, else from the API.
 /// None means it is gone (deleted, being deleted, or replaced under the same name).
-async fn fetch_parent(
+pub(super) async fn fetch_parent(
     ctx: &Context,
     ns: &str,
     name: &str,
@@ -537,7 +537,12 @@ async fn deleted_holders(
 
 /// Does a pod of this PipelineRun still exist in a non-terminal phase (running,
 /// pending, or terminating with a deletionTimestamp)?
-async fn pods_alive(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<bool, Error> {
+pub(super) async fn pods_alive(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<bool, Error> {
     let params = ListParams::default()
         .labels(&format!("{PIPELINE_RUN_LABEL}={name}"))
         .fields(LIVE_PODS);
