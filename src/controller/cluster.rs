@@ -81,7 +81,17 @@ async fn admission<K: Resource>(
         Err(m) => return Ok(invalid(m)),
     };
     let api: Api<ClusterMutex> = Api::all(ctx.client.clone());
-    let Some(cm) = api.get_opt(name).await? else {
+    let found = match api.get_opt(name).await {
+        // The namespace-scoped install: a Role cannot grant a cluster-scoped kind.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            return Ok(invalid(format!(
+                "tekton-mutex may not read ClusterMutexes (it runs with the namespace-scoped install): \
+                 ClusterMutex {name} needs the cluster-wide install"
+            )));
+        }
+        other => other?,
+    };
+    let Some(cm) = found else {
         return Ok(invalid(format!(
             "ClusterMutex {name} does not exist: an administrator creates it (runs never do)"
         )));
