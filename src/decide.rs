@@ -59,6 +59,9 @@ pub enum ParentState {
     Done,
     /// Deleted (or replaced by another object of the same name), no pod left.
     Gone,
+    /// Still running, but the tasks its lock run named in `release-after` are
+    /// done and their pods ended: it holds nothing more (see src/release_after.rs).
+    SectionDone,
 }
 
 impl ParentState {
@@ -72,7 +75,10 @@ impl ParentState {
 
     /// Nothing of it can still run: only now does a held slot go free.
     fn released(self) -> bool {
-        matches!(self, ParentState::Done | ParentState::Gone)
+        matches!(
+            self,
+            ParentState::Done | ParentState::Gone | ParentState::SectionDone
+        )
     }
 }
 

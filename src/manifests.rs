@@ -115,8 +115,9 @@ mod tests {
             .filter(|o| o["kind"] == "ClusterRole")
             .find(|o| o["metadata"]["name"] == "tekton-mutex-operator");
         assert!(operator.is_some(), "the tekton-mutex-operator ClusterRole");
+        let crds = kinds.iter().filter(|k| **k == "CustomResourceDefinition");
+        assert_eq!(crds.count(), 2, "Mutex and ClusterMutex in {kinds:?}");
         for kind in [
-            "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
             "ClusterRoleBinding",

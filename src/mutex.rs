@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     shortname = "mtx",
     category = "tekton",
     category = "tekton-pipelines",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
     printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
     printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
     printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
@@ -51,6 +52,11 @@ pub struct MutexSpec {
     /// Why it is frozen: shown in every waiter's message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_reason: Option<String>,
+    /// The key as the runs wrote it, when it is not the object's name itself
+    /// (see src/key_name.rs). Runs with another key never use this Mutex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub key: Option<String>,
 }
 
 impl Default for MutexSpec {
@@ -62,6 +68,7 @@ impl Default for MutexSpec {
             mark_idle_days: default_mark_idle_days(),
             frozen: false,
             frozen_reason: None,
+            key: None,
         }
     }
 }

@@ -18,6 +18,7 @@ pub const PARAMS: &[&str] = &[
     "sequence",
     "priority",
     "wait",
+    crate::release_after::PARAM,
 ];
 
 /// The wait limit of a standalone run that sets no timeout: what Tekton's own
@@ -92,6 +93,8 @@ pub struct RunConfig {
     pub wait: bool,
     pub timeout: WaitLimit,
     pub retries: u32,
+    /// Pipeline tasks after which the slot goes free (`release-after`); empty: the whole PipelineRun.
+    pub release_after: Vec<String>,
 }
 
 /// The fields of a Mutex spec that a run's embedded spec sets.
@@ -115,6 +118,10 @@ impl RunConfig {
                 key = self.key
             )
         };
+        let (ours, theirs) = (self.spec.key.as_deref(), existing.key.as_deref());
+        if let Some(m) = crate::key_name::mismatch(&self.key, ours, theirs) {
+            return Some(m);
+        }
         let f = &self.spec_fields;
         if let Some(c) = f.capacity.filter(|c| *c != existing.capacity) {
             return Some(differs(
@@ -156,6 +163,7 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
         wait: true,
         timeout: WaitLimit::Unset,
         retries: 0,
+        release_after: Vec::new(),
     };
     let key_param = read_params(&mut cfg, input.params)?;
     read_target(&mut cfg, &input.target, key_param)?;
@@ -229,6 +237,7 @@ fn read_policy_param(cfg: &mut RunConfig, name: &str, value: &str) -> Result<(),
                 _ => return Err(invalid_choice(name, value, &["true", "false"])),
             }
         }
+        crate::release_after::PARAM => cfg.release_after = crate::release_after::parse(value)?,
         other => {
             return Err(format!(
                 "unknown param {other:?}: allowed params are {}",
@@ -265,9 +274,12 @@ fn read_target(
             }
         }
     }
+    // Free-form keys map to an object name; the Mutex keeps the key itself.
     if let Some(k) = key_param {
-        validate_key(&k)?;
-        cfg.key = k;
+        cfg.key = crate::key_name::object_name(&k)?;
+        cfg.spec.key = Some(k);
+    } else {
+        cfg.spec.key = Some(cfg.key.clone());
     }
     Ok(())
 }
@@ -438,8 +450,8 @@ mod tests {
                 &[("key", json!({"a": 1}))],
                 "must be a string, got an object",
             ),
-            (&[("key", json!("Not_Valid"))], "not a valid name"),
-            (&[("key", json!("-a"))], "not a valid name"),
+            (&[("key", json!(""))], "key is empty"),
+            (&[("key", json!("k".repeat(1025)))], "at most 1024 bytes"),
             (
                 &[("supersede", json!("all"))],
                 "allowed values are pending, none, running",

@@ -6,6 +6,7 @@ use crate::decide::{Parent, ParentState, Phase, RunView, Timeout};
 use crate::mutex::{Age, Holder, RunKind};
 use crate::observe::{ObservedRun, PIPELINE_LABEL, to_chrono};
 use crate::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
+use crate::release_after;
 use crate::run_status;
 use crate::tekton::pipelinerun::PipelineRun;
 use chrono::{DateTime, Utc};
@@ -21,6 +22,8 @@ pub struct FetchedParent<'a> {
     pub uid: &'a str,
     pub object: Option<&'a PipelineRun>,
     pub pods_alive: bool,
+    /// The tasks the run named in `release-after` are done and their pods ended.
+    pub section_done: bool,
 }
 
 /// A run as the decision core sees it, with the deadline of its current attempt.
@@ -45,7 +48,7 @@ pub fn member_view(
             parent: parent.map(|p| Parent {
                 name: p.name.to_string(),
                 uid: p.uid.to_string(),
-                state: parent_state(p.object, p.pods_alive),
+                state: release_after::state(parent_state(p.object, p.pods_alive), p.section_done),
             }),
             group: group(o, cfg, parent, &age),
             age,

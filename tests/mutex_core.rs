@@ -473,8 +473,8 @@ async fn bad_input_fails_with_invalid_params() -> Result<()> {
         (
             "bad-key",
             mutex.clone(),
-            json!([{"name": "key", "value": "Not A Name"}]),
-            "is not a valid name",
+            json!([{"name": "key", "value": "k".repeat(1025)}]),
+            "a key may have at most 1024 bytes",
         ),
         (
             "bad-supersede",

@@ -540,6 +540,8 @@ async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
 async fn every_invalid_policy_value_is_refused() -> Result<()> {
     let ns = TestNamespace::create("invalid-policy").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
+    // Any key of 1 to 1024 bytes is accepted (mapped to an object name); longer is not.
+    let too_long = "k".repeat(1025);
     let cases: &[(&str, &str, &str, &str)] = &[
         (
             "v-supersede",
@@ -572,7 +574,12 @@ async fn every_invalid_policy_value_is_refused() -> Result<()> {
             "",
             "param \"group\" must be 1 to 253 characters",
         ),
-        ("v-key", "key", "UPPER_case", "is not a valid name"),
+        (
+            "v-key",
+            "key",
+            &too_long,
+            "a key may have at most 1024 bytes",
+        ),
     ];
     for (pr, param, value, _) in cases {
         ns.apply(&pipeline(

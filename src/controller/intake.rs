@@ -1,9 +1,10 @@
 //! Per-run reconcile: reject bad input, make sure the key's Mutex object exists.
 //! Everything about waiting and holding is the Mutex reconcile's job.
 
-use super::{Context, Error, events, writes};
+use super::{Context, Error, events, section, writes};
 use crate::observe::{Observe, ObservedRun};
 use crate::params::RunConfig;
+use crate::release_after::Verdict;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -14,19 +15,26 @@ pub async fn reconcile<K: Observe + Resource>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    if let Some(action) = super::cluster::intake(obj.as_ref(), &ctx).await? {
+        return Ok(action);
+    }
     let o = obj.observe();
     if !o.is_mutex() || o.is_done() || o.deleting {
         return Ok(Action::await_change());
     }
     let problem = match o.config() {
         Err(message) => Some(message),
-        Ok(cfg) => match mutex_for(&ctx, &o, &cfg).await {
-            Err(e) if namespace_terminating(&e) => {
-                // Nothing can be created there any more, and the run goes with it.
-                debug!(run = %o.name, namespace = %o.namespace, "namespace is being deleted; run left alone");
-                return Ok(Action::await_change());
-            }
-            other => other?,
+        Ok(cfg) => match section::check(&ctx, &o, obj.as_ref(), &cfg).await? {
+            Verdict::NotYet => return Ok(Action::requeue(section::RECHECK)),
+            Verdict::Invalid(message) => Some(message),
+            Verdict::Fine => match mutex_for(&ctx, &o, &cfg).await {
+                Err(e) if namespace_terminating(&e) => {
+                    // Nothing can be created there any more, and the run goes with it.
+                    debug!(run = %o.name, namespace = %o.namespace, "namespace is being deleted; run left alone");
+                    return Ok(Action::await_change());
+                }
+                other => other?,
+            },
         },
     };
     if let Some(message) = problem {

@@ -12,12 +12,14 @@
 //!   a compare-and-swap on the Mutex status.
 
 mod backoff;
+mod cluster;
 mod control;
 pub mod events;
 mod finalizer;
 mod index;
 mod intake;
 mod leader;
+mod section;
 mod shared;
 mod strip;
 mod sync;
@@ -177,6 +179,8 @@ where
 struct Served {
     custom_runs: bool,
     runs: bool,
+    /// ClusterMutexes can be read (CRD installed, cluster-wide rights).
+    cluster_mutexes: bool,
 }
 
 /// Fails early, with the fix, when a CRD the controller needs is missing.
@@ -191,6 +195,7 @@ async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Serve
     let kinds = Served {
         custom_runs: served(&scoped::<CustomRun>(client, namespace)).await?,
         runs: served(&scoped::<Run>(client, namespace)).await?,
+        cluster_mutexes: cluster::wiring::served(client).await?,
     };
     if !kinds.custom_runs && !kinds.runs {
         return Err(Error::MissingCrd(
@@ -278,6 +283,7 @@ struct Controllers {
     sync: Controller<Mutex>,
     custom_runs: Option<Controller<CustomRun>>,
     runs: Option<Controller<Run>>,
+    cluster: Option<Controller<crate::cluster_mutex::ClusterMutex>>,
     caches: Caches,
 }
 
@@ -355,7 +361,13 @@ impl Controllers {
             runs,
         };
         let sync = watch_related(sync, client, namespace, triggers, related, metrics);
+        let cluster = kinds.cluster_mutexes.then(|| {
+            let crs = cr_cache.as_ref().map(|c| c.store.clone());
+            let runs = run_cache.as_ref().map(|c| c.store.clone());
+            cluster::wiring::controller(client, namespace, crs, runs)
+        });
         Controllers {
+            cluster,
             sync,
             custom_runs: intake_crs,
             runs: intake_runs,
@@ -388,6 +400,10 @@ impl Controllers {
         }
         if let Some(c) = self.runs {
             loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &leading));
+        }
+        if let Some(c) = self.cluster {
+            let reconcile = cluster::wiring::reconcile_when_acting;
+            loops.push(drive("clustermutex", c, reconcile, &ctx, &leading));
         }
         futures::future::join_all(loops).map(|_| ()).boxed()
     }

@@ -6,7 +6,7 @@
 //! something the lock state does not back.
 
 use super::index::{Indexed, Tag};
-use super::{Context, Error, Fault, control, events, finalizer, writes};
+use super::{Context, Error, Fault, control, events, finalizer, section, writes};
 use crate::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
 use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
@@ -92,6 +92,7 @@ async fn sync_key(
     let mut fetched = fetch_runs(ctx, &mutex).await?;
     let current = mutex.status.clone().unwrap_or_default();
     mark_draining_holders(ctx, ns, &current, &mut fetched).await?;
+    mark_done_sections(ctx, ns, &mut fetched).await?;
     let now = Utc::now();
     let mut members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
     members.extend(deleted_holders(ctx, ns, &current, &members).await?);
@@ -178,6 +179,8 @@ struct ParentFetched {
     uid: String,
     object: Option<Arc<PipelineRun>>,
     pods_alive: bool,
+    /// Its `release-after` tasks are done (looked up only for a run told Acquired).
+    section_done: bool,
 }
 
 impl ParentFetched {
@@ -187,6 +190,7 @@ impl ParentFetched {
             uid: &self.uid,
             object: self.object.as_deref(),
             pods_alive: self.pods_alive,
+            section_done: self.section_done,
         }
     }
 
@@ -287,9 +291,14 @@ where
                     uid: uid.clone(),
                     object: fetch_parent(ctx, ns, name, uid).await?,
                     pods_alive: false,
+                    section_done: false,
                 }),
                 None => None,
             };
+            let parent_object = parent.as_ref().map(|p| p.object.as_deref());
+            if !known(&o.uid) && !section::enrols(&config, obj.as_ref(), parent_object) {
+                return Ok(()); // intake fails it as InvalidParams
+            }
             found.push(Fetched {
                 run: wrap(obj),
                 config,
@@ -321,7 +330,7 @@ where
 
 /// The run's PipelineRun, from the cache when it has it, else from the API.
 /// None means it is gone (deleted, being deleted, or replaced under the same name).
-async fn fetch_parent(
+pub(super) async fn fetch_parent(
     ctx: &Context,
     ns: &str,
     name: &str,
@@ -549,6 +558,24 @@ async fn mark_draining_holders(
     Ok(())
 }
 
+/// A run told Acquired with `release-after`, whose PipelineRun still runs:
+/// is its section over? Then it holds nothing more.
+async fn mark_done_sections(ctx: &Context, ns: &str, fetched: &mut [Fetched]) -> Result<(), Error> {
+    for f in fetched.iter_mut() {
+        let names = &f.config.release_after;
+        let told = run_status::acquired_token(&f.run.observe().status).is_some();
+        let parent = f.parent.as_mut().filter(|p| told && !p.ended());
+        if let Some(p) = parent.filter(|_| !names.is_empty()) {
+            let pr = p
+                .object
+                .clone()
+                .expect("a PipelineRun that has not ended is present");
+            p.section_done = section::done(ctx, ns, &pr, names).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Holders whose lock run was deleted while their PipelineRun still runs (or
 /// drains). The slot belongs to the PipelineRun, not to the run object.
 async fn deleted_holders(
@@ -572,6 +599,7 @@ async fn deleted_holders(
             name: name.clone(),
             uid: uid.clone(),
             pods_alive: ended && pods_alive(ctx, ns, name, uid).await?,
+            section_done: false,
             object,
         };
         ghosts.push(Member {
@@ -585,7 +613,12 @@ async fn deleted_holders(
 
 /// Does a pod of this PipelineRun still exist in a non-terminal phase (running,
 /// pending, or terminating with a deletionTimestamp)?
-async fn pods_alive(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<bool, Error> {
+pub(super) async fn pods_alive(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<bool, Error> {
     let params = ListParams::default()
         .labels(&format!("{PIPELINE_RUN_LABEL}={name}"))
         .fields(LIVE_PODS);

@@ -7,6 +7,7 @@
 pub mod customrun;
 pub mod pipelinerun;
 pub mod run;
+pub mod taskrun;
 
 use serde::{Deserialize, Serialize};
 

@@ -26,6 +26,28 @@ pub struct PipelineRunStatus {
     /// (an ownerReference can be written by anyone who may create runs).
     #[serde(default)]
     pub child_references: Vec<ChildReference>,
+    /// Pipeline tasks Tekton decided not to run (`release-after` counts them as done).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_tasks: Vec<TaskName>,
+    /// The pipeline as resolved, only its task names (`release-after` checks them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_spec: Option<PipelineTaskNames>,
+}
+
+/// Anything with a `name`: a skipped task, a pipeline task.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskName {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// The task names of a resolved pipeline spec.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PipelineTaskNames {
+    #[serde(default)]
+    pub tasks: Vec<TaskName>,
+    #[serde(default)]
+    pub finally: Vec<TaskName>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -35,6 +57,9 @@ pub struct ChildReference {
     pub kind: String,
     #[serde(default)]
     pub name: String,
+    /// The pipeline task it runs (several children share one under a matrix).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pipeline_task_name: String,
 }
 
 impl PipelineRun {

@@ -63,6 +63,7 @@ fn view_of(cr: &CustomRun, pr: Option<&PipelineRun>, now: i64) -> MemberView {
         uid,
         object: pr,
         pods_alive: false,
+        section_done: false,
     });
     member_view(&o, &cfg, parent, t(now))
 }

@@ -27,6 +27,20 @@ impl ControllerProcess {
 
     /// Starts the controller with extra arguments and environment.
     pub async fn start_with(namespace: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        let args: Vec<&str> = ["--namespace", namespace]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        Self::spawn(namespace, &args, env).await
+    }
+
+    /// Starts a controller that serves every namespace (ClusterMutexes need one);
+    /// `label` names its log file.
+    pub async fn start_cluster_wide(label: &str) -> Result<Self> {
+        Self::spawn(label, &[], &[]).await
+    }
+
+    async fn spawn(namespace: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         install_crd(&repo_root().join("config/crd.yaml")).await?;
         let dir = repo_root().join("target/test-logs");
         std::fs::create_dir_all(&dir)?;
@@ -36,7 +50,7 @@ impl ControllerProcess {
         let log = dir.join(format!("controller-{namespace}-{n}.log"));
         let out = std::fs::File::create(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
-            .args(["run", "--namespace", namespace])
+            .arg("run")
             .args(args)
             .env("KUBECONFIG", kubeconfig_path())
             .env("RUST_LOG", "info,tekton_mutex=debug,kube=warn")

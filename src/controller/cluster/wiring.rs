@@ -1,0 +1,207 @@
+//! What runs the ClusterMutex sync: its own controller over ClusterMutexes,
+//! woken by their runs, those runs' PipelineRuns and the live pods of those.
+//! It runs only where ClusterMutexes can be read (the cluster-wide install).
+
+use super::super::{Context, Error, backoff_key, scoped};
+use crate::cluster_mutex::{self, ClusterMutex, qualify, unqualify};
+use crate::mutex::{RunKind, RunRef};
+use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL};
+use crate::params::RunConfig;
+use crate::tekton::customrun::CustomRun;
+use crate::tekton::pipelinerun::PipelineRun;
+use crate::tekton::run::Run;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use std::sync::Arc;
+use tracing::warn;
+
+/// A run of either protocol.
+pub enum AnyRun {
+    Custom(Arc<CustomRun>),
+    Legacy(Arc<Run>),
+}
+
+impl AnyRun {
+    pub fn observe(&self) -> ObservedRun<'_> {
+        match self {
+            AnyRun::Custom(r) => r.observe(),
+            AnyRun::Legacy(r) => r.observe(),
+        }
+    }
+
+    /// May the sync enrol it, as far as `release-after` goes?
+    pub fn enrols(&self, cfg: &RunConfig, parent: Option<Option<&PipelineRun>>) -> bool {
+        match self {
+            AnyRun::Custom(r) => super::section::enrols(cfg, r.as_ref(), parent),
+            AnyRun::Legacy(r) => super::section::enrols(cfg, r.as_ref(), parent),
+        }
+    }
+}
+
+/// The runs the status names that the caches do not show, read from the API
+/// (absence in a cache proves nothing).
+pub async fn missing(
+    ctx: &Context,
+    named: &[&RunRef],
+    have: &[AnyRun],
+) -> Result<Vec<AnyRun>, Error> {
+    let mut found = Vec::new();
+    for r in named {
+        if have.iter().any(|o| o.observe().uid == r.uid) {
+            continue;
+        }
+        let Some((ns, name)) = unqualify(&r.name) else {
+            continue;
+        };
+        let same = |uid: Option<String>| uid.as_deref() == Some(r.uid.as_str());
+        match r.kind {
+            RunKind::CustomRun => {
+                let api: Api<CustomRun> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.push(AnyRun::Custom(Arc::new(o)));
+                }
+            }
+            RunKind::Run => {
+                let api: Api<Run> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.push(AnyRun::Legacy(Arc::new(o)));
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Can this controller read ClusterMutexes? Not when the CRD is missing, nor
+/// under the namespace-scoped install (a Role cannot grant a cluster-scoped kind).
+pub async fn served(client: &Client) -> Result<bool, Error> {
+    let api: Api<ClusterMutex> = Api::all(client.clone());
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
+            warn!(
+                code = e.code,
+                "ClusterMutexes cannot be read: runs that refer to one wait for a controller that can"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The ClusterMutex a run refers to, if any.
+fn cluster_of<K: Observe>(obj: &K) -> Option<ObjectRef<ClusterMutex>> {
+    match cluster_mutex::target(&obj.observe()) {
+        Some(Ok(name)) => Some(ObjectRef::new(&name)),
+        _ => None,
+    }
+}
+
+/// The ClusterMutexes PipelineRun `ns/name` waits for or holds.
+#[derive(Clone)]
+struct ByPipelineRun {
+    custom_runs: Option<Store<CustomRun>>,
+    runs: Option<Store<Run>>,
+    clusters: Store<ClusterMutex>,
+}
+
+impl ByPipelineRun {
+    fn refs(&self, ns: Option<String>, name: &str) -> Vec<ObjectRef<ClusterMutex>> {
+        let child = |labels: &std::collections::BTreeMap<String, String>, n: Option<String>| {
+            n == ns && labels.get(PIPELINE_RUN_LABEL).map(String::as_str) == Some(name)
+        };
+        let mut refs: Vec<ObjectRef<ClusterMutex>> = Vec::new();
+        if let Some(s) = &self.custom_runs {
+            let of = s
+                .state()
+                .into_iter()
+                .filter(|c| child(c.labels(), c.namespace()));
+            refs.extend(of.filter_map(|c| cluster_of(c.as_ref())));
+        }
+        if let Some(s) = &self.runs {
+            let of = s
+                .state()
+                .into_iter()
+                .filter(|c| child(c.labels(), c.namespace()));
+            refs.extend(of.filter_map(|c| cluster_of(c.as_ref())));
+        }
+        let qualified = qualify(ns.as_deref().unwrap_or_default(), name);
+        let holds = |cm: &ClusterMutex| {
+            cm.status.as_ref().is_some_and(|s| {
+                s.holders
+                    .iter()
+                    .any(|h| h.pipeline_run.as_deref() == Some(qualified.as_str()))
+            })
+        };
+        let held = self.clusters.state().into_iter().filter(|cm| holds(cm));
+        refs.extend(held.map(|cm| ObjectRef::from_obj(cm.as_ref())));
+        refs.sort_by(|a, b| a.name.cmp(&b.name));
+        refs.dedup();
+        refs
+    }
+}
+
+/// The ClusterMutex controller, woken by what wakes a Mutex's sync.
+pub fn controller(
+    client: &Client,
+    namespace: &Option<String>,
+    custom_runs: Option<Store<CustomRun>>,
+    runs: Option<Store<Run>>,
+) -> Controller<ClusterMutex> {
+    let wc = watcher::Config::default();
+    let mut c = Controller::new(Api::<ClusterMutex>::all(client.clone()), wc.clone());
+    let by_pr = ByPipelineRun {
+        custom_runs: custom_runs.clone(),
+        runs: runs.clone(),
+        clusters: c.store(),
+    };
+    if custom_runs.is_some() {
+        c = c.watches(scoped::<CustomRun>(client, namespace), wc.clone(), |r| {
+            cluster_of(&r)
+        });
+    }
+    if runs.is_some() {
+        c = c.watches(scoped::<Run>(client, namespace), wc.clone(), |r| {
+            cluster_of(&r)
+        });
+    }
+    let prs: Api<PartialObjectMeta<PipelineRun>> = scoped(client, namespace);
+    let prs = watcher(prs, wc.clone()).default_backoff().touched_objects();
+    let by = by_pr.clone();
+    c = c.watches_stream(prs, move |pr: PartialObjectMeta<PipelineRun>| {
+        by.refs(pr.namespace(), &pr.name_any())
+    });
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
+    let live = wc.labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
+    let pods = watcher(pods, live).default_backoff().touched_objects();
+    c.watches_stream(pods.boxed(), move |pod: PartialObjectMeta<Pod>| {
+        match pod.labels().get(PIPELINE_RUN_LABEL) {
+            Some(pr) => by_pr.refs(pod.namespace(), pr),
+            None => Vec::new(),
+        }
+    })
+}
+
+/// A standby keeps its caches warm but leaves every ClusterMutex alone.
+pub async fn reconcile_when_acting(
+    cm: Arc<ClusterMutex>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if !ctx.acting() {
+        return Ok(Action::await_change());
+    }
+    let object = backoff_key(cm.as_ref());
+    let result = super::reconcile(cm, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&object);
+    }
+    result
+}
