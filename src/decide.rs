@@ -635,7 +635,7 @@ impl<'a> Decider<'a> {
     /// Hand free slots to the head of the queue.
     fn grant(&mut self) {
         self.sort_queue();
-        while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
+        while self.st.holders.len() < slots(self.spec.capacity) && !self.st.queue.is_empty() {
             // Tokens never wrap or repeat: at i64::MAX the key grants no more.
             let Some(token) = self.st.last_token.checked_add(1) else {
                 break;
@@ -694,6 +694,25 @@ impl<'a> Decider<'a> {
 
 /// Does this run's hold (if it has one) still stand? Until nothing of its
 /// PipelineRun can run; a standalone run's until the run is deleted.
+/// The slots of a key. A test build with the `chaos-broken-capacity` feature gives one too many
+/// when TEKTON_MUTEX_BROKEN=capacity: the bug the chaos campaign's checker must catch
+/// (`hack/chaos.sh --broken`). Release builds have no such switch.
+fn slots(capacity: u32) -> usize {
+    #[cfg(feature = "chaos-broken-capacity")]
+    if broken_capacity() {
+        return capacity as usize + 1;
+    }
+    capacity as usize
+}
+
+#[cfg(feature = "chaos-broken-capacity")]
+fn broken_capacity() -> bool {
+    static BROKEN: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var("TEKTON_MUTEX_BROKEN").is_ok_and(|v| v == "capacity")
+    });
+    *BROKEN
+}
+
 fn still_holds(r: &RunView) -> bool {
     match &r.parent {
         Some(p) => !p.state.released(),
