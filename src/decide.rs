@@ -173,6 +173,8 @@ enum Leaving {
 pub struct MutexFacts {
     /// `kubectl delete` marked it: it admits no one new and releases nothing.
     pub deleting: bool,
+    /// The `lastToken` of an earlier Mutex of this key, since deleted: tokens continue above it.
+    pub token_floor: i64,
 }
 
 /// The decision for a Mutex that is not being deleted.
@@ -244,6 +246,7 @@ impl<'a> Decider<'a> {
     fn rebuild_from_runs(&mut self) {
         let highest = self.all.iter().filter_map(|r| r.acquired_token).max();
         self.st.last_token = self.st.last_token.max(highest.unwrap_or(0));
+        self.st.last_token = self.st.last_token.max(self.facts.token_floor);
         for r in self.all {
             let Some(token) = r.acquired_token else {
                 continue;

@@ -19,6 +19,7 @@ mod leader;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod token_floor;
 mod tolerant;
 mod triggers;
 mod writes;
@@ -128,6 +129,8 @@ pub struct Context {
     backoff: backoff::Backoff,
     /// Whether this replica acts (holds the Lease, or runs without election).
     acting: watch::Receiver<bool>,
+    /// The last tokens of Mutexes this replica let go.
+    token_floors: token_floor::TokenFloors,
 }
 
 impl Context {
@@ -226,6 +229,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         metrics: state.metrics.clone(),
         backoff: Default::default(),
         acting: acting_rx.clone(),
+        token_floors: Default::default(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();

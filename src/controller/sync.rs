@@ -58,6 +58,7 @@ async fn sync_key(ctx: &Context, ns: &str, key: &str) -> Result<Action, Error> {
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let facts = MutexFacts {
         deleting: mutex.meta().deletion_timestamp.is_some(),
+        token_floor: ctx.token_floors.floor(ns, key, current.last_token),
     };
     let decision = decide::decide_with(&mutex.spec, &current, &views, now, facts);
     if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {

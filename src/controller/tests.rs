@@ -44,6 +44,7 @@ fn context(
         metrics: Arc::new(Metrics::new()),
         backoff: Default::default(),
         acting: watch::channel(true).1,
+        token_floors: Default::default(),
     };
     (Arc::new(ctx), handle)
 }
