@@ -27,10 +27,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/lib.sh
 source "$here/lib.sh"
 
-# The CI campaign: fixed seeds, and the faults the code on main survives today (issues 9 and 10
-# track the rest; widen this as they land).
+# The CI campaign: fixed seeds, and every fault kind but the control plane's restarts: under
+# those a controller restarted right after kube-apiserver once sat idle for minutes, not yet
+# explained (CHAOS_RUST_LOG=kube=debug to look), so CI would be flaky with them.
 CI_SEEDS=${CHAOS_CI_SEEDS:-101,202,303}
-CI_FAULTS=${CHAOS_CI_FAULTS:-controller,admission}
+CI_FAULTS=${CHAOS_CI_FAULTS:-controller,users,mutex,admission}
 CI_RUNS=${CHAOS_CI_RUNS:-20-24}
 
 usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
