@@ -11,10 +11,14 @@
 #                                         single kinds such as etcd-restart, or none)
 #   hack/chaos.sh --runs 20-40            PipelineRuns per round
 #   hack/chaos.sh --unguarded             the same rounds without the lock task: must fail
+#   hack/chaos.sh --broken                the same rounds against a broken capacity check (the
+#                                         test build's chaos-broken-capacity hook): must fail
+#                                         (add --expect-violations to succeed when it is caught)
 #   hack/chaos.sh --expect-violations     succeed only if violations are found (check of the checker)
 #   hack/chaos.sh --ci                    the short campaign hack/test.sh runs (fixed seeds,
 #                                         CHAOS_CI_FAULTS or the fault set that passes today),
-#                                         then one unguarded round that must be caught
+#                                         then one unguarded round and one broken-build round,
+#                                         each of which must be caught
 #
 # Uses the running local cluster (hack/cluster.sh up) if there is one and leaves it up; otherwise
 # starts one and stops it at the end. Controller logs: target/chaos/<seed>-<namespace>/.
@@ -23,15 +27,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/lib.sh
 source "$here/lib.sh"
 
-# The CI campaign: fixed seeds, and the faults the code on main survives today (issues 9 and 10
-# track the rest; widen this as they land).
+# The CI campaign: fixed seeds, and every fault kind but the control plane's restarts: under
+# those a controller restarted right after kube-apiserver once sat idle for minutes, not yet
+# explained (CHAOS_RUST_LOG=kube=debug to look), so CI would be flaky with them.
 CI_SEEDS=${CHAOS_CI_SEEDS:-101,202,303}
-CI_FAULTS=${CHAOS_CI_FAULTS:-controller,admission}
+CI_FAULTS=${CHAOS_CI_FAULTS:-controller,users,mutex,admission}
 CI_RUNS=${CHAOS_CI_RUNS:-20-24}
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 
-rounds="" seeds="" faults=all runs=20-40 unguarded="" expect="" ci=""
+rounds="" seeds="" faults=all runs=20-40 unguarded="" broken="" expect="" ci=""
 while (( $# )); do
   case $1 in
     --rounds) rounds=${2:?--rounds needs a number}; shift 2 ;;
@@ -39,6 +44,7 @@ while (( $# )); do
     --faults) faults=${2:?--faults needs a list}; shift 2 ;;
     --runs) runs=${2:?--runs needs MIN-MAX}; shift 2 ;;
     --unguarded) unguarded=1; shift ;;
+    --broken) broken=capacity; shift ;;
     --expect-violations) expect=1; shift ;;
     --ci) ci=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -100,9 +106,16 @@ if [[ -n $ci ]]; then
   log "chaos: check of the checker: one unguarded round must be caught"
   CHAOS_SEEDS=${CI_SEEDS%%,*} CHAOS_FAULTS=none CHAOS_RUNS=$CI_RUNS \
     CHAOS_UNGUARDED=1 CHAOS_EXPECT_VIOLATIONS=1 campaign
+  log "chaos: check of the checker: one round of a build that grants one slot too many must be caught"
+  CHAOS_SEEDS=${CI_SEEDS%%,*} CHAOS_FAULTS=none CHAOS_RUNS=$CI_RUNS \
+    TEKTON_MUTEX_BROKEN=capacity CHAOS_EXPECT_VIOLATIONS=1 campaign
 else
   export CHAOS_FAULTS=$faults CHAOS_RUNS=$runs CHAOS_SEEDS=$seeds CHAOS_ROUNDS=${rounds:-1}
-  export CHAOS_UNGUARDED=$unguarded CHAOS_EXPECT_VIOLATIONS=$expect
+  export CHAOS_UNGUARDED=$unguarded CHAOS_EXPECT_VIOLATIONS=$expect TEKTON_MUTEX_BROKEN=$broken
   campaign
 fi
-log "chaos: campaign passed in $(( $(date +%s) - t0 ))s"
+if [[ -n $ci || -n $expect ]]; then
+  log "chaos: campaign passed (checks of the checker included) in $(( $(date +%s) - t0 ))s"
+else
+  log "chaos: campaign passed in $(( $(date +%s) - t0 ))s"
+fi

@@ -200,6 +200,8 @@ enum Leaving {
 pub struct MutexFacts {
     /// `kubectl delete` marked it: it admits no one new and releases nothing.
     pub deleting: bool,
+    /// The `lastToken` of an earlier Mutex of this key, since deleted: tokens continue above it.
+    pub token_floor: i64,
 }
 
 /// The decision for a Mutex that is not being deleted.
@@ -288,6 +290,7 @@ impl<'a> Decider<'a> {
     fn rebuild_from_runs(&mut self) {
         let highest = self.all.iter().filter_map(|r| r.acquired_token).max();
         self.st.last_token = self.st.last_token.max(highest.unwrap_or(0));
+        self.st.last_token = self.st.last_token.max(self.facts.token_floor);
         for r in self.all {
             let Some(token) = r.acquired_token else {
                 continue;
@@ -688,7 +691,7 @@ impl<'a> Decider<'a> {
         if self.spec.frozen {
             return;
         }
-        while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
+        while self.st.holders.len() < slots(self.spec.capacity) && !self.st.queue.is_empty() {
             // Tokens never wrap or repeat: at i64::MAX the key grants no more.
             let Some(token) = self.st.last_token.checked_add(1) else {
                 break;
@@ -748,6 +751,25 @@ impl<'a> Decider<'a> {
 
 /// Does this run's hold (if it has one) still stand? Until nothing of its
 /// PipelineRun can run; a standalone run's until the run is deleted.
+/// The slots of a key. A test build with the `chaos-broken-capacity` feature gives one too many
+/// when TEKTON_MUTEX_BROKEN=capacity: the bug the chaos campaign's checker must catch
+/// (`hack/chaos.sh --broken`). Release builds have no such switch.
+fn slots(capacity: u32) -> usize {
+    #[cfg(feature = "chaos-broken-capacity")]
+    if broken_capacity() {
+        return capacity as usize + 1;
+    }
+    capacity as usize
+}
+
+#[cfg(feature = "chaos-broken-capacity")]
+fn broken_capacity() -> bool {
+    static BROKEN: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var("TEKTON_MUTEX_BROKEN").is_ok_and(|v| v == "capacity")
+    });
+    *BROKEN
+}
+
 fn still_holds(r: &RunView) -> bool {
     match &r.parent {
         Some(p) => !p.state.released(),

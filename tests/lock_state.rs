@@ -113,6 +113,43 @@ async fn a_deleted_mutex_in_use_releases_nothing_and_goes_once_empty() -> Result
     Ok(())
 }
 
+/// Chaos seed 303: once a deleted Mutex went and the runs that showed its tokens were deleted too,
+/// the key's new Mutex handed out token 1 again. Tokens continue from the deleted Mutex's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn tokens_continue_after_a_deleted_mutex_and_its_runs_are_gone() -> Result<()> {
+    let ns = TestNamespace::create("token-floor").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let opts = Opts {
+        lock_params: &[("key", KEY), ("supersede", "none")],
+        ..Default::default()
+    };
+    ns.apply(&pipeline("deploy", &opts)).await?;
+    ns.apply(&pipeline_run("a", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    release(&ns, "a").await?;
+    succeeded(&ns, "a").await?;
+    let a = token_of(&ns, "a").await?;
+    // The Mutex goes, and so does every run that showed a token of it.
+    ns.kubectl(&["delete", "mutex", KEY, "--wait=false"])?;
+    ns.kubectl(&["delete", "pipelinerun", "a", "--wait=false"])?;
+    wait_until("the Mutex and a's lock run to be gone", slow(), || async {
+        let mutex = mutex_uid(&ns).await?;
+        let run = ns.api::<CustomRun>().get_opt(&lock_run("a")).await?;
+        Ok((mutex.is_none() && run.is_none()).then_some(()))
+    })
+    .await?;
+    ns.apply(&pipeline_run("d", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("d"), "Acquired", slow()).await?;
+    let d = token_of(&ns, "d").await?;
+    ensure!(
+        d > a,
+        "a token handed out again after the Mutex was deleted: a {a}, d {d}"
+    );
+    release(&ns, "d").await?;
+    succeeded(&ns, "d").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_wiped_status_is_rebuilt_from_the_runs() -> Result<()> {

@@ -2,7 +2,8 @@
 //! waiters from being removed. `kubectl delete` only marks it; the sync keeps
 //! serving its holders and waiters, admits no one new, and takes the finalizer
 //! off once the Mutex is empty. The newcomers then get a new Mutex, whose
-//! lock state is rebuilt from the runs (their tokens), never reset.
+//! lock state is rebuilt from the runs (their tokens), never reset, and whose
+//! tokens continue above the last one of the Mutex that went (token_floor.rs).
 
 use super::{Context, Error};
 use crate::decide::Decision;
@@ -86,9 +87,11 @@ pub async fn release(ctx: &Context, ns: &str, key: &str) -> Result<bool, Error> 
         .await
     {
         Ok(_) => {
+            ctx.token_floors.remember(ns, key, status.last_token);
             info!(
                 key,
                 namespace = ns,
+                last_token = status.last_token,
                 "the Mutex marked for deletion is empty: finalizer removed"
             );
             Ok(true)

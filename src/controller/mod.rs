@@ -25,6 +25,7 @@ mod strip;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod token_floor;
 mod told;
 mod tolerant;
 mod triggers;
@@ -141,6 +142,8 @@ pub struct Context {
     told: told::Told,
     /// Whether this replica acts (holds the Lease, or runs without election).
     acting: watch::Receiver<bool>,
+    /// The last tokens of Mutexes this replica let go.
+    token_floors: token_floor::TokenFloors,
 }
 
 impl Context {
@@ -244,6 +247,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         backoff: Default::default(),
         told: Default::default(),
         acting: acting_rx.clone(),
+        token_floors: Default::default(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();

@@ -99,6 +99,7 @@ async fn sync_key(
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let facts = MutexFacts {
         deleting: mutex.meta().deletion_timestamp.is_some(),
+        token_floor: ctx.token_floors.floor(ns, key, current.last_token),
     };
     let requests = crate::control::requests_from(mutex.annotations());
     let decision = decide::decide_requested(&mutex.spec, &current, &views, now, facts, &requests);

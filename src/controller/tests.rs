@@ -46,6 +46,7 @@ fn context(
         backoff: Default::default(),
         told: Default::default(),
         acting: watch::channel(true).1,
+        token_floors: Default::default(),
     };
     (Arc::new(ctx), handle)
 }

@@ -1274,7 +1274,10 @@ fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
     runs.push(run(2));
-    let deleting = MutexFacts { deleting: true };
+    let deleting = MutexFacts {
+        deleting: true,
+        ..Default::default()
+    };
     let d2 = decide_with(&spec, &d.status, &runs, t(2), deleting);
     assert_eq!(holders(&d2), ["pr0"], "the holder keeps the slot");
     assert_eq!(queue(&d2), ["pr1"], "the waiter keeps its place");
@@ -1298,6 +1301,36 @@ fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
             waited_seconds: 3
         })
     );
+}
+
+/// Chaos seed 303: a Mutex in use was deleted, its holder's PipelineRun too (and with it the
+/// only run that showed token 1); the new Mutex of the key granted token 1 again. Tokens continue
+/// from the deleted Mutex's last token, which the controller passes on as the token floor.
+#[test]
+fn a_new_mutex_continues_above_the_deleted_ones_last_token() {
+    let spec = MutexSpec::default();
+    let runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    assert_eq!(
+        d.status.holders[0].token, 1,
+        "no floor, no run: tokens start at 1"
+    );
+    let after = MutexFacts {
+        token_floor: 7,
+        ..Default::default()
+    };
+    let d = decide_with(&spec, &MutexStatus::default(), &runs, t(1), after);
+    assert_eq!(d.status.holders[0].token, 8);
+    // Neither the status nor a run's token is lowered by a floor below them.
+    let mut runs = runs;
+    apply(&mut runs, &d);
+    let low = MutexFacts {
+        token_floor: 3,
+        ..Default::default()
+    };
+    let d2 = decide_with(&spec, &MutexStatus::default(), &runs, t(2), low);
+    assert_eq!(d2.status.holders[0].token, 8);
+    assert_eq!(d2.status.last_token, 8);
 }
 
 // ---- a bounded queue ----

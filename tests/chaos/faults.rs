@@ -26,7 +26,12 @@ impl Replica {
         let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
             .args(["run", "--namespace", namespace])
             .env("KUBECONFIG", crate::support::kubeconfig_path())
-            .env("RUST_LOG", "info,tekton_mutex=debug,kube=warn")
+            // CHAOS_RUST_LOG: more (e.g. kube=debug) when a round needs explaining.
+            .env(
+                "RUST_LOG",
+                std::env::var("CHAOS_RUST_LOG")
+                    .unwrap_or_else(|_| "info,tekton_mutex=debug,kube=warn".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(out.try_clone()?)
             .stderr(out)

@@ -1,5 +1,5 @@
 //! A randomized fault campaign with an independent checker (issue 12). Run it with
-//! `hack/chaos.sh` (`--rounds N`, `--seed S`, `--faults LIST`, `--unguarded`); the campaign itself
+//! `hack/chaos.sh` (`--rounds N`, `--seed S`, `--faults LIST`, `--unguarded`, `--broken`); the campaign itself
 //! is an ignored test that needs the local control plane. The plan and the checker are pure and
 //! their unit tests run with the rest of the suite.
 //!
@@ -7,6 +7,8 @@
 //! and printed), `CHAOS_FAULTS` (default `all`), `CHAOS_RUNS` (`MIN-MAX` PipelineRuns a round,
 //! default `20-40`), `CHAOS_UNGUARDED=1` (the same rounds without the lock task), and
 //! `CHAOS_EXPECT_VIOLATIONS=1` (succeed only if violations are found: the check of the checker).
+//! `TEKTON_MUTEX_BROKEN=capacity`, inherited by the controllers, switches on the test build's
+//! broken capacity check (feature `chaos-broken-capacity`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -67,6 +69,13 @@ async fn campaign() -> Result<()> {
     }
     let (knobs, faults_arg) = knobs()?;
     let seeds = seeds()?;
+    // The replicas inherit this process's environment, TEKTON_MUTEX_BROKEN included.
+    let broken = env("TEKTON_MUTEX_BROKEN");
+    let mode = match (&broken, knobs.unguarded) {
+        (Some(b), _) => format!("BROKEN BUILD: TEKTON_MUTEX_BROKEN={b}"),
+        (None, true) => "UNGUARDED: no lock task".into(),
+        (None, false) => String::new(),
+    };
     let mut results = vec![];
     for (i, &seed) in seeds.iter().enumerate() {
         let plan = plan::draw(seed, &knobs);
@@ -77,7 +86,11 @@ async fn campaign() -> Result<()> {
             seeds.len(),
             plan.runs.len(),
             plan.faults.len(),
-            if knobs.unguarded { " --unguarded" } else { "" }
+            match (&broken, knobs.unguarded) {
+                (Some(_), _) => " --broken",
+                (None, true) => " --unguarded",
+                (None, false) => "",
+            }
         );
         let r = round::run(&plan)
             .await
@@ -93,7 +106,7 @@ async fn campaign() -> Result<()> {
         );
         results.push(r);
     }
-    println!("{}", report::render(&results, &faults_arg, knobs.unguarded));
+    println!("{}", report::render(&results, &faults_arg, &mode));
     let violations: usize = results.iter().map(|r| r.violations.len()).sum();
     if env("CHAOS_EXPECT_VIOLATIONS").is_some() {
         let exclusion = results
@@ -101,9 +114,7 @@ async fn campaign() -> Result<()> {
             .flat_map(|r| &r.violations)
             .any(|v| v.invariant == checker::Invariant::Exclusion);
         if !exclusion {
-            bail!(
-                "the checker found no exclusion violation where it must (the unguarded pipeline)"
-            );
+            bail!("the checker found no exclusion violation where it must ({mode})");
         }
         println!("check of the checker: {violations} violations found, as expected");
         return Ok(());

@@ -56,7 +56,8 @@ fn distribution(mut v: Vec<u64>) -> String {
     )
 }
 
-pub fn render(results: &[RoundResult], faults_arg: &str, unguarded: bool) -> String {
+/// The report; `mode` says what was run if not the product as built (unguarded, broken build).
+pub fn render(results: &[RoundResult], faults_arg: &str, mode: &str) -> String {
     let mut s = String::new();
     let runs: usize = results.iter().map(|r| r.runs).sum();
     let wall: f64 = results.iter().map(|r| r.wall.as_secs_f64()).sum();
@@ -65,10 +66,10 @@ pub fn render(results: &[RoundResult], faults_arg: &str, unguarded: bool) -> Str
         s,
         "rounds: {}   runs: {runs}   wall: {wall:.0}s   faults: {faults_arg}{}",
         results.len(),
-        if unguarded {
-            "   (UNGUARDED: no lock task)"
+        if mode.is_empty() {
+            String::new()
         } else {
-            ""
+            format!("   ({mode})")
         }
     );
     let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
