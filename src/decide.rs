@@ -16,6 +16,9 @@ use chrono::{DateTime, Utc};
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
 
+mod multikey;
+pub use multikey::{MultiKeyRun, MultiKeys, Revoke, Settle, commit as commit_multikey, settle};
+
 /// One Mutex run of this key, as observed now.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunView {
@@ -157,6 +160,8 @@ pub struct Decision {
     pub status: MutexStatus,
     pub outcomes: Vec<(RunRef, Outcome)>,
     pub cancels: Vec<Cancel>,
+    /// Slots of runs of several keys to give back: written to those runs first.
+    pub revokes: Vec<Revoke>,
 }
 
 /// Whether a run should be out of the queue, and what to tell it if so.
@@ -193,11 +198,25 @@ pub fn decide_with(
     now: DateTime<Utc>,
     facts: MutexFacts,
 ) -> Decision {
+    decide_multikey(spec, prev, runs, now, facts, &MultiKeys::default())
+}
+
+/// The decision, with what the runs of several keys among `runs` say (see [`multikey`]).
+pub fn decide_multikey(
+    spec: &MutexSpec,
+    prev: &MutexStatus,
+    runs: &[RunView],
+    now: DateTime<Utc>,
+    facts: MutexFacts,
+    multi: &MultiKeys,
+) -> Decision {
     let runs = siblings_share_age(runs);
-    let mut d = Decider::new(spec, prev, &runs, now, facts);
+    let mut d = Decider::new(spec, prev, &runs, now, facts, multi);
+    d.convert_granted_reservations();
     d.rebuild_from_runs();
     d.release_ended_holders();
     d.drop_leavers();
+    d.settle_reservations();
     d.admit_arrivals();
     d.supersede_running();
     d.recancel_superseded();
@@ -214,6 +233,8 @@ struct Decider<'a> {
     now: DateTime<Utc>,
     all: &'a [RunView],
     runs: HashMap<&'a str, &'a RunView>,
+    multi: &'a MultiKeys,
+    revokes: Vec<Revoke>,
 }
 
 impl<'a> Decider<'a> {
@@ -223,8 +244,11 @@ impl<'a> Decider<'a> {
         all: &'a [RunView],
         now: DateTime<Utc>,
         facts: MutexFacts,
+        multi: &'a MultiKeys,
     ) -> Self {
         Decider {
+            multi,
+            revokes: Vec::new(),
             spec,
             facts,
             st: prev.clone(),
@@ -296,6 +320,7 @@ impl<'a> Decider<'a> {
             .iter()
             .map(|h| h.run.uid.as_str())
             .chain(self.st.queue.iter().map(|w| w.run.uid.as_str()))
+            .chain(self.reserved_uids())
             .collect();
         let mut arrivals: Vec<&'a RunView> = self
             .all
@@ -342,6 +367,7 @@ impl<'a> Decider<'a> {
                 .st
                 .queue
                 .iter()
+                .chain(self.reserved_waiters())
                 .filter(|w| {
                     w.group == h.group
                         && w.supersede == Supersede::Running
@@ -396,8 +422,14 @@ impl<'a> Decider<'a> {
     /// Every live member is told where it stands; the summary fields follow the lists.
     fn report(mut self) -> Decision {
         let holder_names = self.holder_names();
-        let of = self.st.queue.len();
-        for (i, w) in self.st.queue.iter().enumerate() {
+        let told: HashSet<String> = self.outcomes.iter().map(|(r, _)| r.uid.clone()).collect();
+        let reserved = self.st.reservations.len();
+        let of = reserved + self.st.queue.len();
+        let kept = self.st.reservations.iter().map(|r| &r.waiter);
+        for (i, w) in kept.chain(&self.st.queue).enumerate() {
+            if i < reserved && told.contains(&w.run.uid) {
+                continue; // a reserved run leaving: its slot stays until it shows so
+            }
             let retry = self.runs.get(w.run.uid.as_str()).is_some_and(|r| {
                 matches!(
                     r.phase,
@@ -429,13 +461,14 @@ impl<'a> Decider<'a> {
             }
         }
         self.st.holding = holder_names.join(",");
-        self.st.waiting = self.st.queue.len() as i64;
+        self.st.waiting = of as i64;
         let mut seen = HashSet::new();
         self.cancels.retain(|c| seen.insert(c.pipeline_run.clone()));
         Decision {
             status: self.st,
             outcomes: self.outcomes,
             cancels: self.cancels,
+            revokes: self.revokes,
         }
     }
 
@@ -504,6 +537,7 @@ impl<'a> Decider<'a> {
             .st
             .queue
             .iter()
+            .chain(self.reserved_waiters())
             .filter(|w| {
                 w.group == r.group
                     && w.supersede != Supersede::None
@@ -635,7 +669,15 @@ impl<'a> Decider<'a> {
     /// Hand free slots to the head of the queue.
     fn grant(&mut self) {
         self.sort_queue();
-        while self.st.holders.len() < self.spec.capacity as usize && !self.st.queue.is_empty() {
+        if self.has_multikey() {
+            return self.grant_with_reservations();
+        }
+        self.grant_up_to(self.spec.capacity as usize);
+    }
+
+    /// Grant the head of the queue until `capacity` runs hold the key.
+    fn grant_up_to(&mut self, capacity: usize) {
+        while self.st.holders.len() < capacity && !self.st.queue.is_empty() {
             // Tokens never wrap or repeat: at i64::MAX the key grants no more.
             let Some(token) = self.st.last_token.checked_add(1) else {
                 break;
@@ -669,13 +711,7 @@ impl<'a> Decider<'a> {
     /// Priority first, then age in the Mutex's order.
     fn sort_queue(&mut self) {
         let order = self.spec.order;
-        self.st.queue.sort_by(|a, b| {
-            let by_age = match order {
-                Order::OldestFirst => a.age.cmp(&b.age),
-                Order::NewestFirst => b.age.cmp(&a.age),
-            };
-            Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
-        });
+        self.st.queue.sort_by(|a, b| queue_order(order, a, b));
     }
 
     /// Seconds since the run started waiting.
@@ -690,6 +726,15 @@ impl<'a> Decider<'a> {
             .map(|h| label(&h.pipeline_run, &h.run))
             .collect()
     }
+}
+
+/// Priority first, then age in the Mutex's order.
+fn queue_order(order: Order, a: &Waiter, b: &Waiter) -> std::cmp::Ordering {
+    let by_age = match order {
+        Order::OldestFirst => a.age.cmp(&b.age),
+        Order::NewestFirst => b.age.cmp(&a.age),
+    };
+    Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
 }
 
 /// Does this run's hold (if it has one) still stand? Until nothing of its
