@@ -16,6 +16,7 @@ pub mod events;
 mod finalizer;
 mod intake;
 mod leader;
+mod multikey;
 mod sync;
 #[cfg(test)]
 mod tests;

@@ -66,16 +66,21 @@ where
             c.namespace() == *ns
                 && c.labels().get(PIPELINE_RUN_LABEL).map(String::as_str) == Some(name)
         })
-        .filter_map(|c| mutex_of(c.as_ref()))
+        .flat_map(|c| mutex_of(c.as_ref()))
         .collect()
 }
 
-/// The Mutex object a run belongs to, if it is a valid Mutex run.
-pub fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
+/// The Mutex objects a run belongs to (one per key), if it is a valid Mutex run.
+pub fn mutex_of<K: Observe>(obj: &K) -> Vec<ObjectRef<Mutex>> {
     let o = obj.observe();
     if !o.is_mutex() {
-        return None;
+        return Vec::new();
     }
-    let cfg = o.config().ok()?;
-    Some(ObjectRef::new(&cfg.key).within(&o.namespace))
+    let Ok(cfg) = o.config() else {
+        return Vec::new();
+    };
+    cfg.keys
+        .iter()
+        .map(|k| ObjectRef::new(k).within(&o.namespace))
+        .collect()
 }
