@@ -218,6 +218,7 @@ pub fn decide_multikey(
     d.drop_leavers();
     d.settle_reservations();
     d.admit_arrivals();
+    d.supersede_reserved();
     d.supersede_running();
     d.recancel_superseded();
     d.forget_idle_marks();

@@ -195,6 +195,26 @@ impl Decider<'_> {
         }
     }
 
+    /// A run that arrived in this pass may make a run with a kept slot stale: it
+    /// is superseded now (its slot stays until its status says so), as a waiter is.
+    pub(super) fn supersede_reserved(&mut self) {
+        let told: HashSet<&str> = self.outcomes.iter().map(|(r, _)| r.uid.as_str()).collect();
+        let stale: Vec<_> = self
+            .st
+            .reservations
+            .iter()
+            .filter(|res| !told.contains(res.waiter.run.uid.as_str()))
+            .filter_map(|res| self.runs.get(res.waiter.run.uid.as_str()).copied())
+            .filter_map(|r| match self.leaving(r) {
+                l @ Leaving::LeaveWith(super::Outcome::Superseded { .. }) => Some((r, l)),
+                _ => None,
+            })
+            .collect();
+        for (r, leaving) in stale {
+            self.depart(r, leaving);
+        }
+    }
+
     /// Grant or reserve the free slots, in rank order over the waiting and the
     /// reserved runs; a kept slot beyond the free slots is revoked.
     pub(super) fn grant_with_reservations(&mut self) {

@@ -21,6 +21,8 @@ struct RunState {
     epoch: i64,
     /// Told `Acquired`: its token on each of its keys.
     acquired: Option<BTreeMap<String, i64>>,
+    /// Told superseded: its status is final.
+    ended: bool,
     gone: bool,
 }
 
@@ -28,6 +30,8 @@ struct RunState {
 struct SimRun {
     keys: Vec<String>,
     priority: i64,
+    /// In group `deploy` with `supersede: pending`; else a plain queue run.
+    supersede: bool,
     created: i64,
     /// Every version of the run's status; the last is the API server's.
     versions: Vec<RunState>,
@@ -96,6 +100,10 @@ impl World {
     }
 
     fn arrive(&mut self, mask: u8, priority: i64) {
+        self.arrive_in(mask, priority, false)
+    }
+
+    fn arrive_in(&mut self, mask: u8, priority: i64, supersede: bool) {
         let keys: Vec<String> = KEYS
             .iter()
             .enumerate()
@@ -106,10 +114,12 @@ impl World {
         self.runs.push(SimRun {
             keys,
             priority,
+            supersede,
             created: self.clock,
             versions: vec![RunState {
                 epoch: 0,
                 acquired: None,
+                ended: false,
                 gone: false,
             }],
             cached: None,
@@ -128,21 +138,30 @@ impl World {
                 uid: SimRun::uid(i),
             },
             parent: None,
-            group: name.clone(),
+            group: if r.supersede {
+                "deploy".into()
+            } else {
+                name.clone()
+            },
             age: Age {
                 sequence: None,
                 created: t(r.created),
                 name,
             },
             priority: r.priority,
-            supersede: Supersede::None,
+            supersede: if r.supersede {
+                Supersede::Pending
+            } else {
+                Supersede::None
+            },
             cancel_mode: CancelMode::default(),
             wait: true,
             waiting_since: t(r.created),
             cancel_message: None,
-            phase: match &r.seen().acquired {
-                Some(_) => Phase::Done { superseded: false },
-                None => Phase::Live {
+            phase: match (&r.seen().acquired, r.seen().ended) {
+                (Some(_), _) => Phase::Done { superseded: false },
+                (None, true) => Phase::Done { superseded: true },
+                (None, false) => Phase::Live {
                     cancel_requested: false,
                     timeout: Timeout::NotYet,
                 },
@@ -180,11 +199,15 @@ impl World {
         self.ledgers.insert(key.into(), d.status.clone());
         for (run, o) in &d.outcomes {
             let i = index(&run.uid);
-            if let Outcome::Acquired { token, .. } = o
-                && self.runs[i].keys.len() == 1
-            {
-                let tokens = BTreeMap::from([(key.to_string(), *token)]);
-                self.runs[i].write(|s| s.acquired = Some(tokens));
+            match o {
+                Outcome::Acquired { token, .. } if self.runs[i].keys.len() == 1 => {
+                    let tokens = BTreeMap::from([(key.to_string(), *token)]);
+                    self.runs[i].write(|s| s.acquired = Some(tokens));
+                }
+                Outcome::Superseded { .. } => {
+                    self.runs[i].write(|s| s.ended = true);
+                }
+                _ => {}
             }
         }
         for r in &d.revokes {
@@ -287,7 +310,7 @@ impl World {
 
     fn live(&self) -> Vec<usize> {
         (0..self.runs.len())
-            .filter(|i| !self.runs[*i].latest().gone)
+            .filter(|i| !self.runs[*i].latest().gone && !self.runs[*i].latest().ended)
             .collect()
     }
 
@@ -306,8 +329,8 @@ impl World {
             self.commit(i);
             self.check()?;
         }
-        for i in self.live() {
-            if self.holds(i) {
+        for i in 0..self.runs.len() {
+            if self.holds(i) || self.runs[i].latest().ended {
                 self.delete(i);
             }
         }
@@ -321,7 +344,11 @@ fn index(uid: &str) -> usize {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Arrive { mask: u8, priority: i64 },
+    Arrive {
+        mask: u8,
+        priority: i64,
+        supersede: bool,
+    },
     Sync(usize),
     Commit(u8),
     Refresh(u8),
@@ -332,7 +359,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (1..8u8, 0..3i64).prop_map(|(mask, priority)| Op::Arrive { mask, priority }),
+        3 => (1..8u8, 0..3i64, proptest::bool::weighted(0.3))
+            .prop_map(|(mask, priority, supersede)| Op::Arrive { mask, priority, supersede }),
         4 => (0..3usize).prop_map(Op::Sync),
         3 => any::<u8>().prop_map(Op::Commit),
         3 => any::<u8>().prop_map(Op::Refresh),
@@ -350,7 +378,11 @@ impl World {
 
     fn run_op(&mut self, op: &Op) {
         match *op {
-            Op::Arrive { mask, priority } => self.arrive(mask, priority),
+            Op::Arrive {
+                mask,
+                priority,
+                supersede,
+            } => self.arrive_in(mask, priority, supersede),
             Op::Sync(k) => {
                 self.sync(KEYS[k]);
             }
@@ -382,8 +414,9 @@ impl World {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Random arrivals of one-, two- and three-key runs, syncs and commits in any
-    /// order over caches that lag, holders finishing at random: no run is ever
+    /// Random arrivals of one-, two- and three-key runs (some superseding older
+    /// ones of their group), syncs and commits in any order over caches that lag,
+    /// holders finishing and waiters cancelled at random: no run is ever
     /// told a partial grant, no key's slot is given away while a run holds it;
     /// and once arrivals stop and holders keep finishing, every waiter is granted.
     #[test]
@@ -400,12 +433,12 @@ proptest! {
         // order through on all its keys, so rounds are bounded by the runs.
         let bound = 4 * w.runs.len() + 4;
         for _ in 0..bound {
-            if w.live().is_empty() {
+            if w.runs.iter().all(|r| r.latest().gone) {
                 break;
             }
             w.round()?;
         }
-        prop_assert!(w.live().is_empty(), "deadlock or starvation: still waiting {:?} after {} rounds; ledgers {:?}",
+        prop_assert!(w.live().is_empty() && w.runs.iter().all(|r| r.latest().gone), "deadlock or starvation: still waiting {:?} after {} rounds; ledgers {:?}",
             w.live(), bound, w.ledgers);
         for (i, r) in w.runs.iter().enumerate() {
             prop_assert!(r.cancelled || w.granted[i], "run {} ended without a grant", i);
@@ -554,4 +587,115 @@ fn settle_follows_the_run() {
     assert_eq!(settle(0, Some(&m(0, false)), true), Settle::Kept);
     assert_eq!(settle(0, Some(&m(0, true)), false), Settle::Convert);
     assert_eq!(settle(0, Some(&m(1, true)), false), Settle::Void);
+}
+
+/// A run of PipelineRun `pr<i>` in group `deploy` with `supersede: pending`.
+fn pending(i: usize, acquired: Option<i64>) -> RunView {
+    let name = format!("pr{i}");
+    RunView {
+        run: RunRef {
+            kind: RunKind::CustomRun,
+            name: format!("{name}-lock"),
+            uid: SimRun::uid(i),
+        },
+        parent: Some(crate::decide::Parent {
+            name: name.clone(),
+            uid: format!("{name}-uid"),
+            state: crate::decide::ParentState::Running,
+        }),
+        group: "deploy".into(),
+        age: Age {
+            sequence: None,
+            created: t(i as i64),
+            name,
+        },
+        priority: 0,
+        supersede: Supersede::Pending,
+        cancel_mode: CancelMode::default(),
+        wait: true,
+        waiting_since: t(i as i64),
+        cancel_message: None,
+        phase: match acquired {
+            Some(_) => Phase::Done { superseded: false },
+            None => Phase::Live {
+                cancel_requested: false,
+                timeout: Timeout::NotYet,
+            },
+        },
+        acquired_token: acquired,
+    }
+}
+
+#[test]
+fn a_reserved_run_superseded_on_one_key_is_cancelled_and_gives_its_slot_back() {
+    let spec = MutexSpec::default();
+    let facts = MutexFacts::default();
+    let two_keys = |epoch| MultiKeys {
+        key: "a".into(),
+        runs: HashMap::from([(
+            SimRun::uid(1),
+            MultiKeyRun {
+                keys: vec!["a".into(), "b".into()],
+                epoch,
+                acquired: None,
+            },
+        )]),
+    };
+    // pr1 takes a,b: a keeps a slot for it.
+    let d = decide_multikey(
+        &spec,
+        &MutexStatus::default(),
+        &[pending(1, None)],
+        t(10),
+        facts,
+        &two_keys(0),
+    );
+    assert_eq!(d.status.reservations.len(), 1);
+    // pr2, newer in its group, arrives on a: pr1 is superseded and its PipelineRun
+    // cancelled, but its slot stays kept until its status says so.
+    let runs = [pending(1, None), pending(2, None)];
+    let d = decide_multikey(&spec, &d.status, &runs, t(11), facts, &two_keys(0));
+    let told = |d: &Decision, i| {
+        d.outcomes
+            .iter()
+            .find(|(r, _)| r.uid == SimRun::uid(i))
+            .map(|(_, o)| o.clone())
+    };
+    assert!(
+        matches!(told(&d, 1), Some(Outcome::Superseded { .. })),
+        "{:?}",
+        d.outcomes
+    );
+    assert_eq!(d.cancels.len(), 1);
+    assert_eq!(d.cancels[0].pipeline_run, "pr1");
+    assert_eq!(
+        d.status.reservations.len(),
+        1,
+        "kept until pr1's status is final"
+    );
+    assert!(d.status.holders.is_empty());
+    // pr1's status now says superseded: the slot goes, and pr2 is granted.
+    let mut ended = pending(1, None);
+    ended.phase = Phase::Done { superseded: true };
+    let runs = [ended, pending(2, None)];
+    let d = decide_multikey(&spec, &d.status, &runs, t(12), facts, &two_keys(0));
+    assert!(d.status.reservations.is_empty());
+    assert_eq!(d.status.holders[0].run.uid, SimRun::uid(2));
+}
+
+#[test]
+fn one_key_alone_decides_as_before() {
+    // No run of several keys: the same decision with or without the hook.
+    let spec = MutexSpec::default();
+    let runs = [pending(1, None), pending(2, None), pending(3, None)];
+    let plain = crate::decide::decide(&spec, &MutexStatus::default(), &runs, t(5));
+    let hooked = decide_multikey(
+        &spec,
+        &MutexStatus::default(),
+        &runs,
+        t(5),
+        MutexFacts::default(),
+        &MultiKeys::default(),
+    );
+    assert_eq!(plain, hooked);
 }
