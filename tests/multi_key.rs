@@ -28,11 +28,15 @@ mark end
 
 /// `lock` on `keys`, then `deploy` (the step above).
 fn pipeline(name: &str, keys: &str) -> String {
+    pipeline_superseding(name, keys, "none")
+}
+
+fn pipeline_superseding(name: &str, keys: &str, supersede: &str) -> String {
     json!({
         "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name},
         "spec": {"tasks": [
             {"name": "lock",
-             "params": [{"name": "keys", "value": keys}, {"name": "supersede", "value": "none"}],
+             "params": [{"name": "keys", "value": keys}, {"name": "supersede", "value": supersede}],
              "taskRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"}},
             {"name": "deploy", "runAfter": ["lock"],
              "params": [
@@ -226,4 +230,59 @@ async fn a_run_of_two_keys_waits_for_both_and_holds_neither_partly() -> Result<(
         Ok((free(&a) && free(&b)).then_some(()))
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn superseded_on_one_key_a_run_of_two_keys_is_cancelled_and_gives_back_both() -> Result<()> {
+    let ns = TestNamespace::create("multi-key-supersede").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    // `b-holder` holds b (a plain queue run of another pipeline) until its gate opens.
+    let holder = support::pipelines::pipeline(
+        "b-only",
+        &support::pipelines::Opts {
+            lock_params: &[("key", "b"), ("supersede", "none")],
+            ..Default::default()
+        },
+    );
+    ns.apply(&holder).await?;
+    ns.apply(&support::pipelines::pipeline_run("b-holder", "b-only", &[]))
+        .await?;
+    wait_reason(&ns, &lock_run("b-holder"), "Acquired", slow()).await?;
+    // Two runs of one pipeline on a,b, `supersede: pending`, the older first (names break a same-second tie the same way).
+    ns.apply(&pipeline_superseding("ab", "a,b", "pending"))
+        .await?;
+    ns.apply(&pipeline_run("run-1", "ab")).await?;
+    wait_until("a to keep a slot for run-1", slow(), || async {
+        let a = support::pipelines::mutex_status(&ns, "a").await?;
+        Ok((a.reservations.len() == 1).then_some(()))
+    })
+    .await?;
+    ns.apply(&pipeline_run("run-2", "ab")).await?;
+    support::pipelines::wait_superseded(&ns, &lock_run("run-1")).await?;
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "run-1", slow())
+        .await?;
+    ensure!(c.reason == "Cancelled", "run-1: {c:?}");
+    // Its slot on a went to run-2, which still waits for b.
+    wait_until("a to keep its slot for run-2", slow(), || async {
+        let a = support::pipelines::mutex_status(&ns, "a").await?;
+        let kept: Vec<&str> = a
+            .reservations
+            .iter()
+            .map(|r| r.waiter.pipeline_run.as_deref().unwrap_or(""))
+            .collect();
+        Ok((kept == ["run-2"]).then_some(()))
+    })
+    .await?;
+    support::pipelines::release(&ns, "b-holder").await?;
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "run-2", slow())
+        .await?;
+    ensure!(c.status == "True", "run-2 did not succeed: {c:?}");
+    ensure!(
+        mark(&ns, "start", "run-1").await.is_err(),
+        "the superseded run deployed"
+    );
+    Ok(())
 }

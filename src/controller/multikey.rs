@@ -195,7 +195,9 @@ pub fn patch(
     let keys = multi.keys.join(",");
     match outcome {
         Outcome::Acquired { .. } => None,
-        Outcome::Waiting { retry, .. } => {
+        // Being deleted, one key's Mutex keeps the run out for now: still waiting.
+        Outcome::Waiting { .. } | Outcome::MutexDeleting => {
+            let retry = matches!(outcome, Outcome::Waiting { retry: true, .. });
             let message = format!(
                 "waiting for {}: granted only once every key is free for it",
                 multi.keys.join(", ")
@@ -211,7 +213,7 @@ pub fn patch(
                 position: 1,
                 of: 1,
                 holders: Vec::new(),
-                retry: *retry,
+                retry,
             };
             let mut p = run_status::patch(kind, &keys, &waiting, current, resource_version, now)?;
             p["status"]["conditions"][0]["message"] = json!(message);
@@ -375,6 +377,8 @@ mod tests {
             patch(kind, &multi, &waiting(2), &written, None, now()),
             None
         );
+        let deleting = Outcome::MutexDeleting;
+        assert_eq!(patch(kind, &multi, &deleting, &written, None, now()), None);
         let acquired = Outcome::Acquired {
             token: 1,
             waited_seconds: 0,
