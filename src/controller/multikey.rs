@@ -7,7 +7,7 @@
 //! The run object is the commit point: the commit and the revoke are both
 //! writes to it conditional on the resourceVersion read with the epoch.
 
-use super::{Context, Error, writes};
+use super::{Context, Error, events, writes};
 use crate::decide::{MultiKeyRun, MultiKeys, Outcome, Revoke, commit_multikey};
 use crate::mutex::{Mutex, MutexSpec, MutexStatus, RunKind, RunRef};
 use crate::observe::ObservedRun;
@@ -114,6 +114,12 @@ pub async fn commit_reserved(
         };
         if writes::run_status(ctx, c.run.kind, ns, &c.run.name, &patch).await? {
             info!(namespace = ns, run = %c.run.name, ?tokens, waited_seconds = waited, "granted every key");
+            let first = &c.multi.keys[0];
+            let outcome = Outcome::Acquired {
+                token: tokens[first],
+                waited_seconds: waited,
+            };
+            events::run_transition(ctx, ns, &c.multi.keys.join(","), c.run, &outcome, c.status);
         }
     }
     Ok(())
