@@ -17,6 +17,9 @@ use chrono::{DateTime, Utc};
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
 
+mod multikey;
+pub use multikey::{MultiKeyRun, MultiKeys, Revoke, Settle, commit as commit_multikey, settle};
+
 /// One Mutex run of this key, as observed now.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunView {
@@ -184,6 +187,8 @@ pub struct Decision {
     pub cancels: Vec<Cancel>,
     /// PipelineRuns a person let go (released or cleared) to cancel.
     pub control_cancels: Vec<ControlCancel>,
+    /// Slots of runs of several keys to give back: written to those runs first.
+    pub revokes: Vec<Revoke>,
 }
 
 /// Whether a run should be out of the queue, and what to tell it if so.
@@ -222,11 +227,10 @@ pub fn decide_with(
     now: DateTime<Utc>,
     facts: MutexFacts,
 ) -> Decision {
-    decide_requested(spec, prev, runs, now, facts, &[])
+    decide_full(spec, prev, runs, now, facts, &[], &MultiKeys::default())
 }
 
-/// The decision, as a script of named steps over one working state; `requests`
-/// are the queue-control requests on the Mutex ([`control`]).
+/// The decision with the queue-control requests on the Mutex ([`control`]).
 pub fn decide_requested(
     spec: &MutexSpec,
     prev: &MutexStatus,
@@ -235,14 +239,51 @@ pub fn decide_requested(
     facts: MutexFacts,
     requests: &[Result<Request, Unreadable>],
 ) -> Decision {
+    decide_full(
+        spec,
+        prev,
+        runs,
+        now,
+        facts,
+        requests,
+        &MultiKeys::default(),
+    )
+}
+
+/// The decision with what the runs of several keys among `runs` say (see [`multikey`]).
+pub fn decide_multikey(
+    spec: &MutexSpec,
+    prev: &MutexStatus,
+    runs: &[RunView],
+    now: DateTime<Utc>,
+    facts: MutexFacts,
+    multi: &MultiKeys,
+) -> Decision {
+    decide_full(spec, prev, runs, now, facts, &[], multi)
+}
+
+/// The decision, as a script of named steps over one working state; `requests`
+/// are the queue-control requests on the Mutex, `multi` what runs of several keys say.
+pub fn decide_full(
+    spec: &MutexSpec,
+    prev: &MutexStatus,
+    runs: &[RunView],
+    now: DateTime<Utc>,
+    facts: MutexFacts,
+    requests: &[Result<Request, Unreadable>],
+    multi: &MultiKeys,
+) -> Decision {
     let runs = siblings_share_age(runs);
-    let mut d = Decider::new(spec, prev, &runs, now, facts);
+    let mut d = Decider::new(spec, prev, &runs, now, facts, multi);
+    d.convert_granted_reservations();
     d.rebuild_from_runs();
     d.take_requests(requests);
     d.carry_out_dismissals();
     d.release_ended_holders();
     d.drop_leavers();
+    d.settle_reservations();
     d.admit_arrivals();
+    d.supersede_reserved();
     d.supersede_running();
     d.recancel_superseded();
     d.forget_idle_marks();
@@ -259,6 +300,8 @@ struct Decider<'a> {
     now: DateTime<Utc>,
     all: &'a [RunView],
     runs: HashMap<&'a str, &'a RunView>,
+    multi: &'a MultiKeys,
+    revokes: Vec<Revoke>,
 }
 
 impl<'a> Decider<'a> {
@@ -268,8 +311,11 @@ impl<'a> Decider<'a> {
         all: &'a [RunView],
         now: DateTime<Utc>,
         facts: MutexFacts,
+        multi: &'a MultiKeys,
     ) -> Self {
         Decider {
+            multi,
+            revokes: Vec::new(),
             spec,
             facts,
             st: prev.clone(),
@@ -343,6 +389,7 @@ impl<'a> Decider<'a> {
             .iter()
             .map(|h| h.run.uid.as_str())
             .chain(self.st.queue.iter().map(|w| w.run.uid.as_str()))
+            .chain(self.reserved_uids())
             .collect();
         let mut arrivals: Vec<&'a RunView> = self
             .all
@@ -391,6 +438,7 @@ impl<'a> Decider<'a> {
                 .st
                 .queue
                 .iter()
+                .chain(self.reserved_waiters())
                 .filter(|w| {
                     w.group == h.group
                         && w.supersede == Supersede::Running
@@ -445,7 +493,14 @@ impl<'a> Decider<'a> {
     /// Every live member is told where it stands; the summary fields follow the lists.
     fn report(mut self) -> Decision {
         let holder_names = self.holder_names();
-        for (i, w) in self.st.queue.iter().enumerate() {
+        let told: HashSet<String> = self.outcomes.iter().map(|(r, _)| r.uid.clone()).collect();
+        let reserved = self.st.reservations.len();
+        let of = reserved + self.st.queue.len();
+        let kept = self.st.reservations.iter().map(|r| &r.waiter);
+        for (i, w) in kept.chain(&self.st.queue).enumerate() {
+            if i < reserved && told.contains(&w.run.uid) {
+                continue; // a reserved run leaving: its slot stays until it shows so
+            }
             let retry = self.runs.get(w.run.uid.as_str()).is_some_and(|r| {
                 matches!(
                     r.phase,
@@ -481,7 +536,7 @@ impl<'a> Decider<'a> {
             }
         }
         self.st.holding = holder_names.join(",");
-        self.st.waiting = self.st.queue.len() as i64;
+        self.st.waiting = of as i64;
         let mut seen = HashSet::new();
         self.cancels.retain(|c| seen.insert(c.pipeline_run.clone()));
         Decision {
@@ -489,6 +544,7 @@ impl<'a> Decider<'a> {
             outcomes: self.outcomes,
             cancels: self.cancels,
             control_cancels: self.control_cancels,
+            revokes: self.revokes,
         }
     }
 
@@ -557,6 +613,7 @@ impl<'a> Decider<'a> {
             .st
             .queue
             .iter()
+            .chain(self.reserved_waiters())
             .filter(|w| {
                 w.group == r.group
                     && w.supersede != Supersede::None
@@ -691,7 +748,15 @@ impl<'a> Decider<'a> {
         if self.spec.frozen {
             return;
         }
-        while self.st.holders.len() < slots(self.spec.capacity) && !self.st.queue.is_empty() {
+        if self.has_multikey() {
+            return self.grant_with_reservations();
+        }
+        self.grant_up_to(slots(self.spec.capacity));
+    }
+
+    /// Grant the head of the queue until `capacity` runs hold the key.
+    fn grant_up_to(&mut self, capacity: usize) {
+        while self.st.holders.len() < capacity && !self.st.queue.is_empty() {
             // Tokens never wrap or repeat: at i64::MAX the key grants no more.
             let Some(token) = self.st.last_token.checked_add(1) else {
                 break;
@@ -725,13 +790,7 @@ impl<'a> Decider<'a> {
     /// Priority first, then age in the Mutex's order.
     fn sort_queue(&mut self) {
         let order = self.spec.order;
-        self.st.queue.sort_by(|a, b| {
-            let by_age = match order {
-                Order::OldestFirst => a.age.cmp(&b.age),
-                Order::NewestFirst => b.age.cmp(&a.age),
-            };
-            Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
-        });
+        self.st.queue.sort_by(|a, b| queue_order(order, a, b));
         self.promoted_first();
     }
 
@@ -749,8 +808,15 @@ impl<'a> Decider<'a> {
     }
 }
 
-/// Does this run's hold (if it has one) still stand? Until nothing of its
-/// PipelineRun can run; a standalone run's until the run is deleted.
+/// Priority first, then age in the Mutex's order.
+fn queue_order(order: Order, a: &Waiter, b: &Waiter) -> std::cmp::Ordering {
+    let by_age = match order {
+        Order::OldestFirst => a.age.cmp(&b.age),
+        Order::NewestFirst => b.age.cmp(&a.age),
+    };
+    Reverse(a.priority).cmp(&Reverse(b.priority)).then(by_age)
+}
+
 /// The slots of a key. A test build with the `chaos-broken-capacity` feature gives one too many
 /// when TEKTON_MUTEX_BROKEN=capacity: the bug the chaos campaign's checker must catch
 /// (`hack/chaos.sh --broken`). Release builds have no such switch.
@@ -770,6 +836,8 @@ fn broken_capacity() -> bool {
     *BROKEN
 }
 
+/// Does this run's hold (if it has one) still stand? Until nothing of its
+/// PipelineRun can run; a standalone run's until the run is deleted.
 fn still_holds(r: &RunView) -> bool {
     match &r.parent {
         Some(p) => !p.state.released(),

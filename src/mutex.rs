@@ -148,6 +148,24 @@ pub struct MutexStatus {
     /// Waiters moved to the front by a person (run uids), the latest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub promoted: Vec<String>,
+    /// Slots kept for runs that take several keys, until every one of their keys
+    /// keeps one (see `decide::multikey`). Each takes a slot like a holder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
+}
+
+/// A slot this key keeps for a run of several keys: an idle hold, granted to
+/// nobody, that becomes the run's hold once all its keys keep one in the same epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The run, as it waited in the queue.
+    pub waiter: Waiter,
+    /// The run's reservation epoch when the slot was kept: a slot of an older
+    /// epoch than the run's is void.
+    pub epoch: i64,
+    /// The token this key gives the run if it is granted in this epoch.
+    pub token: i64,
 }
 
 /// Which CustomRun (or Run) an entry stands for.

@@ -9,6 +9,8 @@ use crate::tekton::{EmbeddedSpec, Param, TaskRef};
 use kube::Resource;
 use std::time::Duration;
 
+pub mod keys;
+
 /// Params a Mutex task accepts.
 pub const PARAMS: &[&str] = &[
     "key",
@@ -19,6 +21,7 @@ pub const PARAMS: &[&str] = &[
     "priority",
     "wait",
     crate::release_after::PARAM,
+    "keys",
 ];
 
 /// The wait limit of a standalone run that sets no timeout: what Tekton's own
@@ -78,8 +81,10 @@ impl CancelMode {
 /// A valid Mutex run's settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunConfig {
-    /// The Mutex object's name, within the run's namespace.
+    /// The Mutex object's name, within the run's namespace (the first of `keys`).
     pub key: String,
+    /// Every key the run takes, all together: `key` alone unless the `keys` param is given.
+    pub keys: Vec<String>,
     /// Spec for the Mutex object when this run has to create it.
     pub spec: MutexSpec,
     /// The fields an embedded spec sets: an existing Mutex must agree with each.
@@ -153,6 +158,7 @@ pub struct RunInput<'a> {
 pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
     let mut cfg = RunConfig {
         key: input.namespace.to_string(),
+        keys: Vec::new(),
         spec: MutexSpec::default(),
         spec_fields: SpecFields::default(),
         supersede: Supersede::default(),
@@ -168,6 +174,9 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
     let key_param = read_params(&mut cfg, input.params)?;
     read_target(&mut cfg, &input.target, key_param)?;
     read_run_spec(&mut cfg, input.timeout, input.retries)?;
+    if cfg.keys.is_empty() {
+        cfg.keys = vec![cfg.key.clone()];
+    }
     Ok(cfg)
 }
 
@@ -228,6 +237,7 @@ fn read_policy_param(cfg: &mut RunConfig, name: &str, value: &str) -> Result<(),
                 }
             }
         }
+        "keys" => cfg.keys = keys::parse(value)?,
         "sequence" => cfg.sequence = Some(parse_int(name, value)?),
         "priority" => cfg.priority = parse_int(name, value)?,
         "wait" => {
@@ -273,6 +283,9 @@ fn read_target(
                 cfg.spec = cfg.spec_fields.apply_to(MutexSpec::default());
             }
         }
+    }
+    if !cfg.keys.is_empty() {
+        return keys::settle(cfg, key_param);
     }
     // Free-form keys map to an object name; the Mutex keeps the key itself.
     if let Some(k) = key_param {

@@ -23,7 +23,8 @@ pub fn protected(mutex: &Mutex) -> bool {
 
 /// Does the lock state about to be written name anyone?
 pub fn in_use(decision: &Decision) -> bool {
-    !decision.status.holders.is_empty() || !decision.status.queue.is_empty()
+    let st = &decision.status;
+    !st.holders.is_empty() || !st.queue.is_empty() || !st.reservations.is_empty()
 }
 
 /// Add the finalizer before the status write that puts someone in the Mutex,

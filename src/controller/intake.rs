@@ -52,6 +52,9 @@ async fn mutex_for(
     o: &ObservedRun<'_>,
     cfg: &RunConfig,
 ) -> Result<Option<String>, Error> {
+    if cfg.keys.len() > 1 {
+        return super::multikey::mutexes_for(ctx, o, cfg).await;
+    }
     let cached = ctx
         .mutexes
         .get(&ObjectRef::new(&cfg.key).within(&o.namespace));

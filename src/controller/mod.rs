@@ -19,6 +19,7 @@ mod finalizer;
 mod index;
 mod intake;
 mod leader;
+mod multikey;
 mod section;
 mod shared;
 mod strip;

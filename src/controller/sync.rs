@@ -6,8 +6,8 @@
 //! something the lock state does not back.
 
 use super::index::{Indexed, Tag};
-use super::{Context, Error, Fault, control, events, finalizer, section, writes};
-use crate::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
+use super::{Context, Error, Fault, control, events, finalizer, multikey, section, writes};
+use crate::decide::{self, Decision, MultiKeyRun, MutexFacts, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
 use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::params::RunConfig;
@@ -96,13 +96,20 @@ async fn sync_key(
     let now = Utc::now();
     let mut members: Vec<Member> = fetched.iter().map(|f| Member::view(f, now)).collect();
     members.extend(deleted_holders(ctx, ns, &current, &members).await?);
+    for m in &mut members {
+        if let Some(tokens) = m.multi.as_ref().and_then(|x| x.acquired.as_ref()) {
+            m.facts.view.acquired_token = tokens.get(key).copied(); // this key's token
+        }
+    }
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let facts = MutexFacts {
         deleting: mutex.meta().deletion_timestamp.is_some(),
         token_floor: ctx.token_floors.floor(ns, key, current.last_token),
     };
     let requests = crate::control::requests_from(mutex.annotations());
-    let decision = decide::decide_requested(&mutex.spec, &current, &views, now, facts, &requests);
+    let multi = multikey::keys_of(key, members.iter().map(|m| (m.run(), m.multi.as_ref())));
+    let decision =
+        decide::decide_full(&mutex.spec, &current, &views, now, facts, &requests, &multi);
     if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
         warn!(
             key,
@@ -220,6 +227,8 @@ struct Member {
     facts: MemberView,
     resource_version: Option<String>,
     status: RunStatus,
+    /// For a run of several keys: its epoch and tokens.
+    multi: Option<MultiKeyRun>,
 }
 
 impl Member {
@@ -229,6 +238,7 @@ impl Member {
         Member {
             facts: view::member_view(&o, &f.config, parent, now),
             resource_version: o.resource_version.clone(),
+            multi: multikey::run_of(&f.config, &o.status),
             status: o.status.clone(),
         }
     }
@@ -247,6 +257,7 @@ async fn fetch_runs(ctx: &Context, mutex: &Mutex) -> Result<Vec<Fetched>, Error>
         .iter()
         .map(|h| &h.run)
         .chain(status.queue.iter().map(|w| &w.run))
+        .chain(status.reservations.iter().map(|r| &r.waiter.run))
         .collect();
     let mut runs = Vec::new();
     if let Some(crs) = &ctx.custom_runs {
@@ -283,7 +294,7 @@ where
             && o.is_mutex()
             && !o.deleting
             && let Ok(config) = o.config()
-            && config.key == *key
+            && config.keys.contains(key)
             && (known(&o.uid) || config.spec_conflict(&mutex.spec).is_none())
         {
             let parent = match &o.parent {
@@ -386,6 +397,7 @@ async fn apply(
         .iter()
         .partition(|(_, o)| matches!(o, Outcome::Acquired { .. }));
     let mut first_error = None;
+    commit_and_revoke(ctx, &ns, &key, decision, members, now, &mut first_error).await;
     let tell = Tell {
         ctx,
         ns: &ns,
@@ -411,6 +423,40 @@ async fn apply(
     control::cancel_all(ctx, &ns, &key, &decision.control_cancels, &mut first_error).await;
     tell.runs(&others, &mut first_error).await;
     first_error.map_or(Ok(()), Err)
+}
+
+/// Runs of several keys: tell `Acquired` those every key keeps a slot for, and
+/// give back the slots the decision revokes (see [`multikey`]).
+async fn commit_and_revoke(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    decision: &Decision,
+    members: &[Member],
+    now: DateTime<Utc>,
+    first_error: &mut Option<Error>,
+) {
+    let candidates: Vec<multikey::Candidate> = members
+        .iter()
+        .filter_map(|m| {
+            Some(multikey::Candidate {
+                run: m.run(),
+                multi: m.multi.as_ref()?,
+                resource_version: m.resource_version.as_deref(),
+                status: &m.status,
+                waiting_since: m.facts.view.waiting_since,
+            })
+        })
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let committed =
+        multikey::commit_reserved(ctx, ns, key, &decision.status, &candidates, now).await;
+    let revoked = multikey::revoke(ctx, ns, &decision.revokes, &candidates).await;
+    for e in [committed.err(), revoked.err()].into_iter().flatten() {
+        first_error.get_or_insert(e);
+    }
 }
 
 /// The Mutex status, with a compare-and-swap on the resourceVersion we read.
@@ -477,7 +523,11 @@ impl Tell<'_> {
             return Ok(());
         }
         let rv = m.resource_version.as_deref();
-        let Some(patch) = run_status::patch(run.kind, key, outcome, &m.status, rv, self.now) else {
+        let patch = match &m.multi {
+            Some(multi) => multikey::patch(run.kind, multi, outcome, &m.status, rv, self.now),
+            None => run_status::patch(run.kind, key, outcome, &m.status, rv, self.now),
+        };
+        let Some(patch) = patch else {
             return Ok(());
         };
         // Our last patch of this version landed; its watch event brings the key back.
@@ -519,11 +569,12 @@ fn next_wake(members: &[Member], decision: &Decision, now: DateTime<Utc>) -> Act
     let next = members
         .iter()
         .filter(|m| {
-            decision
-                .status
-                .queue
-                .iter()
-                .any(|w| w.run.uid == m.run().uid)
+            let st = &decision.status;
+            st.queue.iter().any(|w| w.run.uid == m.run().uid)
+                || st
+                    .reservations
+                    .iter()
+                    .any(|r| r.waiter.run.uid == m.run().uid)
         })
         .filter_map(|m| m.facts.deadline)
         .min();
@@ -607,6 +658,7 @@ async fn deleted_holders(
             facts: view::deleted_holder_view(h, parent.as_view()),
             resource_version: None,
             status: RunStatus::default(),
+            multi: None,
         });
     }
     Ok(ghosts)

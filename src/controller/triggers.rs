@@ -24,10 +24,10 @@ impl Triggers {
         let tag = Tag::pipeline_run(ns.as_deref().unwrap_or_default(), name);
         let mut refs = Vec::new();
         if let Some(c) = &self.custom_runs {
-            refs.extend(c.get(&tag).iter().filter_map(|r| mutex_of(r.as_ref())));
+            refs.extend(c.get(&tag).iter().flat_map(|r| mutex_of(r.as_ref())));
         }
         if let Some(c) = &self.runs {
-            refs.extend(c.get(&tag).iter().filter_map(|r| mutex_of(r.as_ref())));
+            refs.extend(c.get(&tag).iter().flat_map(|r| mutex_of(r.as_ref())));
         }
         // The Mutexes whose status names this PipelineRun as a holder.
         refs.extend(
@@ -42,23 +42,29 @@ impl Triggers {
     }
 }
 
-/// The Mutex object a run belongs to, if it is a valid Mutex run.
-pub fn mutex_of<K: Observe>(obj: &K) -> Option<ObjectRef<Mutex>> {
+/// The Mutex objects a run belongs to (one per key), if it is a valid Mutex run.
+pub fn mutex_of<K: Observe>(obj: &K) -> Vec<ObjectRef<Mutex>> {
     let o = obj.observe();
     if !o.is_mutex() {
-        return None;
+        return Vec::new();
     }
-    let cfg = o.config().ok()?;
-    Some(ObjectRef::new(&cfg.key).within(&o.namespace))
+    let Ok(cfg) = o.config() else {
+        return Vec::new();
+    };
+    cfg.keys
+        .iter()
+        .map(|k| ObjectRef::new(k).within(&o.namespace))
+        .collect()
 }
 
 /// A Mutex run is found by its key and by its PipelineRun; other runs not at all.
 pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
-    let Some(m) = mutex_of(run) else {
+    let mutexes = mutex_of(run);
+    if mutexes.is_empty() {
         return Vec::new();
-    };
+    }
     let ns = namespace_of(run);
-    let mut tags = vec![Tag::key(&ns, &m.name)];
+    let mut tags: Vec<Tag> = mutexes.iter().map(|m| Tag::key(&ns, &m.name)).collect();
     if let Some(pr) = run.labels().get(PIPELINE_RUN_LABEL) {
         tags.push(Tag::pipeline_run(&ns, pr));
     }

@@ -1,0 +1,288 @@
+//! Several keys at once (issue 16), on the local control plane: pipelines taking
+//! `keys: a,b` and `keys: b,a` started together, again and again. Taken one key
+//! after the other, such pairs deadlock; taken all together, every run ends.
+//!
+//! Each deploy step records its own marks as ConfigMaps (start, end), with the
+//! host's clock in nanoseconds and the lock's results: the steps all run on this
+//! host, so the marks say when deploys ran, independent of the controller.
+
+mod support;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::controller::ControllerProcess;
+use support::pipelines::{lock_run, slow, wait_reason};
+use support::*;
+
+/// Marks its start (with the lock's `token` and `tokens` results), does about a
+/// second of API work, and marks its end.
+const DEPLOY_STEP: &str = r#"
+mark() { kubectl -n "$(params.ns)" create configmap "$1-$(params.pr)" --from-literal=at="$(date +%s%N)" --from-literal=token='$(params.token)' --from-literal=tokens='$(params.tokens)' >/dev/null; }
+mark start
+kubectl -n "$(params.ns)" wait --for=create "configmap/never" --timeout=1s >/dev/null 2>&1 || true
+mark end
+"#;
+
+/// `lock` on `keys`, then `deploy` (the step above).
+fn pipeline(name: &str, keys: &str) -> String {
+    pipeline_superseding(name, keys, "none")
+}
+
+fn pipeline_superseding(name: &str, keys: &str, supersede: &str) -> String {
+    json!({
+        "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name},
+        "spec": {"tasks": [
+            {"name": "lock",
+             "params": [{"name": "keys", "value": keys}, {"name": "supersede", "value": supersede}],
+             "taskRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"}},
+            {"name": "deploy", "runAfter": ["lock"],
+             "params": [
+                {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
+                {"name": "pr", "value": "$(context.pipelineRun.name)"},
+                {"name": "token", "value": "$(tasks.lock.results.token)"},
+                {"name": "tokens", "value": "$(tasks.lock.results.tokens)"},
+             ],
+             "taskSpec": {
+                "params": [{"name": "ns"}, {"name": "pr"}, {"name": "token"}, {"name": "tokens"}],
+                "steps": [{"name": "run", "image": "busybox", "script": DEPLOY_STEP}],
+             }},
+        ]},
+    })
+    .to_string()
+}
+
+fn pipeline_run(name: &str, pipeline: &str) -> String {
+    json!({"apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+           "metadata": {"name": name}, "spec": {"pipelineRef": {"name": pipeline}}})
+    .to_string()
+}
+
+/// One deploy as its marks tell it.
+#[derive(Debug)]
+struct Deploy {
+    pr: String,
+    start: i128,
+    end: i128,
+    token: i64,
+    tokens: BTreeMap<String, i64>,
+}
+
+async fn mark(ns: &TestNamespace, what: &str, pr: &str) -> Result<BTreeMap<String, String>> {
+    let name = format!("{what}-{pr}");
+    let cm = ns
+        .api::<ConfigMap>()
+        .get_opt(&name)
+        .await?
+        .with_context(|| format!("mark {name} is missing"))?;
+    Ok(cm.data.unwrap_or_default())
+}
+
+async fn deploy(ns: &TestNamespace, pr: &str) -> Result<Deploy> {
+    let (start, end) = (mark(ns, "start", pr).await?, mark(ns, "end", pr).await?);
+    let at = |m: &BTreeMap<String, String>| -> Result<i128> {
+        let at = m.get("at").cloned().unwrap_or_default();
+        at.parse()
+            .with_context(|| format!("{pr}: no time in {m:?}"))
+    };
+    let tokens = start.get("tokens").cloned().unwrap_or_default();
+    Ok(Deploy {
+        pr: pr.into(),
+        start: at(&start)?,
+        end: at(&end)?,
+        token: start.get("token").and_then(|t| t.parse().ok()).unwrap_or(0),
+        tokens: serde_json::from_str(&tokens)
+            .with_context(|| format!("{pr}: the tokens result is not a JSON object: {tokens:?}"))?,
+    })
+}
+
+/// No two deploys overlapped (every run takes both keys), each run has a token
+/// per key with `token` its first key's, and each key's tokens rise in deploy order.
+fn check(mut deploys: Vec<Deploy>, first_key: impl Fn(&str) -> &'static str) -> Result<()> {
+    deploys.sort_by_key(|d| d.start);
+    for d in &deploys {
+        ensure!(
+            d.tokens.keys().map(String::as_str).eq(["a", "b"]),
+            "{}: tokens {:?} are not one per key",
+            d.pr,
+            d.tokens
+        );
+        ensure!(
+            d.token == d.tokens[first_key(&d.pr)],
+            "{}: token {} is not its first key's ({:?})",
+            d.pr,
+            d.token,
+            d.tokens
+        );
+    }
+    for pair in deploys.windows(2) {
+        let (x, y) = (&pair[0], &pair[1]);
+        ensure!(
+            y.start > x.end,
+            "deploys {} and {} overlapped: {x:?} {y:?}",
+            x.pr,
+            y.pr
+        );
+        for k in ["a", "b"] {
+            ensure!(
+                y.tokens[k] > x.tokens[k],
+                "key {k}: {} deployed after {} with a lower token",
+                y.pr,
+                x.pr
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn opposite_key_orders_started_together_never_deadlock_nor_overlap() -> Result<()> {
+    const ROUNDS: usize = 20;
+    const BATCH: usize = 5;
+    let ns = TestNamespace::create("multi-key").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    ns.apply(&pipeline("ab", "a,b")).await?;
+    ns.apply(&pipeline("ba", "b,a")).await?;
+    let mut all = Vec::new();
+    for batch in 0..ROUNDS / BATCH {
+        let prs: Vec<String> = (0..BATCH)
+            .flat_map(|i| {
+                let n = batch * BATCH + i;
+                [format!("ab-{n}"), format!("ba-{n}")]
+            })
+            .collect();
+        let nsr = &ns;
+        let started = futures::future::try_join_all(prs.iter().map(|pr| {
+            let yaml = pipeline_run(pr, &pr[..2]);
+            async move { nsr.apply(&yaml).await }
+        }));
+        started.await?;
+        // One at a time on both keys: each run needs its lock, a pod and a
+        // deploy; a deadlock would hold them all until the PipelineRuns time out.
+        let bound = slow() * prs.len() as u32;
+        for pr in &prs {
+            let c = ns
+                .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, bound)
+                .await?;
+            ensure!(c.status == "True", "{pr} did not succeed: {c:?}");
+        }
+        all.extend(prs);
+    }
+    let mut deploys = Vec::new();
+    for pr in &all {
+        deploys.push(deploy(&ns, pr).await?);
+    }
+    check(deploys, |pr| if pr.starts_with("ab") { "a" } else { "b" })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_run_of_two_keys_waits_for_both_and_holds_neither_partly() -> Result<()> {
+    let ns = TestNamespace::create("multi-key-wait").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    // `b-holder` holds b and stays in its deploy until its gate opens.
+    let holder = support::pipelines::pipeline(
+        "b-only",
+        &support::pipelines::Opts {
+            lock_params: &[("key", "b"), ("supersede", "none")],
+            ..Default::default()
+        },
+    );
+    ns.apply(&holder).await?;
+    ns.apply(&support::pipelines::pipeline_run("b-holder", "b-only", &[]))
+        .await?;
+    wait_reason(&ns, &lock_run("b-holder"), "Acquired", slow()).await?;
+    ns.apply(&pipeline("ab", "a,b")).await?;
+    ns.apply(&pipeline_run("both", "ab")).await?;
+    let waiting = wait_reason(&ns, &lock_run("both"), "Waiting", slow()).await?;
+    ensure!(
+        waiting
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("a, b")),
+        "the waiting message names both keys: {waiting:?}"
+    );
+    // a is free, yet `both` is not granted it: a keeps a slot for it, no more.
+    let a = support::pipelines::mutex_status(&ns, "a").await?;
+    ensure!(a.holders.is_empty(), "a was granted while b is held: {a:?}");
+    ensure!(
+        mark(&ns, "start", "both").await.is_err(),
+        "both deployed while b was held"
+    );
+    support::pipelines::release(&ns, "b-holder").await?;
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "both", slow())
+        .await?;
+    ensure!(c.status == "True", "both did not succeed: {c:?}");
+    let d = deploy(&ns, "both").await?;
+    ensure!(d.tokens.len() == 2 && d.token == d.tokens["a"], "{d:?}");
+    wait_until("both keys to be free", Duration::from_secs(60), || async {
+        let (a, b) = (
+            support::pipelines::mutex_status(&ns, "a").await?,
+            support::pipelines::mutex_status(&ns, "b").await?,
+        );
+        let free = |s: &tekton_mutex::mutex::MutexStatus| {
+            s.holders.is_empty() && s.reservations.is_empty()
+        };
+        Ok((free(&a) && free(&b)).then_some(()))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn superseded_on_one_key_a_run_of_two_keys_is_cancelled_and_gives_back_both() -> Result<()> {
+    let ns = TestNamespace::create("multi-key-supersede").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    // `b-holder` holds b (a plain queue run of another pipeline) until its gate opens.
+    let holder = support::pipelines::pipeline(
+        "b-only",
+        &support::pipelines::Opts {
+            lock_params: &[("key", "b"), ("supersede", "none")],
+            ..Default::default()
+        },
+    );
+    ns.apply(&holder).await?;
+    ns.apply(&support::pipelines::pipeline_run("b-holder", "b-only", &[]))
+        .await?;
+    wait_reason(&ns, &lock_run("b-holder"), "Acquired", slow()).await?;
+    // Two runs of one pipeline on a,b, `supersede: pending`, the older first (names break a same-second tie the same way).
+    ns.apply(&pipeline_superseding("ab", "a,b", "pending"))
+        .await?;
+    ns.apply(&pipeline_run("run-1", "ab")).await?;
+    wait_until("a to keep a slot for run-1", slow(), || async {
+        let a = support::pipelines::mutex_status(&ns, "a").await?;
+        Ok((a.reservations.len() == 1).then_some(()))
+    })
+    .await?;
+    ns.apply(&pipeline_run("run-2", "ab")).await?;
+    support::pipelines::wait_superseded(&ns, &lock_run("run-1")).await?;
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "run-1", slow())
+        .await?;
+    ensure!(c.reason == "Cancelled", "run-1: {c:?}");
+    // Its slot on a went to run-2, which still waits for b.
+    wait_until("a to keep its slot for run-2", slow(), || async {
+        let a = support::pipelines::mutex_status(&ns, "a").await?;
+        let kept: Vec<&str> = a
+            .reservations
+            .iter()
+            .map(|r| r.waiter.pipeline_run.as_deref().unwrap_or(""))
+            .collect();
+        Ok((kept == ["run-2"]).then_some(()))
+    })
+    .await?;
+    support::pipelines::release(&ns, "b-holder").await?;
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "run-2", slow())
+        .await?;
+    ensure!(c.status == "True", "run-2 did not succeed: {c:?}");
+    ensure!(
+        mark(&ns, "start", "run-1").await.is_err(),
+        "the superseded run deployed"
+    );
+    Ok(())
+}
