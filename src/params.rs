@@ -113,6 +113,15 @@ pub struct SpecFields {
 }
 
 impl RunConfig {
+    /// This config as one of its keys sees it: a run of several keys is judged
+    /// by each key's Mutex under that key's own name.
+    pub fn for_key(&self, key: &str) -> RunConfig {
+        RunConfig {
+            key: key.to_string(),
+            ..self.clone()
+        }
+    }
+
     /// Why this run cannot use the key's existing Mutex: its embedded spec sets a
     /// field to another value. A field it does not set takes the Mutex's.
     pub fn spec_conflict(&self, existing: &MutexSpec) -> Option<String> {

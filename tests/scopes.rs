@@ -283,8 +283,10 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
     let task_ref =
         json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": name});
     // The same Pipeline name (so the same supersede group) in every namespace.
-    for ns in [&a, &b, &c] {
-        ns.apply(&section_pipeline("env", task_ref.clone(), &[]))
+    // b's runs go first (priority 1): queue order by age alone would tie when
+    // runs of two namespaces start within the same second.
+    for (ns, lock_params) in [(&a, &[][..]), (&b, &[("priority", "1")][..]), (&c, &[][..])] {
+        ns.apply(&section_pipeline("env", task_ref.clone(), lock_params))
             .await?;
     }
     a.apply(&pipeline_run("a1", "env")).await?;

@@ -253,11 +253,7 @@ pub async fn mutexes_for(
                 writes::Ensured::Existing(spec) => spec,
             },
         };
-        let one = RunConfig {
-            key: k.clone(),
-            ..cfg.clone()
-        };
-        if let Some(conflict) = one.spec_conflict(&spec) {
+        if let Some(conflict) = cfg.for_key(k).spec_conflict(&spec) {
             return Ok(Some(conflict));
         }
         specs.push((k.clone(), spec));

@@ -16,19 +16,22 @@ fn meta(m: &mut ObjectMeta) {
     m.annotations = None;
 }
 
-/// A PipelineRun keeps its state and the custom runs it lists (its TaskRuns go).
+/// A PipelineRun keeps its state and the runs it lists: its custom runs verify
+/// a lock run's parent, its TaskRuns tell when a `release-after` section is done.
 pub fn pipeline_run(pr: &mut PipelineRun) {
     meta(&mut pr.metadata);
-    if let Some(s) = pr.status.as_mut() {
-        s.child_references
-            .retain(|c| c.kind == "CustomRun" || c.kind == "Run");
-    }
+}
+
+/// Is it a run of ours: of a Mutex, or of a ClusterMutex?
+fn ours<K: Observe>(r: &K) -> bool {
+    let o = r.observe();
+    o.is_mutex() || crate::cluster_mutex::target(&o).is_some()
 }
 
 /// Another custom task's run keeps only its identity: the controller never acts on it.
 pub fn custom_run(cr: &mut CustomRun) {
     meta(&mut cr.metadata);
-    if !cr.observe().is_mutex() {
+    if !ours(cr) {
         cr.spec.params.clear();
         cr.spec.custom_spec = None;
         cr.status = None;
@@ -37,7 +40,7 @@ pub fn custom_run(cr: &mut CustomRun) {
 
 pub fn run(r: &mut Run) {
     meta(&mut r.metadata);
-    if !r.observe().is_mutex() {
+    if !ours(r) {
         r.spec.params.clear();
         r.spec.spec = None;
         r.status = None;
@@ -74,6 +77,14 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_mutex_run_keeps_what_the_controller_reads() {
+        let mut cr = custom_run_of("ClusterMutex");
+        let before = cr.clone();
+        custom_run(&mut cr);
+        assert_eq!((&cr.spec, &cr.status), (&before.spec, &before.status));
+    }
+
+    #[test]
     fn another_custom_tasks_run_keeps_only_its_identity() {
         let mut cr = custom_run_of("Approval");
         custom_run(&mut cr);
@@ -82,7 +93,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pipeline_run_keeps_its_state_and_its_custom_runs() {
+    fn a_pipeline_run_keeps_its_state_and_its_runs() {
         let mut pr: PipelineRun = serde_json::from_value(json!({
             "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
             "metadata": {"name": "p", "namespace": "ns", "managedFields": [{"manager": "x"}]},
@@ -94,7 +105,7 @@ mod tests {
         .unwrap();
         pipeline_run(&mut pr);
         assert_eq!(pr.metadata.managed_fields, None);
-        assert!(pr.lists("CustomRun", "p-lock") && !pr.lists("TaskRun", "p-build"));
+        assert!(pr.lists("CustomRun", "p-lock") && pr.lists("TaskRun", "p-build"));
         assert!(pr.stop_requested());
         assert_eq!(pr.status.as_ref().unwrap().conditions.len(), 1);
     }

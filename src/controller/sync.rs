@@ -295,7 +295,7 @@ where
             && !o.deleting
             && let Ok(config) = o.config()
             && config.keys.contains(key)
-            && (known(&o.uid) || config.spec_conflict(&mutex.spec).is_none())
+            && (known(&o.uid) || config.for_key(key).spec_conflict(&mutex.spec).is_none())
         {
             let parent = match &o.parent {
                 Some((name, uid)) => Some(ParentFetched {
