@@ -433,7 +433,7 @@ fn tolerant_mutexes(
         index: index.clone(),
     };
     let recorder = Recorder::new(client.clone(), reporter());
-    let stream = watcher(tolerant::api(client, namespace), wc.clone())
+    let events = watcher(tolerant::api(client, namespace), wc.clone())
         .default_backoff()
         .filter_map(move |e| {
             let typed = match e {
@@ -451,9 +451,8 @@ fn tolerant_mutexes(
                     listed_tx.send_replace(true);
                 }
             }
-        })
-        .applied_objects();
-    (stream, cache, listed)
+        });
+    (shared::applied_once_stored(events), cache, listed)
 }
 
 fn drive<K, F, Fut>(

@@ -122,6 +122,34 @@ async fn fan_out<K>(
     }
 }
 
+/// The objects a reflected event stream applied, each once the reflector has it
+/// in the store: a listed object only when the whole list is in (until then the
+/// store still shows the previous list, and a controller finds nothing to reconcile).
+pub fn applied_once_stored<K: Send + 'static>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    let mut relisted = Vec::new();
+    events.flat_map(move |event| {
+        let ready: Vec<Result<K, watcher::Error>> = match event {
+            Ok(watcher::Event::Apply(o)) => vec![Ok(o)],
+            Ok(watcher::Event::Delete(_)) => Vec::new(),
+            Ok(watcher::Event::Init) => {
+                relisted.clear();
+                Vec::new()
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                relisted.push(o);
+                Vec::new()
+            }
+            Ok(watcher::Event::InitDone) => {
+                std::mem::take(&mut relisted).into_iter().map(Ok).collect()
+            }
+            Err(e) => vec![Err(e)],
+        };
+        futures::stream::iter(ready)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +238,28 @@ mod tests {
             .unbounded_send(Ok(watcher::Event::Apply(run("a", "1"))))
             .unwrap();
         task.await.unwrap();
+    }
+}
+
+#[cfg(test)]
+mod applied_tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_listed_object_is_applied_once_the_list_is_complete() {
+        let events = futures::stream::iter(vec![
+            Ok(watcher::Event::Apply(1)),
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(2)),
+            Ok(watcher::Event::InitApply(3)),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Delete(3)),
+            Ok(watcher::Event::Apply(4)),
+        ]);
+        let got: Vec<i32> = applied_once_stored(events)
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(got, [1, 2, 3, 4]);
     }
 }
