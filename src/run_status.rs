@@ -92,20 +92,9 @@ pub fn superseded(status: &RunStatus) -> bool {
 /// The Succeeded condition an outcome calls for: its reason and message.
 pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String) {
     match outcome {
-        Outcome::Waiting {
-            next: true,
-            holders,
-            ..
-        } => (
+        Outcome::Waiting { next, holders, .. } => (
             Reason::Waiting,
-            format!(
-                "waiting for {key}: next in line, held by {}",
-                holders_text(holders)
-            ),
-        ),
-        Outcome::Waiting { next: false, .. } => (
-            Reason::Waiting,
-            format!("waiting for {key}: queued (Mutex {key} lists the queue in order)"),
+            format!("waiting for {key}: {}", place(key, *next, holders)),
         ),
         Outcome::Acquired {
             token,
@@ -153,11 +142,7 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                 reason
                     .as_deref()
                     .map_or(String::new(), |r| format!(": {r}")),
-                if *next {
-                    format!("next in line, held by {}", holders_text(holders))
-                } else {
-                    format!("queued (Mutex {key} lists the queue in order)")
-                }
+                place(key, *next, holders)
             ),
         ),
         Outcome::Cleared { message } => (Reason::Cleared, format!("let go of {key}: {message}")),
@@ -167,6 +152,16 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                 "waiting for {key}: Mutex {key} is being deleted; it is created again once its holders and waiters are done"
             ),
         ),
+    }
+}
+
+/// Where a waiter stands: only the head names the holders, so that a grant or
+/// an arrival rewrites no other waiter's message.
+fn place(key: &str, next: bool, holders: &[String]) -> String {
+    if next {
+        format!("next in line, held by {}", holders_text(holders))
+    } else {
+        format!("queued (Mutex {key} lists the queue in order)")
     }
 }
 

@@ -4,15 +4,13 @@
 //! and Tekton records the resolved pipeline only after creating the run.
 
 use super::{Context, Error};
-use crate::observe::{LIVE_PODS, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
+use crate::observe::ObservedRun;
 use crate::params::RunConfig;
 use crate::release_after::{self, Verdict};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::{ChildReference, PipelineRun};
 use crate::tekton::run::Run;
 use crate::tekton::taskrun::TaskRun;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use std::time::Duration;
@@ -93,7 +91,7 @@ pub async fn done(
     }
     let (name, uid) = (pr.name_any(), pr.uid().unwrap_or_default());
     for task in names {
-        if task_pods_alive(ctx, ns, &name, &uid, task).await? {
+        if super::sync::live_pods_of(ctx, ns, &name, &uid, Some(task)).await? {
             return Ok(false);
         }
     }
@@ -119,27 +117,4 @@ async fn child_done(ctx: &Context, ns: &str, c: &ChildReference) -> Result<bool,
             .is_none_or(|r| crate::tekton::is_done(r.status.as_ref().and_then(|s| s.succeeded()))),
         _ => false,
     })
-}
-
-/// Does a pod of this pipeline task of this PipelineRun still run (or terminate)?
-async fn task_pods_alive(
-    ctx: &Context,
-    ns: &str,
-    pr: &str,
-    uid: &str,
-    task: &str,
-) -> Result<bool, Error> {
-    let params = ListParams::default()
-        .labels(&format!(
-            "{PIPELINE_RUN_LABEL}={pr},{PIPELINE_TASK_LABEL}={task}"
-        ))
-        .fields(LIVE_PODS);
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list_metadata(&params)
-        .await?;
-    Ok(pods.items.iter().any(|p| {
-        p.labels()
-            .get(PIPELINE_RUN_UID_LABEL)
-            .is_none_or(|u| u == uid)
-    }))
 }

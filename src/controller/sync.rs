@@ -672,9 +672,22 @@ pub(super) async fn pods_alive(
     name: &str,
     uid: &str,
 ) -> Result<bool, Error> {
-    let params = ListParams::default()
-        .labels(&format!("{PIPELINE_RUN_LABEL}={name}"))
-        .fields(LIVE_PODS);
+    live_pods_of(ctx, ns, name, uid, None).await
+}
+
+/// Live pods of this PipelineRun, or of one of its pipeline tasks (`release-after`).
+pub(super) async fn live_pods_of(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    task: Option<&str>,
+) -> Result<bool, Error> {
+    let mut selector = format!("{PIPELINE_RUN_LABEL}={name}");
+    if let Some(task) = task {
+        selector.push_str(&format!(",{}={task}", super::section::PIPELINE_TASK_LABEL));
+    }
+    let params = ListParams::default().labels(&selector).fields(LIVE_PODS);
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
         .list_metadata(&params)
         .await?;

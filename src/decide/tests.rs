@@ -5,12 +5,12 @@ use crate::mutex::RunKind;
 use chrono::TimeZone;
 use proptest::prelude::*;
 
-fn t(secs: i64) -> DateTime<Utc> {
+pub(super) fn t(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
 }
 
 /// A live run of PipelineRun `pr<i>`, created at second `i`.
-fn run(i: usize) -> RunView {
+pub(super) fn run(i: usize) -> RunView {
     RunView {
         run: RunRef {
             kind: RunKind::CustomRun,

@@ -2,45 +2,7 @@
 
 use super::super::*;
 use crate::control::{Action, Dismissal, Request, Verdict};
-use crate::mutex::RunKind;
-use chrono::TimeZone;
-
-fn t(secs: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
-}
-
-/// A live run of PipelineRun `pr<i>`, created at second `i`.
-fn run(i: usize) -> RunView {
-    RunView {
-        run: RunRef {
-            kind: RunKind::CustomRun,
-            name: format!("pr{i}-lock"),
-            uid: format!("uid-{i}"),
-        },
-        parent: Some(Parent {
-            name: format!("pr{i}"),
-            uid: format!("pr{i}-uid"),
-            state: ParentState::Running,
-        }),
-        group: "deploy".into(),
-        age: Age {
-            sequence: None,
-            created: t(i as i64),
-            name: format!("pr{i}"),
-        },
-        priority: 0,
-        supersede: Supersede::None,
-        cancel_mode: CancelMode::CancelledRunFinally,
-        wait: true,
-        waiting_since: t(i as i64),
-        cancel_message: None,
-        phase: Phase::Live {
-            cancel_requested: false,
-            timeout: Timeout::NotYet,
-        },
-        acquired_token: None,
-    }
-}
+use crate::decide::tests::{run, t};
 
 fn request(id: &str, action: Action, pr: Option<&str>) -> Result<Request, Unreadable> {
     Ok(Request {

@@ -3,17 +3,13 @@
 //! partial or double grant and for every waiter being granted.
 
 use super::*;
+use crate::decide::tests::t;
 use crate::decide::{Decision, MutexFacts, Outcome, RunView, Timeout, decide_multikey};
 use crate::mutex::{Age, MutexSpec, MutexStatus, RunKind, Supersede};
 use crate::params::CancelMode;
-use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
 
 const KEYS: [&str; 3] = ["a", "b", "c"];
-
-fn t(secs: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
-}
 
 /// What a run's own status says, one version of it.
 #[derive(Clone, Debug, PartialEq)]
