@@ -5,6 +5,7 @@
 //! namespace-qualified names, asks the same decision core, and applies it:
 //! the status by compare-and-swap first, then grants, cancels, the other runs.
 
+use super::index::Tag;
 use super::{Context, Error, events, section, sync, writes};
 use crate::cluster_mutex::{self, ClusterMutex, ClusterMutexSpec, qualify, unqualify};
 use crate::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
@@ -193,11 +194,12 @@ async fn fetch_members(
         .chain(status.queue.iter().map(|w| &w.run))
         .collect();
     let mut objects: Vec<wiring::AnyRun> = Vec::new();
+    let tag = Tag::cluster_mutex(&cm.name_any());
     if let Some(s) = &ctx.custom_runs {
-        objects.extend(s.store.state().into_iter().map(wiring::AnyRun::Custom));
+        objects.extend(s.get(&tag).into_iter().map(wiring::AnyRun::Custom));
     }
     if let Some(s) = &ctx.runs {
-        objects.extend(s.store.state().into_iter().map(wiring::AnyRun::Legacy));
+        objects.extend(s.get(&tag).into_iter().map(wiring::AnyRun::Legacy));
     }
     objects.extend(wiring::missing(ctx, &named, &objects).await?);
     let mut labels = Labels::new();

@@ -1,5 +1,5 @@
-//! A cache's objects by tag (a run by its key and by its PipelineRun, a Mutex by
-//! the PipelineRuns that hold it), so that an event finds the keys it concerns,
+//! A cache's objects by tag (a run by its key or ClusterMutex and by its
+//! PipelineRun, a Mutex by the PipelineRuns that hold it), so that an event finds the keys it concerns,
 //! and a sync its key's runs, without scanning the cache.
 //!
 //! The index follows the watch: it is updated from each event right after the
@@ -18,6 +18,8 @@ pub enum Tag {
     Key { namespace: String, key: String },
     /// A PipelineRun (by name) that a run belongs to, or that holds a Mutex.
     PipelineRun { namespace: String, name: String },
+    /// The ClusterMutex a run refers to (cluster-scoped: no namespace).
+    ClusterMutex { name: String },
 }
 
 impl Tag {
@@ -33,6 +35,10 @@ impl Tag {
             namespace: namespace.into(),
             name: name.into(),
         }
+    }
+
+    pub fn cluster_mutex(name: &str) -> Tag {
+        Tag::ClusterMutex { name: name.into() }
     }
 }
 

@@ -308,12 +308,14 @@ impl Controllers {
         metrics: Arc<Metrics>,
     ) -> Self {
         let wc = watcher::Config::default();
+        // The ClusterMutex controller, when there is one, is one more consumer.
+        let cluster = usize::from(kinds.cluster_mutexes);
         let prs = shared::watch(
             scoped::<PipelineRun>(client, namespace),
             wc.clone(),
             strip::pipeline_run,
             Index::new(|_| Vec::new()),
-            1,
+            1 + cluster,
         );
         // Runs are watched once: intake and the key's sync share the watch, and
         // the sync hears of a run only once the cache it reads has it.
@@ -324,7 +326,7 @@ impl Controllers {
                 wc.clone(),
                 strip::custom_run,
                 index,
-                2,
+                2 + cluster,
             ))
         });
         let runs = kinds.runs.then(|| {
@@ -334,7 +336,7 @@ impl Controllers {
                 wc.clone(),
                 strip::run,
                 index,
-                2,
+                2 + cluster,
             ))
         });
         let (cr_cache, run_cache) = (
@@ -344,8 +346,8 @@ impl Controllers {
         let mut listed = vec![prs.listed.clone()];
         listed.extend(crs.as_ref().map(|s| s.listed.clone()));
         listed.extend(runs.as_ref().map(|s| s.listed.clone()));
-        let (crs, intake_crs) = crs.map(|s| (s.changes, s.intake)).unzip();
-        let (runs, intake_runs) = runs.map(|s| (s.changes, s.intake)).unzip();
+        let (crs, intake_crs, cluster_crs) = Split::parts(crs);
+        let (runs, intake_runs, cluster_runs) = Split::parts(runs);
 
         let (mutexes, mutex_cache, mutexes_listed) = tolerant_mutexes(client, namespace, &wc);
         listed.push(mutexes_listed);
@@ -367,9 +369,12 @@ impl Controllers {
         };
         let sync = watch_related(sync, client, namespace, triggers, related, metrics);
         let cluster = kinds.cluster_mutexes.then(|| {
-            let crs = cr_cache.as_ref().map(|c| c.store.clone());
-            let runs = run_cache.as_ref().map(|c| c.store.clone());
-            cluster::wiring::controller(client, namespace, crs, runs)
+            let feeds = cluster::wiring::Feeds {
+                custom_runs: cr_cache.clone().zip(cluster_crs),
+                runs: run_cache.clone().zip(cluster_runs),
+                pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
+            };
+            cluster::wiring::controller(client, namespace, feeds)
         });
         Controllers {
             cluster,
@@ -542,6 +547,8 @@ where
     intake: Controller<K>,
     cache: Indexed<K>,
     listed: shared::Listed,
+    /// The changes, as the ClusterMutex controller hears of them (if it runs).
+    for_cluster: Option<ChangeStream<K>>,
 }
 
 fn split<K>(watch: SharedWatch<K>) -> Split<K>
@@ -561,6 +568,29 @@ where
         intake: Controller::for_shared_stream(for_intake, cache.store.clone()),
         cache,
         listed,
+        for_cluster: changes.pop(),
+    }
+}
+
+impl<K> Split<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    /// The sync's changes, the intake controller and the ClusterMutex
+    /// controller's changes, of a kind that may not be served.
+    #[allow(clippy::type_complexity)]
+    fn parts(
+        split: Option<Self>,
+    ) -> (
+        Option<ChangeStream<K>>,
+        Option<Controller<K>>,
+        Option<ChangeStream<K>>,
+    ) {
+        match split {
+            Some(s) => (Some(s.changes), Some(s.intake), s.for_cluster),
+            None => (None, None, None),
+        }
     }
 }
 

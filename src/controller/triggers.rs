@@ -57,14 +57,20 @@ pub fn mutex_of<K: Observe>(obj: &K) -> Vec<ObjectRef<Mutex>> {
         .collect()
 }
 
-/// A Mutex run is found by its key and by its PipelineRun; other runs not at all.
+/// A Mutex run is found by its keys and by its PipelineRun, a ClusterMutex run
+/// by its ClusterMutex and by its PipelineRun; other runs not at all.
 pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
-    let mutexes = mutex_of(run);
-    if mutexes.is_empty() {
-        return Vec::new();
-    }
     let ns = namespace_of(run);
-    let mut tags: Vec<Tag> = mutexes.iter().map(|m| Tag::key(&ns, &m.name)).collect();
+    let mut tags: Vec<Tag> = mutex_of(run)
+        .iter()
+        .map(|m| Tag::key(&ns, &m.name))
+        .collect();
+    if let Some(Ok(name)) = crate::cluster_mutex::target(&run.observe()) {
+        tags.push(Tag::cluster_mutex(&name));
+    }
+    if tags.is_empty() {
+        return tags;
+    }
     if let Some(pr) = run.labels().get(PIPELINE_RUN_LABEL) {
         tags.push(Tag::pipeline_run(&ns, pr));
     }
@@ -80,4 +86,41 @@ pub fn mutex_tags(m: &Mutex) -> Vec<Tag> {
         .filter_map(|h| h.pipeline_run.as_deref())
         .map(|pr| Tag::pipeline_run(&ns, pr))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run_of(task_ref: serde_json::Value, params: serde_json::Value) -> CustomRun {
+        serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "r", "namespace": "ns",
+                         "labels": {PIPELINE_RUN_LABEL: "deploy-1"}},
+            "spec": {"customRef": task_ref, "params": params},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_run_is_found_by_its_lock_and_its_pipeline_run() {
+        let mutex = run_of(
+            json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"}),
+            json!([{"name": "key", "value": "prod"}]),
+        );
+        let pr = Tag::pipeline_run("ns", "deploy-1");
+        assert_eq!(run_tags(&mutex), [Tag::key("ns", "prod"), pr.clone()]);
+        let cluster = run_of(
+            json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
+                   "name": "shared-db"}),
+            json!([]),
+        );
+        assert_eq!(run_tags(&cluster), [Tag::cluster_mutex("shared-db"), pr]);
+        let other = run_of(
+            json!({"apiVersion": "example.dev/v1", "kind": "Approval"}),
+            json!([]),
+        );
+        assert!(run_tags(&other).is_empty());
+    }
 }

@@ -2,7 +2,8 @@
 //! woken by their runs, those runs' PipelineRuns and the live pods of those.
 //! It runs only where ClusterMutexes can be read (the cluster-wide install).
 
-use super::super::{Context, Error, backoff_key, scoped};
+use super::super::index::{Indexed, Tag};
+use super::super::{ChangeStream, Context, Error, backoff_key, scoped};
 use crate::cluster_mutex::{self, ClusterMutex, qualify, unqualify};
 use crate::mutex::{RunKind, RunRef};
 use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL};
@@ -108,32 +109,24 @@ fn cluster_of<K: Observe>(obj: &K) -> Option<ObjectRef<ClusterMutex>> {
 /// The ClusterMutexes PipelineRun `ns/name` waits for or holds.
 #[derive(Clone)]
 struct ByPipelineRun {
-    custom_runs: Option<Store<CustomRun>>,
-    runs: Option<Store<Run>>,
+    custom_runs: Option<Indexed<CustomRun>>,
+    runs: Option<Indexed<Run>>,
     clusters: Store<ClusterMutex>,
 }
 
 impl ByPipelineRun {
     fn refs(&self, ns: Option<String>, name: &str) -> Vec<ObjectRef<ClusterMutex>> {
-        let child = |labels: &std::collections::BTreeMap<String, String>, n: Option<String>| {
-            n == ns && labels.get(PIPELINE_RUN_LABEL).map(String::as_str) == Some(name)
-        };
+        let ns = ns.unwrap_or_default();
+        let tag = Tag::pipeline_run(&ns, name);
         let mut refs: Vec<ObjectRef<ClusterMutex>> = Vec::new();
-        if let Some(s) = &self.custom_runs {
-            let of = s
-                .state()
-                .into_iter()
-                .filter(|c| child(c.labels(), c.namespace()));
-            refs.extend(of.filter_map(|c| cluster_of(c.as_ref())));
+        if let Some(c) = &self.custom_runs {
+            refs.extend(c.get(&tag).iter().filter_map(|r| cluster_of(r.as_ref())));
         }
-        if let Some(s) = &self.runs {
-            let of = s
-                .state()
-                .into_iter()
-                .filter(|c| child(c.labels(), c.namespace()));
-            refs.extend(of.filter_map(|c| cluster_of(c.as_ref())));
+        if let Some(c) = &self.runs {
+            refs.extend(c.get(&tag).iter().filter_map(|r| cluster_of(r.as_ref())));
         }
-        let qualified = qualify(ns.as_deref().unwrap_or_default(), name);
+        // ClusterMutexes are few (an administrator creates each): scanning them is cheap.
+        let qualified = qualify(&ns, name);
         let holds = |cm: &ClusterMutex| {
             cm.status.as_ref().is_some_and(|s| {
                 s.holders
@@ -149,34 +142,38 @@ impl ByPipelineRun {
     }
 }
 
-/// The ClusterMutex controller, woken by what wakes a Mutex's sync.
+/// The shared watches' caches and change streams that wake a ClusterMutex.
+pub struct Feeds {
+    pub custom_runs: Option<(Indexed<CustomRun>, ChangeStream<CustomRun>)>,
+    pub runs: Option<(Indexed<Run>, ChangeStream<Run>)>,
+    pub pipeline_runs: ChangeStream<PipelineRun>,
+}
+
+/// The ClusterMutex controller, woken by what wakes a Mutex's sync: the runs
+/// and PipelineRuns of the shared watches (each kind is watched once), and the
+/// live pods of those PipelineRuns.
 pub fn controller(
     client: &Client,
     namespace: &Option<String>,
-    custom_runs: Option<Store<CustomRun>>,
-    runs: Option<Store<Run>>,
+    feeds: Feeds,
 ) -> Controller<ClusterMutex> {
     let wc = watcher::Config::default();
     let mut c = Controller::new(Api::<ClusterMutex>::all(client.clone()), wc.clone());
+    let (custom_runs, cr_changes) = feeds.custom_runs.unzip();
+    let (runs, run_changes) = feeds.runs.unzip();
     let by_pr = ByPipelineRun {
-        custom_runs: custom_runs.clone(),
-        runs: runs.clone(),
+        custom_runs,
+        runs,
         clusters: c.store(),
     };
-    if custom_runs.is_some() {
-        c = c.watches(scoped::<CustomRun>(client, namespace), wc.clone(), |r| {
-            cluster_of(&r)
-        });
+    if let Some(changes) = cr_changes {
+        c = c.watches_shared_stream(changes, |r| cluster_of(r.as_ref()));
     }
-    if runs.is_some() {
-        c = c.watches(scoped::<Run>(client, namespace), wc.clone(), |r| {
-            cluster_of(&r)
-        });
+    if let Some(changes) = run_changes {
+        c = c.watches_shared_stream(changes, |r| cluster_of(r.as_ref()));
     }
-    let prs: Api<PartialObjectMeta<PipelineRun>> = scoped(client, namespace);
-    let prs = watcher(prs, wc.clone()).default_backoff().touched_objects();
     let by = by_pr.clone();
-    c = c.watches_stream(prs, move |pr: PartialObjectMeta<PipelineRun>| {
+    c = c.watches_shared_stream(feeds.pipeline_runs, move |pr: Arc<PipelineRun>| {
         by.refs(pr.namespace(), &pr.name_any())
     });
     let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
