@@ -204,7 +204,8 @@ pub async fn mutex_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
         .collect();
     granted.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut hops = Hops::new(&[
-        "deploy step end -> TaskRun done",
+        "deploy step end -> pod Succeeded (pod-runner)",
+        "pod Succeeded -> TaskRun done",
         "TaskRun done -> PipelineRun done",
         "PipelineRun done -> next granted (controller)",
         "granted -> next TaskRun created",
@@ -217,6 +218,7 @@ pub async fn mutex_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
         let (prev, (grant, next)) = (w[0].1, w[1]);
         let points = [
             marks.get(prev).and_then(|m| m.1),
+            rec.first(Kind::Pod, &format!("{prev}-deploy-pod"), "phase:Succeeded"),
             rec.first(Kind::TaskRun, &format!("{prev}-deploy"), "done"),
             rec.first(Kind::PipelineRun, prev, "done"),
             Some(grant),
@@ -226,10 +228,10 @@ pub async fn mutex_queue(bench: &Bench, n: usize) -> Result<QueueResult> {
             marks.get(next).and_then(|m| m.0),
         ];
         hops.add(&points);
-        if let (Some(a), Some(b)) = (points[0], points[7]) {
+        if let (Some(a), Some(b)) = (points[0], points[8]) {
             gaps.push(b - a);
         }
-        if let Some(done) = points[2] {
+        if let Some(done) = points[3] {
             controller.push(grant - done);
         }
     }

@@ -35,6 +35,12 @@ async fn one_queue(bench: &Bench, n: usize) -> Result<Value> {
     let long = Duration::from_secs(120 + n as u64);
     let poll = Duration::from_millis(5);
 
+    // Room for every waiter and arrival: the default spec.maxQueue (1,000) would refuse some.
+    let room = n + bench.opts.arrivals + 10;
+    ns.apply(&format!(
+        "apiVersion: tekton-mutex.dev/v1alpha1\nkind: Mutex\nmetadata: {{name: {KEY}}}\nspec: {{maxQueue: {room}}}\n"
+    ))
+    .await?;
     create_all(&api, vec![objects::standalone_run(&run_name(0), KEY)], 1).await?;
     rec.wait("the first holder", long, poll, |r| {
         r.first(Kind::CustomRun, &run_name(0), "reason:Acquired")
