@@ -141,6 +141,7 @@ pub struct Context {
     backoff: backoff::Backoff,
     /// Run statuses written and not yet seen back in the cache.
     told: told::Told,
+    written: told::Written,
     /// Whether this replica acts (holds the Lease, or runs without election).
     acting: watch::Receiver<bool>,
     /// The last tokens of Mutexes this replica let go.
@@ -247,6 +248,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         metrics: state.metrics.clone(),
         backoff: Default::default(),
         told: Default::default(),
+        written: Default::default(),
         acting: acting_rx.clone(),
         token_floors: Default::default(),
     });

@@ -221,6 +221,42 @@ mod tests {
         }
     }
 
+    /// The stall under control-plane restarts: every task waiting for the first
+    /// list must be woken, not only the last one to wait (kube-runtime 5's
+    /// `Store::wait_until_ready` keeps one waker per store).
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_task_waiting_for_the_first_list_is_woken() {
+        let (_store, writer) = reflector::store::<CustomRun>();
+        let (source, events) = mpsc::unbounded();
+        let (senders, _changes): (Vec<_>, Vec<_>) = (0..1).map(|_| mpsc::unbounded()).unzip();
+        let (listed_tx, listed) = tokio::sync::watch::channel(false);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| tokio::spawn(all_listed_owned(vec![listed.clone()])))
+            .collect();
+        // Every waiter is parked before the list completes.
+        tokio::task::yield_now().await;
+        assert!(waiters.iter().all(|w| !w.is_finished()));
+        tokio::spawn(fan_out(
+            events,
+            writer,
+            Index::new(|_| vec![]),
+            senders,
+            listed_tx,
+        ));
+        source.unbounded_send(Ok(watcher::Event::Init)).unwrap();
+        source.unbounded_send(Ok(watcher::Event::InitDone)).unwrap();
+        for w in waiters {
+            tokio::time::timeout(std::time::Duration::from_secs(5), w)
+                .await
+                .expect("a task waiting for the first list was never woken")
+                .unwrap();
+        }
+    }
+
+    async fn all_listed_owned(listed: Vec<Listed>) {
+        all_listed(&listed).await
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn the_watch_ends_once_every_consumer_has_gone() {
         let (_store, writer) = reflector::store::<CustomRun>();

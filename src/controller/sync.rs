@@ -63,7 +63,7 @@ async fn read_mutex(
     cached: Option<Arc<Mutex>>,
 ) -> Result<Option<Mutex>, Error> {
     match cached {
-        Some(m) => Ok(Some(m.as_ref().clone())),
+        Some(m) => Ok(Some(ctx.written.newest(m).as_ref().clone())),
         None => Ok(Api::<Mutex>::namespaced(ctx.client.clone(), ns)
             .get_opt(key)
             .await?),

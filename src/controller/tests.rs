@@ -45,6 +45,7 @@ fn context(
         metrics: Arc::new(Metrics::new()),
         backoff: Default::default(),
         told: Default::default(),
+        written: Default::default(),
         acting: watch::channel(true).1,
         token_floors: Default::default(),
     };

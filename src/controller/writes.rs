@@ -76,7 +76,10 @@ pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
         .replace_status(&mutex.name_any(), &PostParams::default(), mutex)
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => {
+            ctx.written.wrote(mutex.resource_version(), written);
+            Ok(())
+        }
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
         Err(e) => Err(e.into()),
     }
