@@ -57,9 +57,14 @@ impl<K: Resource<DynamicType = ()> + 'static> Clone for Index<K> {
     }
 }
 
+/// An object's reference, shared by the two maps (one allocation per object,
+/// not one per tag), without the uid and resourceVersion that
+/// `ObjectRef::from_obj` carries and that lookups ignore.
+type SharedRef<K> = Arc<ObjectRef<K>>;
+
 struct Inner<K: Resource<DynamicType = ()> + 'static> {
-    by_tag: HashMap<Tag, HashSet<ObjectRef<K>>>,
-    tags: HashMap<ObjectRef<K>, Vec<Tag>>,
+    by_tag: HashMap<Tag, HashSet<SharedRef<K>>>,
+    tags: HashMap<SharedRef<K>, Vec<Tag>>,
 }
 
 impl<K: Resource<DynamicType = ()> + 'static> Default for Inner<K> {
@@ -83,17 +88,31 @@ impl<K: Resource<DynamicType = ()> + 'static> Inner<K> {
         }
     }
 
-    fn insert(&mut self, r: ObjectRef<K>, tags: Vec<Tag>) {
+    fn insert(&mut self, o: &K, tags: Vec<Tag>) {
+        let r = compact_ref(o);
+        if self.tags.get(&r) == Some(&tags) {
+            return; // most events change nothing the index holds
+        }
         self.remove(&r);
+        if tags.is_empty() {
+            return;
+        }
+        let r = Arc::new(r);
         for tag in &tags {
             self.by_tag
                 .entry(tag.clone())
                 .or_default()
                 .insert(r.clone());
         }
-        if !tags.is_empty() {
-            self.tags.insert(r, tags);
-        }
+        self.tags.insert(r, tags);
+    }
+}
+
+fn compact_ref<K: Resource<DynamicType = ()>>(o: &K) -> ObjectRef<K> {
+    let r = ObjectRef::new(&o.name_any());
+    match o.namespace() {
+        Some(ns) => r.within(&ns),
+        None => r,
     }
 }
 
@@ -111,13 +130,13 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Index<K> {
     pub fn apply(&self, event: &watcher::Event<K>, store: &Store<K>) {
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(o) => inner.insert(ObjectRef::from_obj(o), (self.tags_of)(o)),
+            watcher::Event::Apply(o) => inner.insert(o, (self.tags_of)(o)),
             watcher::Event::Delete(o) => inner.remove(&ObjectRef::from_obj(o)),
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
             watcher::Event::InitDone => {
                 *inner = Inner::default();
                 for o in store.state() {
-                    inner.insert(ObjectRef::from_obj(o.as_ref()), (self.tags_of)(&o));
+                    inner.insert(o.as_ref(), (self.tags_of)(&o));
                 }
             }
         }
@@ -131,7 +150,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Index<K> {
             .get(tag)
             .into_iter()
             .flatten()
-            .filter_map(|r| store.get(r))
+            .filter_map(|r| store.get(r.as_ref()))
             .collect()
     }
 }

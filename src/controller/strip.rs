@@ -3,17 +3,30 @@
 //! runs and PipelineRuns costs little memory. (The typed structs already drop
 //! every field they do not name: pipelineSpec, taskRunTemplate, ...)
 
-use crate::observe::Observe;
+use super::section::PIPELINE_TASK_LABEL;
+use crate::observe::{Observe, PIPELINE_LABEL, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use kube::api::ObjectMeta;
 
-/// Never read: who wrote which field, and annotations (kubectl's
-/// last-applied-configuration alone is a copy of the whole object).
+/// The labels the controller reads; Tekton and users put many more on runs.
+const READ_LABELS: &[&str] = &[
+    PIPELINE_LABEL,
+    PIPELINE_RUN_LABEL,
+    PIPELINE_RUN_UID_LABEL,
+    PIPELINE_TASK_LABEL,
+];
+
+/// Never read: who wrote which field, annotations (kubectl's
+/// last-applied-configuration alone is a copy of the whole object), labels
+/// other than Tekton's own.
 fn meta(m: &mut ObjectMeta) {
     m.managed_fields = None;
     m.annotations = None;
+    if let Some(labels) = &mut m.labels {
+        labels.retain(|k, _| READ_LABELS.contains(&k.as_str()));
+    }
 }
 
 /// A PipelineRun keeps its state and the runs it lists: its custom runs verify
@@ -50,6 +63,7 @@ pub fn run(r: &mut Run) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
     use serde_json::json;
 
     fn custom_run_of(kind: &str) -> CustomRun {
@@ -82,6 +96,25 @@ mod tests {
         let before = cr.clone();
         custom_run(&mut cr);
         assert_eq!((&cr.spec, &cr.status), (&before.spec, &before.status));
+    }
+
+    #[test]
+    fn only_the_labels_the_controller_reads_are_kept() {
+        let mut cr = custom_run_of("Mutex");
+        cr.metadata.labels = Some(
+            [
+                (PIPELINE_RUN_LABEL, "deploy-1"),
+                (PIPELINE_TASK_LABEL, "lock"),
+                ("tekton.dev/memberOf", "tasks"),
+                ("app.kubernetes.io/part-of", "shop"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        );
+        custom_run(&mut cr);
+        let kept: Vec<&str> = cr.labels().keys().map(String::as_str).collect();
+        assert_eq!(kept, [PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL]);
     }
 
     #[test]
