@@ -63,11 +63,13 @@ pub async fn check<K: Resource>(
 }
 
 /// Whether the sync may enrol a new run: its names fit its PipelineRun (one
-/// that is gone cannot say, and such a run only ever leaves).
+/// that is gone or done cannot say, as the cache keeps no pipeline of a done
+/// one, and such a run only ever leaves).
 pub fn enrols<K: Resource>(cfg: &RunConfig, obj: &K, parent: Option<Option<&PipelineRun>>) -> bool {
     let names = &cfg.release_after;
     match parent {
         Some(None) => true,
+        Some(Some(pr)) if pr.is_done() => true,
         Some(pr) => release_after::check(names, own_task(obj), pr) == Verdict::Fine,
         None => release_after::check(names, own_task(obj), None) == Verdict::Fine,
     }

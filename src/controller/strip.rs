@@ -31,8 +31,25 @@ fn meta(m: &mut ObjectMeta) {
 
 /// A PipelineRun keeps its state and the runs it lists: its custom runs verify
 /// a lock run's parent, its TaskRuns tell when a `release-after` section is done.
+/// A done one (most of a cluster's history) runs nothing more: its state and
+/// its custom runs are all that is read of it.
 pub fn pipeline_run(pr: &mut PipelineRun) {
     meta(&mut pr.metadata);
+    pr.metadata.owner_references = None;
+    if !pr.is_done() {
+        return;
+    }
+    if let Some(status) = &mut pr.status {
+        status
+            .child_references
+            .retain(|c| c.kind == "CustomRun" || c.kind == "Run");
+        status.skipped_tasks = Vec::new();
+        status.pipeline_spec = None;
+        for c in &mut status.conditions {
+            c.message = None;
+            c.last_transition_time = None;
+        }
+    }
 }
 
 /// Is it a run of ours: of a Mutex, or of a ClusterMutex?
@@ -123,6 +140,31 @@ mod tests {
         custom_run(&mut cr);
         assert!(cr.spec.params.is_empty() && cr.status.is_none());
         assert!(!cr.observe().is_mutex());
+    }
+
+    #[test]
+    fn a_done_pipeline_run_keeps_its_state_and_its_custom_runs() {
+        let mut pr: PipelineRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+            "metadata": {"name": "p", "namespace": "ns",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "u"}]},
+            "spec": {},
+            "status": {"conditions": [{"type": "Succeeded", "status": "False", "reason": "Cancelled",
+                                       "message": "PipelineRun \"p\" was cancelled"}],
+                       "childReferences": [{"kind": "TaskRun", "name": "p-build"},
+                                           {"kind": "CustomRun", "name": "p-lock"}],
+                       "skippedTasks": [{"name": "notify"}],
+                       "pipelineSpec": {"tasks": [{"name": "build"}, {"name": "lock"}]}},
+        }))
+        .unwrap();
+        let before = (pr.is_done(), pr.stopping());
+        pipeline_run(&mut pr);
+        assert_eq!((pr.is_done(), pr.stopping()), before);
+        assert!(pr.lists("CustomRun", "p-lock") && !pr.lists("TaskRun", "p-build"));
+        let status = pr.status.as_ref().unwrap();
+        assert!(status.pipeline_spec.is_none() && status.skipped_tasks.is_empty());
+        assert_eq!(status.conditions[0].reason.as_deref(), Some("Cancelled"));
+        assert!(pr.metadata.owner_references.is_none());
     }
 
     #[test]
