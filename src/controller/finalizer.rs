@@ -88,7 +88,8 @@ pub async fn release(ctx: &Context, ns: &str, key: &str) -> Result<bool, Error> 
         .await
     {
         Ok(_) => {
-            ctx.token_floors.remember(ns, key, status.last_token);
+            let uid = mutex.uid().unwrap_or_default();
+            ctx.token_floors.remember(ns, key, &uid, status.last_token);
             info!(
                 key,
                 namespace = ns,

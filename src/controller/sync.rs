@@ -104,7 +104,9 @@ async fn sync_key(
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let facts = MutexFacts {
         deleting: mutex.meta().deletion_timestamp.is_some(),
-        token_floor: ctx.token_floors.floor(ns, key, current.last_token),
+        token_floor: ctx
+            .token_floors
+            .floor(ns, key, mutex.uid().as_deref(), current.last_token),
     };
     let requests = crate::control::requests_from(mutex.annotations());
     let multi = multikey::keys_of(key, members.iter().map(|m| (m.run(), m.multi.as_ref())));
