@@ -353,17 +353,7 @@ impl SpecFields {
 /// A key names a Mutex object, so it must be a valid Kubernetes object name
 /// (a DNS-1123 subdomain).
 pub fn validate_key(key: &str) -> Result<(), String> {
-    let ok = !key.is_empty()
-        && key.len() <= 253
-        && key.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        });
-    if ok {
+    if crate::key_name::is_object_name(key) {
         Ok(())
     } else {
         Err(format!(

@@ -529,7 +529,8 @@ async fn logs_follow_streams_a_running_step() -> Result<()> {
     // The step prints, then waits for the test's go-ahead (a ConfigMap), then prints again.
     ns.apply(&taskrun(
         "waits",
-        "echo before-go\nuntil kubectl get configmap go >/dev/null 2>&1; do sleep 0.2; done\n\
+        "echo before-go\ni=0\nuntil kubectl get configmap go >/dev/null 2>&1; do\n  \
+         i=$((i+1)); [ \"$i\" -lt 600 ] || exit 1 # no go-ahead after 600 tries\n  sleep 0.2\ndone\n\
          echo after-go\n",
     ))
     .await?;

@@ -9,13 +9,13 @@
 
 mod support;
 
-use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
+use anyhow::{Result, ensure};
 use kube::api::DeleteParams;
 use serde_json::json;
 use support::controller::ControllerProcess;
 use support::pipelines::{
-    cancel_pipeline_run, lock_run, mutex_status, release, slow, wait_pod_recorded, wait_reason,
+    cancel_pipeline_run, lock_run, mark, mark_exists, mutex_status, release, slow,
+    wait_pod_recorded, wait_reason,
 };
 use support::*;
 use tekton_mutex::tekton::customrun::CustomRun;
@@ -75,26 +75,6 @@ fn pipeline_run(name: &str, pipeline: &str, timeout: Option<&str>) -> String {
         pr["spec"]["timeouts"] = json!({"pipeline": t});
     }
     pr.to_string()
-}
-
-/// The host-clock time (ns) in mark `what` of PipelineRun `pr`, once it exists.
-async fn mark(ns: &TestNamespace, what: &str, pr: &str) -> Result<i128> {
-    let name = format!("{what}-{pr}");
-    let cm = wait_until(&format!("mark {name}"), slow(), || async {
-        Ok(ns.api::<ConfigMap>().get_opt(&name).await?)
-    })
-    .await?;
-    let at = cm
-        .data
-        .and_then(|d| d.get("at").cloned())
-        .unwrap_or_default();
-    at.parse()
-        .with_context(|| format!("mark {name} has no time: {at:?}"))
-}
-
-async fn mark_exists(ns: &TestNamespace, what: &str, pr: &str) -> Result<bool> {
-    let name = format!("{what}-{pr}");
-    Ok(ns.api::<ConfigMap>().get_opt(&name).await?.is_some())
 }
 
 /// `a` holds and is in its deploy step; `b` waits behind it.

@@ -45,14 +45,6 @@ async fn mutex_uid(ns: &TestNamespace) -> Result<Option<String>> {
         .and_then(|m| m.metadata.uid))
 }
 
-async fn succeeded(ns: &TestNamespace, pr: &str) -> Result<()> {
-    let c = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow())
-        .await?;
-    ensure!(c.status == "True", "{pr} did not succeed: {c:?}");
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_deleted_mutex_in_use_releases_nothing_and_goes_once_empty() -> Result<()> {

@@ -9,11 +9,13 @@
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use support::controller::ControllerProcess;
-use support::pipelines::{condition_of, lock_run, mutex_status, slow, wait_reason};
+use support::pipelines::{
+    condition_of, create_gate, lock_run, mark, mark_exists, mutex_status, slow, succeeded,
+    wait_reason,
+};
 use support::*;
 use tekton_mutex::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
 use tekton_mutex::mutex::Mutex;
@@ -74,49 +76,6 @@ fn pipeline_run(name: &str, pipeline: &str) -> String {
     .to_string()
 }
 
-/// The host-clock time (ns) in mark `what` of PipelineRun `pr`, once it exists.
-async fn mark(ns: &TestNamespace, what: &str, pr: &str) -> Result<i128> {
-    let name = format!("{what}-{pr}");
-    let cm = wait_until(&format!("mark {name}"), slow(), || async {
-        Ok(ns.api::<ConfigMap>().get_opt(&name).await?)
-    })
-    .await?;
-    let at = cm
-        .data
-        .and_then(|d| d.get("at").cloned())
-        .unwrap_or_default();
-    at.parse()
-        .with_context(|| format!("mark {name} has no time: {at:?}"))
-}
-
-async fn has_mark(ns: &TestNamespace, what: &str, pr: &str) -> Result<bool> {
-    let name = format!("{what}-{pr}");
-    Ok(ns.api::<ConfigMap>().get_opt(&name).await?.is_some())
-}
-
-/// Let task `what` of PipelineRun `pr` finish.
-async fn open_gate(ns: &TestNamespace, what: &str, pr: &str) -> Result<()> {
-    let name = format!("{what}-go-{pr}");
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    match ns
-        .api::<ConfigMap>()
-        .create(&PostParams::default(), &cm)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn succeeded(ns: &TestNamespace, pr: &str) -> Result<()> {
-    let c = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow())
-        .await?;
-    ensure!(c.status == "True", "{pr} did not succeed: {c:?}");
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn release_after_deploy_hands_over_while_the_tests_still_run() -> Result<()> {
@@ -131,7 +90,7 @@ async fn release_after_deploy_hands_over_while_the_tests_still_run() -> Result<(
     ns.apply(&pipeline_run("b", "env")).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
     // a's deploy ends; its long test task starts and keeps running.
-    open_gate(&ns, "deploy", "a").await?;
+    create_gate(&ns, "deploy-go-a").await?;
     let a_deploy_end = mark(&ns, "deploy-end", "a").await?;
     mark(&ns, "test-start", "a").await?;
     let b_deploy_start = mark(&ns, "deploy-start", "b").await?;
@@ -141,7 +100,7 @@ async fn release_after_deploy_hands_over_while_the_tests_still_run() -> Result<(
         (a_deploy_end - b_deploy_start) / 1_000_000
     );
     ensure!(
-        !has_mark(&ns, "test-end", "a").await?,
+        !mark_exists(&ns, "test-end", "a").await?,
         "a's test task ended before b deployed: the test did not show the section release"
     );
     let token = |pr: &str| {
@@ -157,7 +116,7 @@ async fn release_after_deploy_hands_over_while_the_tests_still_run() -> Result<(
     ensure!(tb > ta, "tokens must keep increasing: a {ta}, b {tb}");
     for pr in ["a", "b"] {
         for task in ["deploy", "test"] {
-            open_gate(&ns, task, pr).await?;
+            create_gate(&ns, &format!("{task}-go-{pr}")).await?;
         }
     }
     succeeded(&ns, "a").await?;
@@ -239,8 +198,8 @@ async fn repo_url_keys_each_get_their_own_mutex() -> Result<()> {
     // The same key still excludes.
     ns.apply(&pipeline_run("a2", "at")).await?;
     wait_reason(&ns, &lock_run("a2"), "Waiting", slow()).await?;
-    open_gate(&ns, "deploy", "a").await?;
-    open_gate(&ns, "test", "a").await?;
+    create_gate(&ns, "deploy-go-a").await?;
+    create_gate(&ns, "test-go-a").await?;
     wait_reason(&ns, &lock_run("a2"), "Acquired", slow()).await?;
     ensure!(
         condition_of(&ns, &lock_run("p"))
@@ -317,8 +276,8 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
     let m = refused.message.unwrap_or_default();
     ensure!(m.contains(c.name()) && m.contains("spec.namespaces"), "{m}");
     // a1 ends: b1 (first in line) gets the slot, only after a1 ended.
-    open_gate(&a, "deploy", "a1").await?;
-    open_gate(&a, "test", "a1").await?;
+    create_gate(&a, "deploy-go-a1").await?;
+    create_gate(&a, "test-go-a1").await?;
     let a1_end = mark(&a, "test-end", "a1").await?;
     wait_reason(&b, &lock_run("b1"), "Acquired", slow()).await?;
     let b1_start = mark(&b, "deploy-start", "b1").await?;
@@ -331,11 +290,11 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
             == Some("Waiting"),
         "a2 must wait for b1"
     );
-    open_gate(&b, "deploy", "b1").await?;
-    open_gate(&b, "test", "b1").await?;
+    create_gate(&b, "deploy-go-b1").await?;
+    create_gate(&b, "test-go-b1").await?;
     wait_reason(&a, &lock_run("a2"), "Acquired", slow()).await?;
-    open_gate(&a, "deploy", "a2").await?;
-    open_gate(&a, "test", "a2").await?;
+    create_gate(&a, "deploy-go-a2").await?;
+    create_gate(&a, "test-go-a2").await?;
     succeeded(&a, "a2").await?;
     let st = wait_until("the ClusterMutex to be free", slow(), || async {
         let st = api.get(&name).await?.status.unwrap_or_default();

@@ -3,7 +3,7 @@
 //! holds the acknowledgements, record each request as an Event on the Mutex
 //! and remove its annotation. See [`crate::control`] for the protocol.
 
-use super::{Context, Error};
+use super::{Context, Error, writes};
 use crate::control::{
     CLEARED_BY_ANNOTATION, Dismissal, RELEASED_BY_ANNOTATION, REQUEST_PREFIX, Request, Unreadable,
     Verdict,
@@ -60,14 +60,7 @@ async fn cancel(ctx: &Context, ns: &str, key: &str, c: &ControlCancel) -> Result
         Err(e) => return Err(e.into()),
     }
     info!(key, pipeline_run = %c.pipeline_run, message = %c.message, mode = c.mode.as_str(), "cancelled a PipelineRun let go by a person");
-    let reference = ObjectReference {
-        api_version: Some(PipelineRun::api_version(&()).into()),
-        kind: Some(PipelineRun::kind(&()).into()),
-        name: Some(c.pipeline_run.clone()),
-        namespace: Some(ns.into()),
-        uid: Some(c.pipeline_run_uid.clone()),
-        ..Default::default()
-    };
+    let reference = writes::pipeline_run_reference(ns, &c.pipeline_run, &c.pipeline_run_uid);
     let note = format!(
         "on mutex {key}: {}; cancelled with {}",
         c.message,

@@ -418,7 +418,12 @@ async fn apply(
                 "cancel PipelineRun {} (superseded on mutex {key})",
                 c.pipeline_run
             );
-            events::write_failed(ctx, writes::pipeline_run_reference(&ns, c), &what, &e);
+            events::write_failed(
+                ctx,
+                writes::pipeline_run_reference(&ns, &c.pipeline_run, &c.pipeline_run_uid),
+                &what,
+                &e,
+            );
             first_error.get_or_insert(e);
         }
     }

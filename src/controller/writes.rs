@@ -130,13 +130,13 @@ pub async fn invalid_params(
 }
 
 /// The PipelineRun a cancel is for, as an Event's subject.
-pub fn pipeline_run_reference(ns: &str, c: &Cancel) -> ObjectReference {
+pub fn pipeline_run_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some(PipelineRun::api_version(&()).into()),
         kind: Some(PipelineRun::kind(&()).into()),
-        name: Some(c.pipeline_run.clone()),
+        name: Some(name.into()),
         namespace: Some(ns.into()),
-        uid: Some(c.pipeline_run_uid.clone()),
+        uid: Some(uid.into()),
         ..Default::default()
     }
 }

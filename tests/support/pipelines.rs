@@ -4,7 +4,7 @@
 //! decides exactly when each holder finishes: no timing guesses.
 
 use super::{TestNamespace, secs, wait_until};
-use anyhow::Result;
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -122,7 +122,8 @@ pub async fn release_finally(ns: &TestNamespace, pr: &str) -> Result<()> {
     create_gate(ns, &format!("finally-{pr}")).await
 }
 
-async fn create_gate(ns: &TestNamespace, name: &str) -> Result<()> {
+/// Open gate `name`: create its ConfigMap (one already there is fine).
+pub async fn create_gate(ns: &TestNamespace, name: &str) -> Result<()> {
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     match ns
         .api::<ConfigMap>()
@@ -271,5 +272,36 @@ pub async fn wait_pod_recorded(ns: &TestNamespace, taskrun: &str) -> Result<()> 
         Ok(pod.ok().filter(|p| !p.trim().is_empty()))
     })
     .await?;
+    Ok(())
+}
+
+/// The host-clock time (ns) in mark `what` of PipelineRun `pr` (ConfigMap `<what>-<pr>`, key
+/// `at`), once it exists.
+pub async fn mark(ns: &TestNamespace, what: &str, pr: &str) -> Result<i128> {
+    let name = format!("{what}-{pr}");
+    let cm = wait_until(&format!("mark {name}"), slow(), || async {
+        Ok(ns.api::<ConfigMap>().get_opt(&name).await?)
+    })
+    .await?;
+    let at = cm
+        .data
+        .and_then(|d| d.get("at").cloned())
+        .unwrap_or_default();
+    at.parse()
+        .with_context(|| format!("mark {name} has no time: {at:?}"))
+}
+
+/// Has PipelineRun `pr` written mark `what` yet?
+pub async fn mark_exists(ns: &TestNamespace, what: &str, pr: &str) -> Result<bool> {
+    let name = format!("{what}-{pr}");
+    Ok(ns.api::<ConfigMap>().get_opt(&name).await?.is_some())
+}
+
+/// Waits until PipelineRun `pr` is done, and fails unless it succeeded.
+pub async fn succeeded(ns: &TestNamespace, pr: &str) -> Result<()> {
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", pr, slow())
+        .await?;
+    ensure!(c.status == "True", "{pr} did not succeed: {c:?}");
     Ok(())
 }
