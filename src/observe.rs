@@ -4,16 +4,11 @@
 use crate::mutex::{RunKind, RunRef};
 use crate::params::{self, RunConfig, RunInput, Target};
 use crate::tekton::customrun::CustomRun;
+use crate::tekton::labels::{PIPELINE_LABEL, run_label};
 use crate::tekton::run::Run;
 use crate::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use chrono::{DateTime, Utc};
 
-/// Label Tekton copies from the PipelineRun: the Pipeline's name.
-pub const PIPELINE_LABEL: &str = "tekton.dev/pipeline";
-/// Label Tekton puts on every child of a PipelineRun, pods included.
-pub const PIPELINE_RUN_LABEL: &str = "tekton.dev/pipelineRun";
-/// The PipelineRun's uid, on its children (Tekton v0.50 and later).
-pub const PIPELINE_RUN_UID_LABEL: &str = "tekton.dev/pipelineRunUID";
 /// A field selector for pods that have not ended: a terminating pod is still
 /// Running until its processes have stopped.
 pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
@@ -81,7 +76,7 @@ impl<'a> ObservedRun<'a> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn common<K: kube::Resource>(
+    fn common<K: kube::Resource + Observe>(
         obj: &'a K,
         kind: RunKind,
         target: Option<Target<'a>>,
@@ -115,10 +110,7 @@ impl<'a> ObservedRun<'a> {
                 .unwrap_or_else(Utc::now),
             deleting: meta.deletion_timestamp.is_some(),
             parent,
-            pipeline_label: meta
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(PIPELINE_LABEL).cloned()),
+            pipeline_label: obj.label(PIPELINE_LABEL).map(str::to_string),
             target,
             params,
             timeout,
@@ -131,6 +123,11 @@ impl<'a> ObservedRun<'a> {
 
     pub fn is_mutex(&self) -> bool {
         self.target.as_ref().is_some_and(Target::is_mutex)
+    }
+
+    /// Is it a run of ours: of a Mutex, or of a ClusterMutex?
+    pub fn is_ours(&self) -> bool {
+        self.is_mutex() || crate::cluster_mutex::target(self).is_some()
     }
 
     pub fn is_done(&self) -> bool {
@@ -188,17 +185,27 @@ impl<'a> ObservedRun<'a> {
 /// Helper so callers can write `observe(&obj)` for either kind.
 pub trait Observe {
     fn observe(&self) -> ObservedRun<'_>;
+    /// One of the labels the controller reads (`tekton::labels`).
+    fn label(&self, name: &str) -> Option<&str>;
 }
 
 impl Observe for CustomRun {
     fn observe(&self) -> ObservedRun<'_> {
         ObservedRun::of_custom_run(self)
     }
+
+    fn label(&self, name: &str) -> Option<&str> {
+        run_label(&self.spec.kept_labels, &self.metadata, name)
+    }
 }
 
 impl Observe for Run {
     fn observe(&self) -> ObservedRun<'_> {
         ObservedRun::of_run(self)
+    }
+
+    fn label(&self, name: &str) -> Option<&str> {
+        run_label(&self.spec.kept_labels, &self.metadata, name)
     }
 }
 

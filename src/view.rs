@@ -4,10 +4,11 @@
 
 use crate::decide::{Parent, ParentState, Phase, RunView, Timeout};
 use crate::mutex::{Age, Holder, RunKind};
-use crate::observe::{ObservedRun, PIPELINE_LABEL, to_chrono};
+use crate::observe::{ObservedRun, to_chrono};
 use crate::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::release_after;
 use crate::run_status;
+use crate::tekton::labels::PIPELINE_LABEL;
 use crate::tekton::pipelinerun::PipelineRun;
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;

@@ -70,7 +70,7 @@ enum Admission {
     Refused(&'static str, String),
 }
 
-async fn admission<K: Resource>(
+async fn admission<K: Observe>(
     ctx: &Context,
     o: &ObservedRun<'_>,
     obj: &K,

@@ -35,8 +35,9 @@ mod writes;
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
 use crate::mutex::Mutex;
-use crate::observe::{LIVE_PODS, Observe, PIPELINE_RUN_LABEL};
+use crate::observe::{LIVE_PODS, Observe};
 use crate::tekton::customrun::CustomRun;
+use crate::tekton::labels::PIPELINE_RUN_LABEL;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use futures::future::BoxFuture;
@@ -232,7 +233,8 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         "starting tekton-mutex"
     );
     let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
-    let controllers = Controllers::new(&client, &opts.namespace, &kinds, state.metrics.clone());
+    let leading = opts.leader_election.is_some().then_some(acting_rx.clone());
+    let controllers = Controllers::new(&client, &opts.namespace, &kinds, &state.metrics, &leading);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client: client.clone(),
@@ -255,7 +257,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     state.metrics.watch_mutexes(ctx.mutexes.clone());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();
     tokio::spawn(synced.clone());
-    let loops = controllers.run(ctx, opts.leader_election.is_some().then_some(acting_rx));
+    let loops = controllers.run(ctx, leading);
     let result = match opts.leader_election {
         None => {
             loops.await;
@@ -312,7 +314,8 @@ impl Controllers {
         client: &Client,
         namespace: &Option<String>,
         kinds: &Served,
-        metrics: Arc<Metrics>,
+        metrics: &Arc<Metrics>,
+        leading: &Option<watch::Receiver<bool>>,
     ) -> Self {
         let wc = watcher::Config::default().page_size(LIST_PAGE);
         // The ClusterMutex controller, when there is one, is one more consumer.
@@ -328,23 +331,29 @@ impl Controllers {
         // the sync hears of a run only once the cache it reads has it.
         let crs = kinds.custom_runs.then(|| {
             let index = Index::new(run_tags::<CustomRun>);
-            split(shared::watch(
-                scoped(client, namespace),
-                wc.clone(),
-                strip::custom_run,
-                index,
-                2 + cluster,
-            ))
+            split(
+                shared::watch(
+                    scoped(client, namespace),
+                    wc.clone(),
+                    strip::custom_run,
+                    index,
+                    2 + cluster,
+                ),
+                leading,
+            )
         });
         let runs = kinds.runs.then(|| {
             let index = Index::new(run_tags::<Run>);
-            split(shared::watch(
-                scoped(client, namespace),
-                wc.clone(),
-                strip::run,
-                index,
-                2 + cluster,
-            ))
+            split(
+                shared::watch(
+                    scoped(client, namespace),
+                    wc.clone(),
+                    strip::run,
+                    index,
+                    2 + cluster,
+                ),
+                leading,
+            )
         });
         let (cr_cache, run_cache) = (
             crs.as_ref().map(|s| s.cache.clone()),
@@ -374,7 +383,7 @@ impl Controllers {
             custom_runs: crs,
             runs,
         };
-        let sync = watch_related(sync, client, namespace, triggers, related, metrics);
+        let sync = watch_related(sync, client, namespace, triggers, related, metrics.clone());
         let cluster = kinds.cluster_mutexes.then(|| {
             let feeds = cluster::wiring::Feeds {
                 custom_runs: cr_cache.clone().zip(cluster_crs),
@@ -399,7 +408,8 @@ impl Controllers {
 
     /// Every controller loop, ending when a signal has drained them all.
     /// Under leader election, `leading` makes them reconcile everything
-    /// each time this replica becomes the leader.
+    /// each time this replica becomes the leader (intake hears of its runs
+    /// through its own triggers).
     fn run(
         self,
         ctx: Arc<Context>,
@@ -412,11 +422,11 @@ impl Controllers {
                 c,
                 intake_when_acting::<CustomRun>,
                 &ctx,
-                &leading,
+                &None,
             ));
         }
         if let Some(c) = self.runs {
-            loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &leading));
+            loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &None));
         }
         if let Some(c) = self.cluster {
             let reconcile = cluster::wiring::reconcile_when_acting;
@@ -500,7 +510,7 @@ where
 }
 
 /// Yields each time the value turns true.
-fn became_leader(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
+pub(super) fn became_leader(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
     futures::stream::unfold(rx, |mut rx| async move {
         loop {
             rx.changed().await.ok()?;
@@ -566,10 +576,10 @@ where
     for_cluster: Option<ChangeStream<K>>,
 }
 
-fn split<K>(watch: SharedWatch<K>) -> Split<K>
+fn split<K>(watch: SharedWatch<K>, leading: &Option<watch::Receiver<bool>>) -> Split<K>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    K: Send + Sync + 'static,
+    K: Observe + Send + Sync + 'static,
 {
     let SharedWatch {
         cache,
@@ -580,7 +590,10 @@ where
     let for_intake = changes.pop().expect("one stream per consumer");
     Split {
         changes: for_sync,
-        intake: Controller::for_shared_stream(for_intake, cache.store.clone()),
+        intake: Controller::for_shared_stream(
+            intake::triggers(for_intake, &cache.store, leading.clone()),
+            cache.store.clone(),
+        ),
         cache,
         listed,
         for_cluster: changes.pop(),

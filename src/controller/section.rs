@@ -4,33 +4,28 @@
 //! and Tekton records the resolved pipeline only after creating the run.
 
 use super::{Context, Error};
-use crate::observe::ObservedRun;
+use crate::observe::{Observe, ObservedRun};
 use crate::params::RunConfig;
 use crate::release_after::{self, Verdict};
 use crate::tekton::customrun::CustomRun;
+use crate::tekton::labels::PIPELINE_TASK_LABEL;
 use crate::tekton::pipelinerun::{ChildReference, PipelineRun};
 use crate::tekton::run::Run;
 use crate::tekton::taskrun::TaskRun;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use std::time::Duration;
 
-/// Label Tekton puts on a pipeline task's children and pods: the task's name.
-pub const PIPELINE_TASK_LABEL: &str = "tekton.dev/pipelineTask";
 /// How soon intake looks again for a PipelineRun's resolved pipeline.
 pub const RECHECK: Duration = Duration::from_secs(1);
 
 /// The pipeline task a run (or any child of a PipelineRun) runs for.
-pub fn own_task<K: Resource>(obj: &K) -> Option<&str> {
-    obj.meta()
-        .labels
-        .as_ref()?
-        .get(PIPELINE_TASK_LABEL)
-        .map(String::as_str)
+pub fn own_task<K: Observe>(obj: &K) -> Option<&str> {
+    obj.label(PIPELINE_TASK_LABEL)
 }
 
 /// Intake's check. A run whose PipelineRun is gone is left to the sync.
-pub async fn check<K: Resource>(
+pub async fn check<K: Observe>(
     ctx: &Context,
     o: &ObservedRun<'_>,
     obj: &K,
@@ -65,7 +60,7 @@ pub async fn check<K: Resource>(
 /// Whether the sync may enrol a new run: its names fit its PipelineRun (one
 /// that is gone or done cannot say, as the cache keeps no pipeline of a done
 /// one, and such a run only ever leaves).
-pub fn enrols<K: Resource>(cfg: &RunConfig, obj: &K, parent: Option<Option<&PipelineRun>>) -> bool {
+pub fn enrols<K: Observe>(cfg: &RunConfig, obj: &K, parent: Option<Option<&PipelineRun>>) -> bool {
     let names = &cfg.release_after;
     match parent {
         Some(None) => true,

@@ -3,42 +3,35 @@
 //! runs and PipelineRuns costs little memory. (The typed structs already drop
 //! every field they do not name: pipelineSpec, taskRunTemplate, ...)
 
-use super::section::PIPELINE_TASK_LABEL;
-use crate::observe::{Observe, PIPELINE_LABEL, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
+use crate::observe::Observe;
 use crate::tekton::customrun::CustomRun;
+use crate::tekton::labels::{PIPELINE_LABEL, RunLabels};
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use kube::api::ObjectMeta;
 
-/// The labels the controller reads; Tekton and users put many more on runs.
-const READ_LABELS: &[&str] = &[
-    PIPELINE_LABEL,
-    PIPELINE_RUN_LABEL,
-    PIPELINE_RUN_UID_LABEL,
-    PIPELINE_TASK_LABEL,
-];
-
 /// Never read: who wrote which field, annotations (kubectl's
-/// last-applied-configuration alone is a copy of the whole object), labels
-/// other than Tekton's own.
+/// last-applied-configuration alone is a copy of the whole object).
 fn meta(m: &mut ObjectMeta) {
     m.managed_fields = None;
     m.annotations = None;
-    if let Some(labels) = &mut m.labels {
-        labels.retain(|k, _| READ_LABELS.contains(&k.as_str()));
-    }
 }
 
-/// A PipelineRun keeps its state and the runs it lists: its custom runs verify
-/// a lock run's parent, its TaskRuns tell when a `release-after` section is done.
-/// A done one (most of a cluster's history) runs nothing more: its state and
-/// its custom runs are all that is read of it.
+/// A PipelineRun keeps its state, the runs it lists (its custom runs verify a
+/// lock run's parent, its TaskRuns tell when a `release-after` section is done)
+/// and its Pipeline's name. A done one (most of a cluster's history) runs
+/// nothing more: its state and its custom runs are all that is read of it.
 pub fn pipeline_run(pr: &mut PipelineRun) {
     meta(&mut pr.metadata);
     pr.metadata.owner_references = None;
     if !pr.is_done() {
+        // Its Pipeline's name groups its runs that carry none.
+        if let Some(labels) = &mut pr.metadata.labels {
+            labels.retain(|k, _| k == PIPELINE_LABEL);
+        }
         return;
     }
+    pr.metadata.labels = None;
     if let Some(status) = &mut pr.status {
         status
             .child_references
@@ -52,16 +45,12 @@ pub fn pipeline_run(pr: &mut PipelineRun) {
     }
 }
 
-/// Is it a run of ours: of a Mutex, or of a ClusterMutex?
-fn ours<K: Observe>(r: &K) -> bool {
-    let o = r.observe();
-    o.is_mutex() || crate::cluster_mutex::target(&o).is_some()
-}
-
+/// A run keeps the labels the controller reads, outside its label map.
 /// Another custom task's run keeps only its identity: the controller never acts on it.
 pub fn custom_run(cr: &mut CustomRun) {
     meta(&mut cr.metadata);
-    if !ours(cr) {
+    cr.spec.kept_labels = Some(RunLabels::take(&mut cr.metadata));
+    if !cr.observe().is_ours() {
         cr.spec.params.clear();
         cr.spec.custom_spec = None;
         cr.status = None;
@@ -70,7 +59,8 @@ pub fn custom_run(cr: &mut CustomRun) {
 
 pub fn run(r: &mut Run) {
     meta(&mut r.metadata);
-    if !ours(r) {
+    r.spec.kept_labels = Some(RunLabels::take(&mut r.metadata));
+    if !r.observe().is_ours() {
         r.spec.params.clear();
         r.spec.spec = None;
         r.status = None;
@@ -80,6 +70,9 @@ pub fn run(r: &mut Run) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tekton::RunStatus;
+    use crate::tekton::customrun::CustomRunSpec;
+    use crate::tekton::labels::{PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL};
     use kube::ResourceExt;
     use serde_json::json;
 
@@ -99,24 +92,31 @@ mod tests {
     #[test]
     fn a_mutex_run_keeps_what_the_controller_reads() {
         let mut cr = custom_run_of("Mutex");
-        let before = cr.clone();
+        let before = (cr.spec.clone(), cr.status.clone());
         custom_run(&mut cr);
         assert_eq!(cr.metadata.managed_fields, None);
         assert_eq!(cr.metadata.annotations, None);
-        assert_eq!((&cr.spec, &cr.status), (&before.spec, &before.status));
+        assert_eq!(without_kept_labels(&cr), before);
         assert!(cr.observe().config().is_ok());
     }
 
     #[test]
     fn a_cluster_mutex_run_keeps_what_the_controller_reads() {
         let mut cr = custom_run_of("ClusterMutex");
-        let before = cr.clone();
+        let before = (cr.spec.clone(), cr.status.clone());
         custom_run(&mut cr);
-        assert_eq!((&cr.spec, &cr.status), (&before.spec, &before.status));
+        assert_eq!(without_kept_labels(&cr), before);
+    }
+
+    /// Its spec and status as they came (`custom_run_of` has no labels).
+    fn without_kept_labels(cr: &CustomRun) -> (CustomRunSpec, Option<RunStatus>) {
+        let mut spec = cr.spec.clone();
+        spec.kept_labels = None;
+        (spec, cr.status.clone())
     }
 
     #[test]
-    fn only_the_labels_the_controller_reads_are_kept() {
+    fn a_run_keeps_only_the_labels_the_controller_reads_out_of_its_label_map() {
         let mut cr = custom_run_of("Mutex");
         cr.metadata.labels = Some(
             [
@@ -130,8 +130,30 @@ mod tests {
             .collect(),
         );
         custom_run(&mut cr);
-        let kept: Vec<&str> = cr.labels().keys().map(String::as_str).collect();
-        assert_eq!(kept, [PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL]);
+        assert!(cr.labels().is_empty());
+        assert_eq!(cr.label(PIPELINE_RUN_LABEL), Some("deploy-1"));
+        assert_eq!(cr.label(PIPELINE_TASK_LABEL), Some("lock"));
+        assert_eq!(cr.label(PIPELINE_LABEL), None);
+    }
+
+    #[test]
+    fn a_running_pipeline_run_keeps_only_its_pipeline_label_and_a_done_one_none() {
+        let pr = |status: &str| -> PipelineRun {
+            serde_json::from_value(json!({
+                "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+                "metadata": {"name": "p", "namespace": "ns",
+                             "labels": {PIPELINE_LABEL: "deploy", "app": "shop"}},
+                "spec": {},
+                "status": {"conditions": [{"type": "Succeeded", "status": status}]},
+            }))
+            .unwrap()
+        };
+        let (mut running, mut done) = (pr("Unknown"), pr("True"));
+        pipeline_run(&mut running);
+        pipeline_run(&mut done);
+        let kept: Vec<&str> = running.labels().keys().map(String::as_str).collect();
+        assert_eq!(kept, [PIPELINE_LABEL]);
+        assert!(done.labels().is_empty());
     }
 
     #[test]

@@ -9,11 +9,12 @@ use super::index::{Indexed, Tag};
 use super::{Context, Error, Fault, control, events, finalizer, multikey, section, writes};
 use crate::decide::{self, Decision, MultiKeyRun, MutexFacts, Outcome, Phase, RunView};
 use crate::mutex::{Mutex, MutexStatus, RunKind, RunRef};
-use crate::observe::{LIVE_PODS, Observe, ObservedRun, PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
+use crate::observe::{LIVE_PODS, Observe, ObservedRun};
 use crate::params::RunConfig;
 use crate::run_status;
 use crate::tekton::RunStatus;
 use crate::tekton::customrun::CustomRun;
+use crate::tekton::labels::{PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use crate::view::{self, FetchedParent, MemberView};
@@ -692,7 +693,10 @@ pub(super) async fn live_pods_of(
 ) -> Result<bool, Error> {
     let mut selector = format!("{PIPELINE_RUN_LABEL}={name}");
     if let Some(task) = task {
-        selector.push_str(&format!(",{}={task}", super::section::PIPELINE_TASK_LABEL));
+        selector.push_str(&format!(
+            ",{}={task}",
+            crate::tekton::labels::PIPELINE_TASK_LABEL
+        ));
     }
     let params = ListParams::default().labels(&selector).fields(LIVE_PODS);
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)

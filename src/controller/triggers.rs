@@ -5,11 +5,12 @@
 
 use super::index::{Indexed, Tag, namespace_of};
 use crate::mutex::Mutex;
-use crate::observe::{Observe, PIPELINE_RUN_LABEL};
+use crate::observe::Observe;
 use crate::tekton::customrun::CustomRun;
+use crate::tekton::labels::PIPELINE_RUN_LABEL;
 use crate::tekton::run::Run;
+use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 #[derive(Clone)]
 pub struct Triggers {
@@ -71,7 +72,7 @@ pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
     if tags.is_empty() {
         return tags;
     }
-    if let Some(pr) = run.labels().get(PIPELINE_RUN_LABEL) {
+    if let Some(pr) = run.label(PIPELINE_RUN_LABEL) {
         tags.push(Tag::pipeline_run(&ns, pr));
     }
     tags

@@ -1,5 +1,6 @@
 //! `tekton.dev/v1beta1` CustomRun: how Tekton asks a custom task controller to run.
 
+use super::labels::RunLabels;
 use super::{EmbeddedSpec, Param, RunStatus, TaskRef};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
@@ -30,4 +31,8 @@ pub struct CustomRunSpec {
     pub status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_message: Option<String>,
+    /// Not part of the object: its labels once the cache has taken them out of
+    /// the label map (None: read the map).
+    #[serde(skip)]
+    pub kept_labels: Option<RunLabels>,
 }

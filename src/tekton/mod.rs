@@ -5,6 +5,7 @@
 //! so fields we do not model survive untouched.
 
 pub mod customrun;
+pub mod labels;
 pub mod pipelinerun;
 pub mod run;
 pub mod taskrun;
