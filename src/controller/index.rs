@@ -5,6 +5,7 @@
 //! The index follows the watch: it is updated from each event right after the
 //! reflector has stored it, before anyone hears of the change.
 
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -57,54 +58,43 @@ impl<K: Resource<DynamicType = ()> + 'static> Clone for Index<K> {
     }
 }
 
-/// An object's reference, shared by the two maps (one allocation per object,
+/// An object's reference, shared by its tags' sets (one allocation per object,
 /// not one per tag), without the uid and resourceVersion that
 /// `ObjectRef::from_obj` carries and that lookups ignore.
 type SharedRef<K> = Arc<ObjectRef<K>>;
 
+/// The objects of each tag. An object's tags are not kept beside it: they are
+/// read again from its cached version, the one an event replaces.
 struct Inner<K: Resource<DynamicType = ()> + 'static> {
     by_tag: HashMap<Tag, HashSet<SharedRef<K>>>,
-    tags: HashMap<SharedRef<K>, Vec<Tag>>,
 }
 
 impl<K: Resource<DynamicType = ()> + 'static> Default for Inner<K> {
     fn default() -> Self {
         Inner {
             by_tag: HashMap::new(),
-            tags: HashMap::new(),
         }
     }
 }
 
 impl<K: Resource<DynamicType = ()> + 'static> Inner<K> {
-    fn remove(&mut self, r: &ObjectRef<K>) {
-        for tag in self.tags.remove(r).unwrap_or_default() {
+    /// Moves `r` from the sets of its `old` tags to those of its `new` ones.
+    fn retag(&mut self, r: ObjectRef<K>, old: Vec<Tag>, new: Vec<Tag>) {
+        if old == new {
+            return; // most events change nothing the index holds
+        }
+        for tag in old {
             if let Some(set) = self.by_tag.get_mut(&tag) {
-                set.remove(r);
+                set.remove(&r);
                 if set.is_empty() {
                     self.by_tag.remove(&tag);
                 }
             }
         }
-    }
-
-    fn insert(&mut self, o: &K, tags: Vec<Tag>) {
-        let r = compact_ref(o);
-        if self.tags.get(&r) == Some(&tags) {
-            return; // most events change nothing the index holds
-        }
-        self.remove(&r);
-        if tags.is_empty() {
-            return;
-        }
         let r = Arc::new(r);
-        for tag in &tags {
-            self.by_tag
-                .entry(tag.clone())
-                .or_default()
-                .insert(r.clone());
+        for tag in new {
+            self.by_tag.entry(tag).or_default().insert(r.clone());
         }
-        self.tags.insert(r, tags);
     }
 }
 
@@ -124,19 +114,33 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Index<K> {
         }
     }
 
-    /// Follow one watch event, once the reflector has applied it to `store`.
-    /// A full list (re-list after a broken watch included) is read back from the
-    /// store: objects deleted meanwhile leave the index with it.
-    pub fn apply(&self, event: &watcher::Event<K>, store: &Store<K>) {
+    /// Store one watch event in the cache `writer` writes, and follow it: an
+    /// object leaves the tags of the version it replaces. A full list (re-list
+    /// after a broken watch included) is read back from the cache: objects
+    /// deleted meanwhile leave the index with it.
+    pub fn apply(&self, writer: &mut Writer<K>, event: &watcher::Event<K>) {
+        let store = writer.as_reader();
+        let replaced = match event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => store.get(&compact_ref(o)),
+            _ => None,
+        };
+        writer.apply_watcher_event(event);
+        let tags_of = |o: Option<&K>| o.map(self.tags_of).unwrap_or_default();
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(o) => inner.insert(o, (self.tags_of)(o)),
-            watcher::Event::Delete(o) => inner.remove(&ObjectRef::from_obj(o)),
+            watcher::Event::Apply(o) => inner.retag(
+                compact_ref(o),
+                tags_of(replaced.as_deref()),
+                tags_of(Some(o)),
+            ),
+            watcher::Event::Delete(o) => {
+                inner.retag(compact_ref(o), tags_of(replaced.as_deref()), Vec::new())
+            }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
             watcher::Event::InitDone => {
                 *inner = Inner::default();
                 for o in store.state() {
-                    inner.insert(o.as_ref(), (self.tags_of)(&o));
+                    inner.retag(compact_ref(o.as_ref()), Vec::new(), tags_of(Some(&o)));
                 }
             }
         }
@@ -185,7 +189,6 @@ pub fn namespace_of<K: Resource>(o: &K) -> String {
 mod tests {
     use super::*;
     use crate::tekton::customrun::CustomRun;
-    use kube::runtime::reflector::store::Writer;
 
     fn run(name: &str, key: &str) -> CustomRun {
         serde_json::from_value(serde_json::json!({
@@ -216,10 +219,7 @@ mod tests {
         let mut writer = Writer::<CustomRun>::default();
         let store = writer.as_reader();
         let index = Index::new(by_label);
-        let mut apply = |e: watcher::Event<CustomRun>| {
-            writer.apply_watcher_event(&e);
-            index.apply(&e, &store);
-        };
+        let mut apply = |e: watcher::Event<CustomRun>| index.apply(&mut writer, &e);
         apply(watcher::Event::Apply(run("a", "k1")));
         apply(watcher::Event::Apply(run("b", "k1")));
         apply(watcher::Event::Apply(run("c", "k2")));

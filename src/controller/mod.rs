@@ -448,7 +448,7 @@ fn tolerant_mutexes(
     shared::Listed,
 ) {
     let (listed_tx, listed) = watch::channel(false);
-    let (store, writer) = reflector::store();
+    let (store, mut writer) = reflector::store();
     let index = Index::new(mutex_tags);
     let cache = Indexed {
         store: store.clone(),
@@ -464,11 +464,10 @@ fn tolerant_mutexes(
             };
             futures::future::ready(typed)
         })
-        .reflect(writer)
-        // After the reflector has stored the event: the index follows the cache.
+        // The cache and its index, then whoever hears of the change.
         .inspect(move |e| {
             if let Ok(e) = e {
-                index.apply(e, &store);
+                index.apply(&mut writer, e);
                 if matches!(e, watcher::Event::InitDone) {
                     listed_tx.send_replace(true);
                 }

@@ -90,8 +90,7 @@ async fn fan_out<K>(
                 continue;
             }
         };
-        writer.apply_watcher_event(&event);
-        index.apply(&event, &store);
+        index.apply(&mut writer, &event);
         let changed: Vec<Arc<K>> = match event {
             watcher::Event::Apply(o) => store.get(&ObjectRef::from_obj(&o)).into_iter().collect(),
             watcher::Event::Delete(o) => vec![Arc::new(o)],

@@ -54,10 +54,15 @@ fn context(
 
 /// A cache indexed as the controller indexes the runs.
 fn indexed_of(objects: Vec<CustomRun>) -> Indexed<CustomRun> {
-    let store = store_of(objects);
+    let mut writer = Writer::default();
     let index = Index::new(run_tags::<CustomRun>);
-    index.apply(&watcher::Event::InitDone, &store);
-    Indexed { store, index }
+    for o in objects {
+        index.apply(&mut writer, &watcher::Event::Apply(o));
+    }
+    Indexed {
+        store: writer.as_reader(),
+        index,
+    }
 }
 
 fn store_of<K>(objects: Vec<K>) -> Store<K>
