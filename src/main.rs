@@ -248,3 +248,7 @@ mod tests {
         assert!(options(a).unwrap_err().contains("shorter"));
     }
 }
+
+/// jemalloc, not the system's malloc: see Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -18,7 +18,8 @@ pub struct CustomRunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_ref: Option<TaskRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub custom_spec: Option<EmbeddedSpec>,
+    /// Boxed: rare, and every cached run would carry its room.
+    pub custom_spec: Option<Box<EmbeddedSpec>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub params: Vec<Param>,
     /// A Go duration string; absent means Tekton's default of 60m, `0s` means none.

@@ -31,7 +31,8 @@ pub struct PipelineRunStatus {
     pub skipped_tasks: Vec<TaskName>,
     /// The pipeline as resolved, only its task names (`release-after` checks them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pipeline_spec: Option<PipelineTaskNames>,
+    /// Boxed: a done PipelineRun's is dropped, and every cached one would carry its room.
+    pub pipeline_spec: Option<Box<PipelineTaskNames>>,
 }
 
 /// Anything with a `name`: a skipped task, a pipeline task.

@@ -13,7 +13,8 @@ pub struct RunSpec {
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
     pub task_ref: Option<TaskRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<EmbeddedSpec>,
+    /// Boxed: rare, and every cached run would carry its room.
+    pub spec: Option<Box<EmbeddedSpec>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub params: Vec<Param>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
