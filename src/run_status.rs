@@ -165,6 +165,9 @@ fn place(key: &str, next: bool, holders: &[String]) -> String {
     }
 }
 
+/// The result that carries an acquired run's fencing token.
+pub const TOKEN_RESULT: &str = "token";
+
 /// The token a run was told `Acquired` with: its `token` result, once its
 /// condition says `Acquired`. The lock state is rebuilt from it.
 pub fn acquired_token(status: &RunStatus) -> Option<i64> {
@@ -174,7 +177,7 @@ pub fn acquired_token(status: &RunStatus) -> Option<i64> {
     if !acquired {
         return None;
     }
-    status.result("token")?.parse().ok().filter(|t| *t > 0)
+    status.result(TOKEN_RESULT)?.parse().ok().filter(|t| *t > 0)
 }
 
 fn holders_text(holders: &[String]) -> String {
@@ -190,7 +193,7 @@ fn results(key: &str, outcome: &Outcome) -> Option<Value> {
         json!([
             {"name": "acquired", "value": acquired},
             {"name": "key", "value": key},
-            {"name": "token", "value": token},
+            {"name": TOKEN_RESULT, "value": token},
             {"name": "waited-seconds", "value": waited},
         ])
     };

@@ -4,10 +4,12 @@
 //! every field they do not name: pipelineSpec, taskRunTemplate, ...)
 
 use crate::observe::Observe;
+use crate::run_status;
 use crate::tekton::customrun::CustomRun;
 use crate::tekton::labels::{PIPELINE_LABEL, RunLabels};
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
+use crate::tekton::{RunStatus, is_done};
 use kube::api::ObjectMeta;
 
 /// Never read: who wrote which field, annotations (kubectl's
@@ -54,6 +56,8 @@ pub fn custom_run(cr: &mut CustomRun) {
         cr.spec.params.clear();
         cr.spec.custom_spec = None;
         cr.status = None;
+    } else if let Some(status) = &mut cr.status {
+        done_run_status(status);
     }
 }
 
@@ -64,7 +68,28 @@ pub fn run(r: &mut Run) {
         r.spec.params.clear();
         r.spec.spec = None;
         r.status = None;
+    } else if let Some(status) = &mut r.status {
+        done_run_status(status);
     }
+}
+
+/// A done run of ours (most of a cluster's history) is never written again.
+/// Of its status the controller reads how it ended (status and reason), its
+/// fencing token, whether it was superseded (`extraFields`) and when it
+/// started waiting; its messages, times and other results go.
+fn done_run_status(status: &mut RunStatus) {
+    if !is_done(status.succeeded()) {
+        return;
+    }
+    for c in &mut status.conditions {
+        c.message = None;
+        c.last_transition_time = None;
+    }
+    status.completion_time = None;
+    status
+        .results
+        .retain(|r| r.name == run_status::TOKEN_RESULT);
+    status.results.shrink_to_fit();
 }
 
 #[cfg(test)]
@@ -113,6 +138,50 @@ mod tests {
         let mut spec = cr.spec.clone();
         spec.kept_labels = None;
         (spec, cr.status.clone())
+    }
+
+    #[test]
+    fn a_done_run_keeps_how_it_ended_its_token_and_when_it_waited() {
+        let mut cr = custom_run_of("Mutex");
+        cr.status = serde_json::from_value(json!({
+            "conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired",
+                            "message": "acquired k with token 7", "lastTransitionTime": "2026-01-01T00:00:01Z"}],
+            "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:00:01Z",
+            "retriesStatus": [{"startTime": "2025-12-31T23:00:00Z"}],
+            "results": [{"name": "acquired", "value": "true"}, {"name": "key", "value": "k"},
+                        {"name": "token", "value": "7"}, {"name": "waited-seconds", "value": "0"}],
+            "extraFields": {"key": "k", "supersededBy": "r2"},
+        }))
+        .unwrap();
+        let read = |cr: &CustomRun| {
+            let o = cr.observe();
+            let s = &o.status;
+            (
+                o.is_done(),
+                run_status::acquired_token(s),
+                run_status::superseded(s),
+                o.waiting_since(),
+            )
+        };
+        let before = read(&cr);
+        custom_run(&mut cr);
+        assert_eq!(read(&cr), before);
+        assert_eq!(before.1, Some(7));
+        let status = cr.status.as_ref().unwrap();
+        assert_eq!(status.conditions[0].message, None);
+        assert_eq!(
+            (status.results.len(), status.completion_time.as_ref()),
+            (1, None)
+        );
+    }
+
+    #[test]
+    fn a_live_run_keeps_its_whole_status() {
+        let mut cr = custom_run_of("Mutex");
+        cr.status.as_mut().unwrap().conditions[0].message = Some("waiting for k".into());
+        let before = cr.status.clone();
+        custom_run(&mut cr);
+        assert_eq!(cr.status, before);
     }
 
     #[test]
