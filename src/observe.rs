@@ -4,7 +4,7 @@
 use crate::mutex::{RunKind, RunRef};
 use crate::params::{self, RunConfig, RunInput, Target};
 use crate::tekton::customrun::CustomRun;
-use crate::tekton::labels::{PIPELINE_LABEL, run_label};
+use crate::tekton::labels::{PIPELINE_LABEL, kept_label};
 use crate::tekton::run::Run;
 use crate::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use chrono::{DateTime, Utc};
@@ -195,7 +195,7 @@ impl Observe for CustomRun {
     }
 
     fn label(&self, name: &str) -> Option<&str> {
-        run_label(&self.spec.kept_labels, &self.metadata, name)
+        kept_label(&self.spec.kept_labels, &self.metadata, name)
     }
 }
 
@@ -205,7 +205,7 @@ impl Observe for Run {
     }
 
     fn label(&self, name: &str) -> Option<&str> {
-        run_label(&self.spec.kept_labels, &self.metadata, name)
+        kept_label(&self.spec.kept_labels, &self.metadata, name)
     }
 }
 

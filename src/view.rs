@@ -131,7 +131,7 @@ pub fn group(
         .or_else(|| {
             parent
                 .and_then(|p| p.object)
-                .and_then(|pr| pr.labels().get(PIPELINE_LABEL).cloned())
+                .and_then(|pr| pr.label(PIPELINE_LABEL).map(str::to_string))
         })
         .unwrap_or_else(|| age.name.clone())
 }

@@ -6,7 +6,7 @@
 use crate::observe::Observe;
 use crate::run_status;
 use crate::tekton::customrun::CustomRun;
-use crate::tekton::labels::{PIPELINE_LABEL, RunLabels};
+use crate::tekton::labels::KeptLabels;
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use crate::tekton::{RunStatus, is_done};
@@ -21,19 +21,16 @@ fn meta(m: &mut ObjectMeta) {
 
 /// A PipelineRun keeps its state, the runs it lists (its custom runs verify a
 /// lock run's parent, its TaskRuns tell when a `release-after` section is done)
-/// and its Pipeline's name. A done one (most of a cluster's history) runs
+/// and its Pipeline's name, outside its label map. A done one (most of a cluster's history) runs
 /// nothing more: its state and its custom runs are all that is read of it.
 pub fn pipeline_run(pr: &mut PipelineRun) {
     meta(&mut pr.metadata);
     pr.metadata.owner_references = None;
+    // Its Pipeline's name groups its runs that carry none.
+    pr.spec.kept_labels = Some(KeptLabels::take(&mut pr.metadata));
     if !pr.is_done() {
-        // Its Pipeline's name groups its runs that carry none.
-        if let Some(labels) = &mut pr.metadata.labels {
-            labels.retain(|k, _| k == PIPELINE_LABEL);
-        }
         return;
     }
-    pr.metadata.labels = None;
     if let Some(status) = &mut pr.status {
         status
             .child_references
@@ -51,7 +48,7 @@ pub fn pipeline_run(pr: &mut PipelineRun) {
 /// Another custom task's run keeps only its identity: the controller never acts on it.
 pub fn custom_run(cr: &mut CustomRun) {
     meta(&mut cr.metadata);
-    cr.spec.kept_labels = Some(RunLabels::take(&mut cr.metadata));
+    cr.spec.kept_labels = Some(KeptLabels::take(&mut cr.metadata));
     if !cr.observe().is_ours() {
         cr.spec.params.clear();
         cr.spec.custom_spec = None;
@@ -63,7 +60,7 @@ pub fn custom_run(cr: &mut CustomRun) {
 
 pub fn run(r: &mut Run) {
     meta(&mut r.metadata);
-    r.spec.kept_labels = Some(RunLabels::take(&mut r.metadata));
+    r.spec.kept_labels = Some(KeptLabels::take(&mut r.metadata));
     if !r.observe().is_ours() {
         r.spec.params.clear();
         r.spec.spec = None;
@@ -73,9 +70,13 @@ pub fn run(r: &mut Run) {
     }
 }
 
+/// The results read back from a done run: its token, and each key's token
+/// for a run of several keys (the lock state is rebuilt from them).
+const READ_RESULTS: &[&str] = &[run_status::TOKEN_RESULT, super::multikey::TOKENS_RESULT];
+
 /// A done run of ours (most of a cluster's history) is never written again.
 /// Of its status the controller reads how it ended (status and reason), its
-/// fencing token, whether it was superseded (`extraFields`) and when it
+/// fencing tokens, whether it was superseded (`extraFields`) and when it
 /// started waiting; its messages, times and other results go.
 fn done_run_status(status: &mut RunStatus) {
     if !is_done(status.succeeded()) {
@@ -88,16 +89,17 @@ fn done_run_status(status: &mut RunStatus) {
     status.completion_time = None;
     status
         .results
-        .retain(|r| r.name == run_status::TOKEN_RESULT);
+        .retain(|r| READ_RESULTS.contains(&r.name.as_str()));
     status.results.shrink_to_fit();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::multikey::TOKENS_RESULT;
     use crate::tekton::RunStatus;
     use crate::tekton::customrun::CustomRunSpec;
-    use crate::tekton::labels::{PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL};
+    use crate::tekton::labels::{PIPELINE_LABEL, PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL};
     use kube::ResourceExt;
     use serde_json::json;
 
@@ -141,7 +143,7 @@ mod tests {
     }
 
     #[test]
-    fn a_done_run_keeps_how_it_ended_its_token_and_when_it_waited() {
+    fn a_done_run_keeps_how_it_ended_its_tokens_and_when_it_waited() {
         let mut cr = custom_run_of("Mutex");
         cr.status = serde_json::from_value(json!({
             "conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired",
@@ -149,7 +151,8 @@ mod tests {
             "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:00:01Z",
             "retriesStatus": [{"startTime": "2025-12-31T23:00:00Z"}],
             "results": [{"name": "acquired", "value": "true"}, {"name": "key", "value": "k"},
-                        {"name": "token", "value": "7"}, {"name": "waited-seconds", "value": "0"}],
+                        {"name": "token", "value": "7"}, {"name": "waited-seconds", "value": "0"},
+                        {"name": "tokens", "value": "{\"a\":4,\"k\":7}"}],
             "extraFields": {"key": "k", "supersededBy": "r2"},
         }))
         .unwrap();
@@ -159,6 +162,7 @@ mod tests {
             (
                 o.is_done(),
                 run_status::acquired_token(s),
+                s.result(TOKENS_RESULT).map(str::to_string),
                 run_status::superseded(s),
                 o.waiting_since(),
             )
@@ -167,11 +171,12 @@ mod tests {
         custom_run(&mut cr);
         assert_eq!(read(&cr), before);
         assert_eq!(before.1, Some(7));
+        assert_eq!(before.2.as_deref(), Some(r#"{"a":4,"k":7}"#));
         let status = cr.status.as_ref().unwrap();
         assert_eq!(status.conditions[0].message, None);
         assert_eq!(
             (status.results.len(), status.completion_time.as_ref()),
-            (1, None)
+            (2, None)
         );
     }
 
@@ -206,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn a_running_pipeline_run_keeps_only_its_pipeline_label_and_a_done_one_none() {
+    fn a_pipeline_run_running_or_done_keeps_its_pipeline_label_out_of_its_label_map() {
         let pr = |status: &str| -> PipelineRun {
             serde_json::from_value(json!({
                 "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
@@ -217,12 +222,12 @@ mod tests {
             }))
             .unwrap()
         };
-        let (mut running, mut done) = (pr("Unknown"), pr("True"));
-        pipeline_run(&mut running);
-        pipeline_run(&mut done);
-        let kept: Vec<&str> = running.labels().keys().map(String::as_str).collect();
-        assert_eq!(kept, [PIPELINE_LABEL]);
-        assert!(done.labels().is_empty());
+        for mut pr in [pr("Unknown"), pr("True")] {
+            assert_eq!(pr.label(PIPELINE_LABEL), Some("deploy"));
+            pipeline_run(&mut pr);
+            assert!(pr.labels().is_empty());
+            assert_eq!(pr.label(PIPELINE_LABEL), Some("deploy"));
+        }
     }
 
     #[test]

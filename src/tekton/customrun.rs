@@ -1,6 +1,6 @@
 //! `tekton.dev/v1beta1` CustomRun: how Tekton asks a custom task controller to run.
 
-use super::labels::RunLabels;
+use super::labels::KeptLabels;
 use super::{EmbeddedSpec, Param, RunStatus, TaskRef};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
@@ -35,5 +35,5 @@ pub struct CustomRunSpec {
     /// Not part of the object: its labels once the cache has taken them out of
     /// the label map (None: read the map).
     #[serde(skip)]
-    pub kept_labels: Option<RunLabels>,
+    pub kept_labels: Option<KeptLabels>,
 }

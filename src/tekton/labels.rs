@@ -12,22 +12,22 @@ pub const PIPELINE_RUN_UID_LABEL: &str = "tekton.dev/pipelineRunUID";
 /// Label Tekton puts on a pipeline task's children and pods: the task's name.
 pub const PIPELINE_TASK_LABEL: &str = "tekton.dev/pipelineTask";
 
-/// The labels the controller reads on a run, once the cache has taken them out
-/// of the run's label map. A map allocates room for eleven entries from its
-/// first: half a KiB per run, for three short values.
+/// The labels the controller reads on a run or a PipelineRun, once the cache
+/// has taken them out of the object's label map. A map allocates room for
+/// eleven entries from its first: half a KiB per object, for a few short values.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RunLabels {
+pub struct KeptLabels {
     pipeline: Option<Box<str>>,
     pipeline_run: Option<Box<str>>,
     pipeline_task: Option<Box<str>>,
 }
 
-impl RunLabels {
+impl KeptLabels {
     /// Keeps the labels the controller reads and drops the label map.
     pub fn take(meta: &mut ObjectMeta) -> Self {
         let mut labels = meta.labels.take().unwrap_or_default();
         let mut keep = |name: &str| labels.remove(name).map(String::into_boxed_str);
-        RunLabels {
+        KeptLabels {
             pipeline: keep(PIPELINE_LABEL),
             pipeline_run: keep(PIPELINE_RUN_LABEL),
             pipeline_task: keep(PIPELINE_TASK_LABEL),
@@ -48,10 +48,10 @@ impl RunLabels {
     }
 }
 
-/// A run's label: from what the cache kept if it took the labels out
+/// An object's label: from what the cache kept if it took the labels out
 /// (`kept`), else from its label map.
-pub fn run_label<'a>(
-    kept: &'a Option<RunLabels>,
+pub fn kept_label<'a>(
+    kept: &'a Option<KeptLabels>,
     meta: &'a ObjectMeta,
     name: &str,
 ) -> Option<&'a str> {
@@ -80,12 +80,12 @@ mod tests {
             ),
             ..Default::default()
         };
-        let read = |kept: &Option<RunLabels>, meta: &ObjectMeta| {
+        let read = |kept: &Option<KeptLabels>, meta: &ObjectMeta| {
             [PIPELINE_LABEL, PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL]
-                .map(|name| run_label(kept, meta, name).map(str::to_string))
+                .map(|name| kept_label(kept, meta, name).map(str::to_string))
         };
         let before = read(&None, &meta);
-        let kept = Some(RunLabels::take(&mut meta));
+        let kept = Some(KeptLabels::take(&mut meta));
         assert_eq!(meta.labels, None);
         assert_eq!(read(&kept, &meta), before);
         assert_eq!(before[1].as_deref(), Some("deploy-1"));

@@ -1,6 +1,7 @@
 //! `tekton.dev/v1` PipelineRun: the parent whose lifetime bounds a held slot.
 
 use super::Condition;
+use super::labels::{KeptLabels, kept_label};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +16,10 @@ pub struct PipelineRunSpec {
     /// `Cancelled`, `CancelledRunFinally`, `StoppedRunFinally` or `PipelineRunPending`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// Not part of the object: its labels once the cache has taken them out of
+    /// the label map (None: read the map).
+    #[serde(skip)]
+    pub kept_labels: Option<KeptLabels>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +69,11 @@ pub struct ChildReference {
 }
 
 impl PipelineRun {
+    /// One of the labels the controller reads (`tekton::labels`).
+    pub fn label(&self, name: &str) -> Option<&str> {
+        kept_label(&self.spec.kept_labels, &self.metadata, name)
+    }
+
     /// Done means the Succeeded condition is final: Tekton sets it only after
     /// finally tasks have finished, so a done PipelineRun runs nothing more.
     pub fn is_done(&self) -> bool {

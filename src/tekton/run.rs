@@ -1,6 +1,6 @@
 //! `tekton.dev/v1alpha1` Run: the older custom task protocol (Tekton before v0.47).
 
-use super::labels::RunLabels;
+use super::labels::KeptLabels;
 use super::{EmbeddedSpec, Param, RunStatus, TaskRef};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
@@ -28,5 +28,5 @@ pub struct RunSpec {
     /// Not part of the object: its labels once the cache has taken them out of
     /// the label map (None: read the map).
     #[serde(skip)]
-    pub kept_labels: Option<RunLabels>,
+    pub kept_labels: Option<KeptLabels>,
 }
