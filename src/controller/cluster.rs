@@ -33,7 +33,8 @@ pub const FORBIDDEN: &str = "Forbidden";
 const RESYNC: Duration = Duration::from_secs(300);
 const MAX_ATTEMPTS: usize = 5;
 
-/// Intake of a run that refers to a ClusterMutex; None if it does not.
+/// Intake of a live run (see `intake::needs_intake`) that refers to a
+/// ClusterMutex; None if it does not.
 pub async fn intake<K: Observe + Resource>(
     obj: &K,
     ctx: &Context,
@@ -42,9 +43,6 @@ pub async fn intake<K: Observe + Resource>(
     let Some(target) = cluster_mutex::target(&o) else {
         return Ok(None);
     };
-    if o.is_done() || o.deleting {
-        return Ok(Some(Action::await_change()));
-    }
     let refused = match target {
         Err(message) => Some((Reason::InvalidParams.as_str(), message)),
         Ok(name) => match admission(ctx, &o, obj, &name).await? {

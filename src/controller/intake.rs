@@ -32,13 +32,14 @@ where
         None => futures::stream::empty().right_stream(),
     };
     futures::stream::select(changes, again)
-        .filter(|r| futures::future::ready(needs_intake(r.as_ref())))
+        .filter(|r| futures::future::ready(needs_intake(&r.observe())))
 }
 
 /// A run intake may act on: of a Mutex or a ClusterMutex, not done, not
 /// being deleted. Intake leaves every other run alone.
-pub fn needs_intake<K: Observe>(run: &K) -> bool {
-    let o = run.observe();
+/// The triggers filter on it, and a reconcile checks it again on the run as
+/// cached by then.
+pub fn needs_intake(o: &ObservedRun<'_>) -> bool {
     o.is_ours() && !o.is_done() && !o.deleting
 }
 
@@ -46,12 +47,12 @@ pub async fn reconcile<K: Observe + Resource>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    let o = obj.observe();
+    if !needs_intake(&o) {
+        return Ok(Action::await_change());
+    }
     if let Some(action) = super::cluster::intake(obj.as_ref(), &ctx).await? {
         return Ok(action);
-    }
-    let o = obj.observe();
-    if !o.is_mutex() || o.is_done() || o.deleting {
-        return Ok(Action::await_change());
     }
     let problem = match o.config() {
         Err(message) => Some(message),

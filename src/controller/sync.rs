@@ -14,7 +14,7 @@ use crate::params::RunConfig;
 use crate::run_status;
 use crate::tekton::RunStatus;
 use crate::tekton::customrun::CustomRun;
-use crate::tekton::labels::{PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL};
+use crate::tekton::labels::{PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL, PIPELINE_TASK_LABEL};
 use crate::tekton::pipelinerun::PipelineRun;
 use crate::tekton::run::Run;
 use crate::view::{self, FetchedParent, MemberView};
@@ -693,10 +693,7 @@ pub(super) async fn live_pods_of(
 ) -> Result<bool, Error> {
     let mut selector = format!("{PIPELINE_RUN_LABEL}={name}");
     if let Some(task) = task {
-        selector.push_str(&format!(
-            ",{}={task}",
-            crate::tekton::labels::PIPELINE_TASK_LABEL
-        ));
+        selector.push_str(&format!(",{PIPELINE_TASK_LABEL}={task}"));
     }
     let params = ListParams::default().labels(&selector).fields(LIVE_PODS);
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
