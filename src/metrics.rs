@@ -5,7 +5,7 @@
 //! Mutex, never per key or run), `verb`/`resource` (a fixed set of writes),
 //! `kind`/`controller` (a fixed set of errors), `param` (the Mutex params).
 
-use crate::mutex::{Mutex, MutexStatus};
+use crate::model::mutex::{Mutex, MutexStatus};
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
@@ -357,7 +357,7 @@ impl Collector for LockGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutex::{Age, Holder, RunKind, RunRef, Supersede, Waiter};
+    use crate::model::mutex::{Age, Holder, RunKind, RunRef, Supersede, Waiter};
 
     fn run(uid: &str) -> RunRef {
         RunRef {

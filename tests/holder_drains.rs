@@ -18,8 +18,8 @@ use support::pipelines::{
     wait_pod_recorded, wait_reason,
 };
 use support::*;
-use tekton_mutex::tekton::customrun::CustomRun;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 /// A deploy step that, on SIGTERM, keeps working about 5 s before it writes its
 /// end mark and exits: a prune that is still running after its PipelineRun ended.

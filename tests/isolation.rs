@@ -18,8 +18,8 @@ use support::controller::{ControllerProcess, install_crd};
 use support::ops::service_account_kubeconfig;
 use support::pipelines::*;
 use support::*;
-use tekton_mutex::tekton::customrun::CustomRun;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 const MUTEX_REF: &str = r#"{"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"}"#;
 
@@ -274,7 +274,7 @@ async fn an_unreadable_mutex_leaves_the_other_keys_alone() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn two_thousand_runs_whose_writes_fail_leave_other_keys_alone() -> Result<()> {
     let ns = TestNamespace::create("failing-writes").await?;
-    let mutexes = ns.api::<tekton_mutex::mutex::Mutex>();
+    let mutexes = ns.api::<tekton_mutex::model::mutex::Mutex>();
     // Creating the Mutex of key `flood` is denied: every run of it fails its intake.
     let _deny = DenyPolicy::install(
         &ns,
@@ -284,7 +284,7 @@ async fn two_thousand_runs_whose_writes_fail_leave_other_keys_alone() -> Result<
     )
     .await?;
     wait_denied("creating Mutex flood", || {
-        let m = tekton_mutex::mutex::Mutex::new("flood", Default::default());
+        let m = tekton_mutex::model::mutex::Mutex::new("flood", Default::default());
         let mutexes = mutexes.clone();
         async move {
             mutexes

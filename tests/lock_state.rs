@@ -11,8 +11,8 @@ use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::timeline::Timeline;
 use support::*;
-use tekton_mutex::mutex::Mutex;
-use tekton_mutex::tekton::customrun::CustomRun;
+use tekton_mutex::model::mutex::Mutex;
+use tekton_mutex::model::tekton::customrun::CustomRun;
 
 const KEY: &str = "k";
 

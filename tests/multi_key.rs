@@ -224,7 +224,7 @@ async fn a_run_of_two_keys_waits_for_both_and_holds_neither_partly() -> Result<(
             support::pipelines::mutex_status(&ns, "a").await?,
             support::pipelines::mutex_status(&ns, "b").await?,
         );
-        let free = |s: &tekton_mutex::mutex::MutexStatus| {
+        let free = |s: &tekton_mutex::model::mutex::MutexStatus| {
             s.holders.is_empty() && s.reservations.is_empty()
         };
         Ok((free(&a) && free(&b)).then_some(()))

@@ -11,9 +11,9 @@ use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::timeline::{Timeline, report_latencies};
 use support::*;
-use tekton_mutex::mutex::Mutex;
-use tekton_mutex::tekton::customrun::CustomRun;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::mutex::Mutex;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]

@@ -11,7 +11,7 @@ use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::timeline::Timeline;
 use support::*;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 async fn reason(ns: &TestNamespace, pr: &str) -> Result<Option<String>> {
     Ok(condition_of(ns, &lock_run(pr))

@@ -8,7 +8,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use support::controller::{ControllerProcess, install_run_crd};
 use support::*;
-use tekton_mutex::tekton::run::Run;
+use tekton_mutex::model::tekton::run::Run;
 
 fn run(name: &str, spec: serde_json::Value) -> String {
     json!({"apiVersion": "tekton.dev/v1alpha1", "kind": "Run", "metadata": {"name": name}, "spec": spec}).to_string()
@@ -18,7 +18,7 @@ async fn wait_run_reason(
     ns: &TestNamespace,
     name: &str,
     reason: &str,
-) -> Result<tekton_mutex::tekton::Condition> {
+) -> Result<tekton_mutex::model::tekton::Condition> {
     let api = ns.api::<Run>();
     wait_until(&format!("Run {name} to be {reason}"), secs(30), || {
         let api = api.clone();

@@ -17,7 +17,7 @@ use support::cli::{tkn_mutex, tkn_plugin};
 use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::*;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 const KEY: &str = "staging";
 
@@ -370,7 +370,10 @@ async fn without_a_controller_a_request_times_out_and_says_so() -> Result<()> {
     // The request stays for the controller to act on when it runs.
     let _c = ControllerProcess::start(ns.name()).await?;
     wait_until("the controller to act on the request", slow(), || async {
-        let m = ns.api::<tekton_mutex::mutex::Mutex>().get(KEY).await?;
+        let m = ns
+            .api::<tekton_mutex::model::mutex::Mutex>()
+            .get(KEY)
+            .await?;
         let acked = m
             .status
             .as_ref()

@@ -17,8 +17,8 @@ use support::pipelines::{
     wait_reason,
 };
 use support::*;
-use tekton_mutex::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
-use tekton_mutex::mutex::Mutex;
+use tekton_mutex::model::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
+use tekton_mutex::model::mutex::Mutex;
 
 /// A cluster-wide controller would act in the other tests' namespaces too:
 /// the test that starts one runs alone.

@@ -1,8 +1,8 @@
 //! `tkn mutex clear KEY [--keep-pipelineruns] [--reason TEXT]`.
 
 use super::request::submit;
-use super::{Result, Target, Wait};
-use crate::control::{Action, Request};
+use super::target::{Result, Target, Wait};
+use crate::core::requests::{Action, Request};
 use clap::Args;
 
 #[derive(Args)]

@@ -2,12 +2,12 @@
 //! the last supersede per group, recent requests and Events.
 
 use super::output::{age, or_dashes, parse_time, table};
-use super::{Failure, Result, Target, api_failure};
-use crate::control::ObservedRequest;
-use crate::mutex::{Mutex, RunKind, Waiter};
-use crate::tekton::customrun::CustomRun;
-use crate::tekton::pipelinerun::PipelineRun;
-use crate::tekton::run::Run;
+use super::target::{Failure, Result, Target, api_failure};
+use crate::core::requests::ObservedRequest;
+use crate::model::mutex::{Mutex, RunKind, Waiter};
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use crate::model::tekton::run::Run;
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::events::v1::Event;

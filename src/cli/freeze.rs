@@ -3,8 +3,8 @@
 //! acknowledgement is `status.frozen` following it.
 
 use super::request::{await_ack, patch_mutex};
-use super::{Failure, Result, Target, Wait};
-use crate::mutex::Mutex;
+use super::target::{Failure, Result, Target, Wait};
+use crate::model::mutex::Mutex;
 use clap::Args;
 use serde_json::json;
 

@@ -1,8 +1,8 @@
 //! `tkn mutex list [-A]`: one line per key.
 
 use super::output::{age, table};
-use super::{Result, Target, api_failure};
-use crate::mutex::Mutex;
+use super::target::{Result, Target, api_failure};
+use crate::model::mutex::Mutex;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use kube::api::ListParams;
@@ -86,7 +86,7 @@ pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutex::{Age, Holder, MutexSpec, MutexStatus, RunKind, RunRef, Supersede};
+    use crate::model::mutex::{Age, Holder, MutexSpec, MutexStatus, RunKind, RunRef, Supersede};
     use chrono::TimeDelta;
 
     fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Mutex {

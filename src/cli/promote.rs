@@ -1,8 +1,8 @@
 //! `tkn mutex promote KEY PIPELINERUN`: to the front of the queue, once.
 
 use super::request::submit;
-use super::{Failure, Result, Target, Wait};
-use crate::control::{Action, Request};
+use super::target::{Failure, Result, Target, Wait};
+use crate::core::requests::{Action, Request};
 use clap::Args;
 
 #[derive(Args)]

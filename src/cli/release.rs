@@ -1,8 +1,8 @@
 //! `tkn mutex release KEY --holder PIPELINERUN --force [--reason TEXT]`.
 
 use super::request::submit;
-use super::{Failure, Result, Target, Wait};
-use crate::control::{Action, Request};
+use super::target::{Failure, Result, Target, Wait};
+use crate::core::requests::{Action, Request};
 use clap::Args;
 
 #[derive(Args)]

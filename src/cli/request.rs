@@ -2,9 +2,9 @@
 //! write the request on the Mutex (an annotation, or spec.frozen), wait for the
 //! controller's acknowledgement in the status, and say what happened.
 
-use super::{Failure, Result, Target, Wait, api_failure};
-use crate::control::{self, ObservedRequest, Request, Verdict};
-use crate::mutex::Mutex;
+use super::target::{Failure, Result, Target, Wait, api_failure};
+use crate::core::requests::{self as control, ObservedRequest, Request, Verdict};
+use crate::model::mutex::Mutex;
 use chrono::Utc;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::{Patch, PatchParams, PostParams};

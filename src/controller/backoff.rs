@@ -3,6 +3,7 @@
 //! rarely, up to a cap, so thousands of them cannot crowd out the other keys.
 //! A success forgets the object's failures.
 
+use kube::Resource;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -49,4 +50,14 @@ mod tests {
         b.succeeded("a");
         assert_eq!(b.failed("a".into()), FIRST);
     }
+}
+
+/// Which object a failure counts against: kind, namespace and name.
+pub fn backoff_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
 }

@@ -9,7 +9,8 @@
 //!   standby. A paused leader that wakes up cannot do harm either: each grant
 //!   is a compare-and-swap on the Mutex status, which conflicts.
 
-use super::Error;
+use super::context::Error;
+use futures::Stream;
 use futures::{Future, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -194,4 +195,16 @@ mod tests {
         let expected = LeaseParams::new("pod-a", 15, 5).with_field_manager("tekton-mutex-pod-a");
         assert_eq!(p, expected);
     }
+}
+
+/// Yields each time the value turns true.
+pub fn became_leader(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
 }

@@ -4,12 +4,30 @@
 //! live-cluster tests under tests/ stay the evidence of how the API server and
 //! Tekton behave.
 
-use super::*;
+use super::apply::events;
+use super::cache::index::{Index, Indexed};
+use super::cache::triggers::run_tags;
+use super::context::{Context, Error};
+use super::reconcile::finalizer;
+use super::reconcile::{intake, lock as sync};
+use super::wiring::{error_policy, intake_when_acting};
 use crate::metrics::Metrics;
+use crate::model::mutex::Mutex;
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::pipelinerun::PipelineRun;
 use ::http::{Request, Response};
+use kube::Client;
+use kube::Resource;
 use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
 use tower_test::mock;
 
 const NS: &str = "ns";

@@ -11,8 +11,8 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tekton_mutex::mutex::Mutex;
-use tekton_mutex::tekton::customrun::CustomRun;
+use tekton_mutex::model::mutex::Mutex;
+use tekton_mutex::model::tekton::customrun::CustomRun;
 
 /// One controller process (`tekton-mutex run --namespace NS`), with its pid at hand for signals.
 pub struct Replica {

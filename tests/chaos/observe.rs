@@ -12,7 +12,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
-use tekton_mutex::tekton::customrun::CustomRun;
+use tekton_mutex::model::tekton::customrun::CustomRun;
 
 /// Milliseconds since the Unix epoch (the steps run on this host: one clock).
 pub fn now_ms() -> u64 {

@@ -9,10 +9,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
-use tekton_mutex::mutex::{Mutex, MutexStatus};
-use tekton_mutex::tekton::Condition;
-use tekton_mutex::tekton::customrun::CustomRun;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::mutex::{Mutex, MutexStatus};
+use tekton_mutex::model::tekton::Condition;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 /// Extra settings for [`pipeline`].
 #[derive(Default, Clone)]

@@ -10,8 +10,8 @@ use kube::{Api, Client, ResourceExt};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tekton_mutex::tekton::customrun::CustomRun;
-use tekton_mutex::tekton::pipelinerun::PipelineRun;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 #[derive(Clone, Debug)]
 pub enum Change {

@@ -1,0 +1,6 @@
+//! Every write to the API server, and the Events that report them.
+
+pub mod acknowledge;
+pub mod events;
+pub mod multi_key_commit;
+pub mod writes;

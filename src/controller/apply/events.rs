@@ -1,0 +1,278 @@
+//! Events on the CustomRun (or Run) for every transition, so that
+//! `kubectl describe customrun` tells the whole story: Waiting (once),
+//! Acquired (token, waited time), Superseded, TimedOut, InvalidParams, Released.
+//! Recording an Event is best effort and in the background: a failure is
+//! logged, never retried, and never delays a grant.
+
+use crate::controller::context::Context;
+use crate::core::decide::Outcome;
+use crate::core::observe::ObservedRun;
+use crate::core::run_status::{self, Reason};
+use crate::model::mutex::{MutexStatus, RunKind, RunRef};
+use crate::model::tekton::RunStatus;
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType};
+use tracing::warn;
+
+/// A run's transition, as an Event reason and message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    pub reason: &'static str,
+    pub note: String,
+    pub type_: EventType,
+}
+
+/// The Event an outcome calls for, given the run's status before it.
+/// None when nothing new happened (e.g. a waiter that only moved up the
+/// queue), and for Superseded, which `writes::superseded_event` records.
+pub fn for_outcome(
+    kind: RunKind,
+    key: &str,
+    outcome: &Outcome,
+    before: &RunStatus,
+) -> Option<Transition> {
+    let was = before
+        .succeeded()
+        .map(|c| c.reason.clone().unwrap_or_default());
+    let (_, note) = run_status::condition(kind, key, outcome);
+    let (reason, type_) = match outcome {
+        Outcome::Waiting { .. } if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
+        Outcome::Waiting { .. } => (Reason::Waiting.as_str(), EventType::Normal),
+        Outcome::Acquired { .. } => (Reason::Acquired.as_str(), EventType::Normal),
+        Outcome::NotAcquired { .. } => (Reason::NotAcquired.as_str(), EventType::Normal),
+        // Recorded with who superseded it, by the cancel path (writes::superseded_event).
+        Outcome::Superseded { .. } => return None,
+        Outcome::TimedOut => ("TimedOut", EventType::Warning),
+        Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
+        Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
+        Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
+        Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),
+        Outcome::Frozen { .. } if was.as_deref() == Some(Reason::Frozen.as_str()) => return None,
+        Outcome::Frozen { .. } => (Reason::Frozen.as_str(), EventType::Normal),
+        Outcome::Cleared { .. } => (Reason::Cleared.as_str(), EventType::Warning),
+    };
+    Some(Transition {
+        reason,
+        note,
+        type_,
+    })
+}
+
+/// Released events for the holders a status write let go.
+pub fn releases(key: &str, before: &MutexStatus, after: &MutexStatus) -> Vec<(RunRef, Transition)> {
+    let now = Utc::now();
+    before
+        .holders
+        .iter()
+        .filter(|h| !after.holders.iter().any(|a| a.run.uid == h.run.uid))
+        .map(|h| {
+            (
+                h.run.clone(),
+                Transition {
+                    reason: "Released",
+                    note: format!(
+                        "released {key} (token {}) after holding it {}",
+                        h.token,
+                        held_for(h.since, now)
+                    ),
+                    type_: EventType::Normal,
+                },
+            )
+        })
+        .collect()
+}
+
+fn held_for(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    format!("{}s", (now - since).num_seconds().max(0))
+}
+
+pub fn invalid_params(message: &str) -> Transition {
+    Transition {
+        reason: Reason::InvalidParams.as_str(),
+        note: message.to_string(),
+        type_: EventType::Warning,
+    }
+}
+
+/// The API server refuses an Event whose note is longer.
+const NOTE_LIMIT: usize = 1024;
+
+/// The reason of the Event on an object the controller failed to write.
+pub const WRITE_FAILED: &str = "WriteFailed";
+
+/// A run as an Event's subject.
+pub fn run_reference(namespace: &str, run: &RunRef) -> ObjectReference {
+    let api_version = match run.kind {
+        RunKind::CustomRun => "tekton.dev/v1beta1",
+        RunKind::Run => "tekton.dev/v1alpha1",
+    };
+    ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(format!("{:?}", run.kind)),
+        name: Some(run.name.clone()),
+        namespace: Some(namespace.into()),
+        uid: Some(run.uid.clone()),
+        ..Default::default()
+    }
+}
+
+/// Records the Event on the run (best effort, in the background).
+pub fn record(ctx: &Context, namespace: &str, run: &RunRef, t: Transition) {
+    record_on(ctx, run_reference(namespace, run), t);
+}
+
+/// A write the API server refused (denied, throttled, too large): logged, and
+/// said on the object, since the object's own status could not say it.
+pub fn write_failed(
+    ctx: &Context,
+    reference: ObjectReference,
+    what: &str,
+    error: &crate::controller::context::Error,
+) {
+    warn!(object = ?reference.name, namespace = ?reference.namespace, what, %error, "write failed; retrying with backoff");
+    // The API server's own message, not the whole Status: an Event note has at most 1024 characters.
+    let cause = match error {
+        crate::controller::context::Error::Kube(kube::Error::Api(s)) => s.message.clone(),
+        other => other.to_string(),
+    };
+    let mut note = format!("tekton-mutex could not {what} (retrying with backoff): {cause}");
+    if note.len() > NOTE_LIMIT {
+        let cut = (0..=NOTE_LIMIT - 3)
+            .rev()
+            .find(|i| note.is_char_boundary(*i))
+            .unwrap_or(0);
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    let t = Transition {
+        reason: WRITE_FAILED,
+        note,
+        type_: EventType::Warning,
+    };
+    record_on(ctx, reference, t);
+}
+
+fn record_on(ctx: &Context, reference: ObjectReference, t: Transition) {
+    let event = Event {
+        type_: t.type_,
+        reason: t.reason.into(),
+        note: Some(t.note),
+        action: "Lock".into(),
+        secondary: None,
+    };
+    ctx.metrics.api_write("create", "events");
+    // Off the hand-over path: the next grant's writes do not wait for Events.
+    let (recorder, name) = (
+        ctx.recorder.clone(),
+        reference.name.clone().unwrap_or_default(),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            warn!(error = %e, run = %name, reason = %event.reason, "could not record an Event");
+        }
+    });
+}
+
+/// After a run's status patch: count it and record its Event.
+pub fn run_transition(
+    ctx: &Context,
+    namespace: &str,
+    key: &str,
+    run: &RunRef,
+    outcome: &Outcome,
+    before: &RunStatus,
+) {
+    let ns = crate::metrics::Ns {
+        namespace: namespace.into(),
+    };
+    match outcome {
+        Outcome::Superseded { .. } => ctx.metrics.supersedes.get_or_create(&ns).inc(),
+        Outcome::TimedOut => ctx.metrics.timeouts.get_or_create(&ns).inc(),
+        _ => 0,
+    };
+    if let Some(t) = for_outcome(run.kind, key, outcome, before) {
+        record(ctx, namespace, run, t);
+    }
+}
+
+/// After a Mutex status write: count grants and handovers, record Released.
+pub fn status_written(
+    ctx: &Context,
+    namespace: &str,
+    key: &str,
+    before: &MutexStatus,
+    after: &MutexStatus,
+    seen: DateTime<Utc>,
+) {
+    ctx.metrics
+        .status_written(namespace, key, before, after, seen);
+    for (run, t) in releases(key, before, after) {
+        record(ctx, namespace, &run, t);
+    }
+}
+
+/// After an InvalidParams status patch.
+pub fn invalid(ctx: &Context, o: &ObservedRun<'_>, message: &str) {
+    ctx.metrics.invalid(&o.namespace, message);
+    record(ctx, &o.namespace, &o.run_ref(), invalid_params(message));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tekton::Condition;
+
+    fn status(reason: &str) -> RunStatus {
+        RunStatus {
+            conditions: vec![Condition {
+                type_: "Succeeded".into(),
+                status: "Unknown".into(),
+                reason: Some(reason.into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn waiting(next: bool) -> Outcome {
+        Outcome::Waiting {
+            next,
+            holders: if next { vec!["a".into()] } else { vec![] },
+            retry: false,
+        }
+    }
+
+    #[test]
+    fn waiting_is_recorded_once_not_on_every_move() {
+        let first = for_outcome(
+            RunKind::CustomRun,
+            "k",
+            &waiting(false),
+            &RunStatus::default(),
+        );
+        assert_eq!(first.map(|t| t.reason), Some("Waiting"));
+        let moved = for_outcome(RunKind::CustomRun, "k", &waiting(true), &status("Waiting"));
+        assert_eq!(moved, None);
+    }
+
+    #[test]
+    fn acquired_tells_token_and_wait() {
+        let t = for_outcome(
+            RunKind::CustomRun,
+            "env",
+            &Outcome::Acquired {
+                token: 7,
+                waited_seconds: 12,
+            },
+            &status("Waiting"),
+        )
+        .unwrap();
+        assert_eq!(t.reason, "Acquired");
+        assert!(
+            t.note.contains("token 7") && t.note.contains("12s"),
+            "{}",
+            t.note
+        );
+    }
+}

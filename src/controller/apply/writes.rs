@@ -1,0 +1,254 @@
+//! Every write the controller makes, one function per kind of write.
+//! All are patches of fields we own, so nothing we do not model is lost.
+
+use crate::controller::context::Context;
+use crate::controller::context::Error;
+use crate::core::decide::Cancel;
+use crate::core::observe::ObservedRun;
+use crate::core::run_status::{self, Reason};
+use crate::model::mutex::{Mutex, MutexSpec, RunKind, RunRef};
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use crate::model::tekton::run::Run;
+use chrono::Utc;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+const MANAGER: &str = "tekton-mutex";
+
+impl RunKind {
+    fn status_resource(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "customruns/status",
+            RunKind::Run => "runs/status",
+        }
+    }
+}
+/// On a PipelineRun cancelled because it was superseded: the newer PipelineRun.
+pub const SUPERSEDED_BY_ANNOTATION: &str = "tekton-mutex.dev/superseded-by";
+
+pub enum Ensured {
+    Created,
+    /// Someone created it first; this is its spec.
+    Existing(MutexSpec),
+}
+
+/// Create the Mutex object for a key, unless it exists.
+pub async fn ensure_mutex(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    spec: &MutexSpec,
+) -> Result<Ensured, Error> {
+    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
+    let mut m = Mutex::new(key, spec.clone());
+    m.metadata = ObjectMeta {
+        name: Some(key.into()),
+        namespace: Some(ns.into()),
+        labels: Some(
+            [(
+                "app.kubernetes.io/managed-by".to_string(),
+                MANAGER.to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    ctx.metrics.api_write("create", "mutexes");
+    match api.create(&PostParams::default(), &m).await {
+        Ok(_) => Ok(Ensured::Created),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            Ok(Ensured::Existing(api.get(key).await?.spec))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Write the Mutex status, only if nobody changed the Mutex since we read it.
+pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
+    let api: Api<Mutex> =
+        Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    ctx.metrics.api_write("update", "mutexes/status");
+    match api
+        .replace_status(&mutex.name_any(), &PostParams::default(), mutex)
+        .await
+    {
+        Ok(written) => {
+            ctx.written.wrote(mutex.resource_version(), written);
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Patch a run's status subresource; true if it was written. A conflict or a
+/// vanished run is not an error: the change that caused it triggers another sync.
+pub async fn run_status(
+    ctx: &Context,
+    kind: RunKind,
+    ns: &str,
+    name: &str,
+    patch: &Value,
+) -> Result<bool, Error> {
+    let pp = PatchParams::default();
+    ctx.metrics.api_write("patch", kind.status_resource());
+    let res = match kind {
+        RunKind::CustomRun => Api::<CustomRun>::namespaced(ctx.client.clone(), ns)
+            .patch_status(name, &pp, &Patch::Merge(patch))
+            .await
+            .map(|_| ()),
+        RunKind::Run => Api::<Run>::namespaced(ctx.client.clone(), ns)
+            .patch_status(name, &pp, &Patch::Merge(patch))
+            .await
+            .map(|_| ()),
+    };
+    match res {
+        Ok(()) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+            debug!(
+                run = name,
+                code = e.code,
+                "run changed under us; the next sync catches up"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn invalid_params(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    message: &str,
+) -> Result<bool, Error> {
+    let patch = run_status::invalid_params_patch(message, &o.status, Utc::now());
+    run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await
+}
+
+/// The PipelineRun a cancel is for, as an Event's subject.
+pub fn pipeline_run_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(PipelineRun::api_version(&()).into()),
+        kind: Some(PipelineRun::kind(&()).into()),
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        uid: Some(uid.into()),
+        ..Default::default()
+    }
+}
+
+/// Cancel a superseded PipelineRun (unless it is already over or stopping),
+/// and record who superseded it as an Event on it.
+pub async fn cancel_pipeline_run(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    c: &Cancel,
+) -> Result<(), Error> {
+    let api: Api<PipelineRun> = Api::namespaced(ctx.client.clone(), ns);
+    // Read it fresh: a done PipelineRun must not be patched.
+    let Some(pr) = api.get_opt(&c.pipeline_run).await? else {
+        return Ok(());
+    };
+    // Never the wrong one: a PipelineRun re-created under the name is left alone.
+    if pr.is_done() || pr.stop_requested() || pr.uid().as_deref() != Some(&c.pipeline_run_uid) {
+        return Ok(());
+    }
+    // No resourceVersion precondition: Tekton updates a running PipelineRun often,
+    // and setting spec.status is idempotent. The annotation rides in the same patch,
+    // so a cancelled PipelineRun always says who superseded it.
+    // metadata.uid is immutable, so it makes the patch fail on any other object.
+    let patch = json!({
+        "metadata": {
+            "uid": c.pipeline_run_uid,
+            "annotations": {SUPERSEDED_BY_ANNOTATION: c.superseded_by},
+        },
+        "spec": {"status": c.mode.as_str()},
+    });
+    ctx.metrics.api_write("patch", "pipelineruns");
+    match api
+        .patch(
+            &c.pipeline_run,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    ctx.metrics
+        .cancels
+        .get_or_create(&crate::metrics::Ns {
+            namespace: ns.into(),
+        })
+        .inc();
+    info!(key, group = %c.group, pipeline_run = %c.pipeline_run, superseded_by = %c.superseded_by, mode = c.mode.as_str(), "cancelled superseded PipelineRun");
+    let reference = ObjectReference {
+        api_version: Some(PipelineRun::api_version(&()).into()),
+        kind: Some(PipelineRun::kind(&()).into()),
+        name: Some(c.pipeline_run.clone()),
+        namespace: Some(ns.into()),
+        uid: pr.uid(),
+        ..Default::default()
+    };
+    let note = format!(
+        "superseded by newer PipelineRun {} on mutex {key} (group {}); cancelled with {}",
+        c.superseded_by,
+        c.group,
+        c.mode.as_str()
+    );
+    publish_superseded(ctx, &reference, note, "Cancel").await;
+    Ok(())
+}
+
+/// Record on a lock run that it was superseded (its status says so too).
+pub async fn superseded_event(
+    ctx: &Context,
+    ns: &str,
+    key: &str,
+    run: &RunRef,
+    by: &str,
+    group: &str,
+) {
+    let (api_version, kind) = match run.kind {
+        RunKind::CustomRun => (CustomRun::api_version(&()), CustomRun::kind(&())),
+        RunKind::Run => (Run::api_version(&()), Run::kind(&())),
+    };
+    let reference = ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(kind.into()),
+        name: Some(run.name.clone()),
+        namespace: Some(ns.into()),
+        uid: Some(run.uid.clone()),
+        ..Default::default()
+    };
+    let note = format!("superseded by newer PipelineRun {by} on mutex {key} (group {group})");
+    publish_superseded(ctx, &reference, note, "Supersede").await;
+}
+
+/// An Event is a courtesy: failing to record one never fails the sync.
+async fn publish_superseded(
+    ctx: &Context,
+    reference: &ObjectReference,
+    note: String,
+    action: &str,
+) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: Reason::Superseded.as_str().into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    ctx.metrics.api_write("create", "events");
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        warn!(error = %e, object = ?reference.name, "could not record the Superseded event");
+    }
+}

@@ -1,0 +1,124 @@
+//! What every reconcile shares: the client, the caches, the memos of writes in
+//! flight and the recorder ([`Context`]), and the one error type ([`Error`]).
+
+use super::backoff::Backoff;
+use super::cache::index::Indexed;
+use super::cache::shared::Listed;
+use super::cache::told::{Told, Written};
+use super::leader::LeaderElection;
+use super::reconcile::token_floor::TokenFloors;
+use crate::metrics::Metrics;
+use crate::model::mutex::Mutex;
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use crate::model::tekton::run::Run;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the Mutex changed while deciding; deciding again")]
+    Conflict,
+    #[error("the {0} CRD is not installed: {1}")]
+    MissingCrd(&'static str, String),
+    #[error("cannot serve http: {0}")]
+    Http(#[from] std::io::Error),
+    #[error("leader election: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
+    #[error("lost the leader Lease to another replica; exiting so that only one acts")]
+    LostLease,
+}
+
+impl Error {
+    /// A bounded name for the reconcile errors metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(e)) if e.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "transport",
+            Error::Conflict => "conflict",
+            Error::MissingCrd(..) => "missing-crd",
+            Error::Http(_) => "io",
+            Error::Lease(_) | Error::LostLease => "lease",
+        }
+    }
+}
+
+/// How the controller runs.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Where it acts: one namespace, or None for the whole cluster.
+    pub namespace: Option<String>,
+    /// Where to serve /healthz, /readyz and /metrics; None serves nothing.
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// Act only while holding this Lease; None acts at once.
+    pub leader_election: Option<LeaderElection>,
+    /// Test hook: exit between the two writes of a supersede.
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<Fault>,
+}
+
+/// A crash the tests can ask for. Only builds with the `fault-injection`
+/// feature read it (from TEKTON_MUTEX_FAULT); release builds never set it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Exit after the lock state records a supersede, before the PipelineRun
+    /// is cancelled and the run marked.
+    ExitAfterLockWrite,
+}
+
+#[cfg(feature = "fault-injection")]
+impl Fault {
+    pub fn from_env() -> Result<Option<Fault>, String> {
+        match std::env::var("TEKTON_MUTEX_FAULT").ok().as_deref() {
+            None | Some("") => Ok(None),
+            Some("exit-after-lock-write") => Ok(Some(Fault::ExitAfterLockWrite)),
+            Some(other) => Err(format!(
+                "unknown TEKTON_MUTEX_FAULT {other:?} (known: exit-after-lock-write)"
+            )),
+        }
+    }
+}
+
+pub struct Context {
+    pub(crate) client: Client,
+    pub(crate) custom_runs: Option<Indexed<CustomRun>>,
+    pub(crate) runs: Option<Indexed<Run>>,
+    pub(crate) pipeline_runs: Store<PipelineRun>,
+    pub(crate) mutexes: Store<Mutex>,
+    /// One per cache: whether it holds its first full list.
+    pub(crate) listed: Vec<Listed>,
+    pub(crate) recorder: Recorder,
+    pub(crate) fault: Option<Fault>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Failures per object, for the retry delay.
+    pub(crate) backoff: Backoff,
+    /// Run statuses written and not yet seen back in the cache.
+    pub(crate) told: Told,
+    pub(crate) written: Written,
+    /// Whether this replica acts (holds the Lease, or runs without election).
+    pub(crate) acting: watch::Receiver<bool>,
+    /// The last tokens of Mutexes this replica let go.
+    pub(crate) token_floors: TokenFloors,
+}
+
+impl Context {
+    pub fn acting(&self) -> bool {
+        *self.acting.borrow()
+    }
+}
+
+pub fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}

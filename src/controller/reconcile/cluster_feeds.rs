@@ -1,0 +1,217 @@
+//! What runs the ClusterMutex sync: its own controller over ClusterMutexes,
+//! woken by their runs, those runs' PipelineRuns and the live pods of those.
+//! It runs only where ClusterMutexes can be read (the cluster-wide install).
+
+use crate::controller::backoff::backoff_key;
+use crate::controller::cache::index::{Indexed, Tag};
+use crate::controller::cache::shared::ChangeStream;
+use crate::controller::context::Context;
+use crate::controller::context::Error;
+use crate::controller::context::scoped;
+use crate::core::observe::{LIVE_PODS, Observe, ObservedRun};
+use crate::core::params::RunConfig;
+use crate::model::cluster_mutex::{self, ClusterMutex, qualify, unqualify};
+use crate::model::mutex::{RunKind, RunRef};
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::labels::PIPELINE_RUN_LABEL;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use crate::model::tekton::run::Run;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use std::sync::Arc;
+use tracing::warn;
+
+/// A run of either protocol.
+pub enum AnyRun {
+    Custom(Arc<CustomRun>),
+    Legacy(Arc<Run>),
+}
+
+impl AnyRun {
+    pub fn observe(&self) -> ObservedRun<'_> {
+        match self {
+            AnyRun::Custom(r) => r.observe(),
+            AnyRun::Legacy(r) => r.observe(),
+        }
+    }
+
+    /// May the sync enrol it, as far as `release-after` goes?
+    pub fn enrols(&self, cfg: &RunConfig, parent: Option<Option<&PipelineRun>>) -> bool {
+        match self {
+            AnyRun::Custom(r) => crate::controller::reconcile::release_after_progress::enrols(
+                cfg,
+                r.as_ref(),
+                parent,
+            ),
+            AnyRun::Legacy(r) => crate::controller::reconcile::release_after_progress::enrols(
+                cfg,
+                r.as_ref(),
+                parent,
+            ),
+        }
+    }
+}
+
+/// The runs the status names that the caches do not show, read from the API
+/// (absence in a cache proves nothing).
+pub async fn missing(
+    ctx: &Context,
+    named: &[&RunRef],
+    have: &[AnyRun],
+) -> Result<Vec<AnyRun>, Error> {
+    let mut found = Vec::new();
+    for r in named {
+        if have.iter().any(|o| o.observe().uid == r.uid) {
+            continue;
+        }
+        let Some((ns, name)) = unqualify(&r.name) else {
+            continue;
+        };
+        let same = |uid: Option<String>| uid.as_deref() == Some(r.uid.as_str());
+        match r.kind {
+            RunKind::CustomRun => {
+                let api: Api<CustomRun> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.push(AnyRun::Custom(Arc::new(o)));
+                }
+            }
+            RunKind::Run => {
+                let api: Api<Run> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.push(AnyRun::Legacy(Arc::new(o)));
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Can this controller read ClusterMutexes? Not when the CRD is missing, nor
+/// under the namespace-scoped install (a Role cannot grant a cluster-scoped kind).
+pub async fn served(client: &Client) -> Result<bool, Error> {
+    let api: Api<ClusterMutex> = Api::all(client.clone());
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
+            warn!(
+                code = e.code,
+                "ClusterMutexes cannot be read: runs that refer to one wait for a controller that can"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The ClusterMutex a run refers to, if any.
+fn cluster_of<K: Observe>(obj: &K) -> Option<ObjectRef<ClusterMutex>> {
+    match cluster_mutex::target(&obj.observe()) {
+        Some(Ok(name)) => Some(ObjectRef::new(&name)),
+        _ => None,
+    }
+}
+
+/// The ClusterMutexes PipelineRun `ns/name` waits for or holds.
+#[derive(Clone)]
+struct ByPipelineRun {
+    custom_runs: Option<Indexed<CustomRun>>,
+    runs: Option<Indexed<Run>>,
+    clusters: Store<ClusterMutex>,
+}
+
+impl ByPipelineRun {
+    fn refs(&self, ns: Option<String>, name: &str) -> Vec<ObjectRef<ClusterMutex>> {
+        let ns = ns.unwrap_or_default();
+        let tag = Tag::pipeline_run(&ns, name);
+        let mut refs: Vec<ObjectRef<ClusterMutex>> = Vec::new();
+        if let Some(c) = &self.custom_runs {
+            refs.extend(c.get(&tag).iter().filter_map(|r| cluster_of(r.as_ref())));
+        }
+        if let Some(c) = &self.runs {
+            refs.extend(c.get(&tag).iter().filter_map(|r| cluster_of(r.as_ref())));
+        }
+        // ClusterMutexes are few (an administrator creates each): scanning them is cheap.
+        let qualified = qualify(&ns, name);
+        let holds = |cm: &ClusterMutex| {
+            cm.status.as_ref().is_some_and(|s| {
+                s.holders
+                    .iter()
+                    .any(|h| h.pipeline_run.as_deref() == Some(qualified.as_str()))
+            })
+        };
+        let held = self.clusters.state().into_iter().filter(|cm| holds(cm));
+        refs.extend(held.map(|cm| ObjectRef::from_obj(cm.as_ref())));
+        refs.sort_by(|a, b| a.name.cmp(&b.name));
+        refs.dedup();
+        refs
+    }
+}
+
+/// The shared watches' caches and change streams that wake a ClusterMutex.
+pub struct Feeds {
+    pub custom_runs: Option<(Indexed<CustomRun>, ChangeStream<CustomRun>)>,
+    pub runs: Option<(Indexed<Run>, ChangeStream<Run>)>,
+    pub pipeline_runs: ChangeStream<PipelineRun>,
+}
+
+/// The ClusterMutex controller, woken by what wakes a Mutex's sync: the runs
+/// and PipelineRuns of the shared watches (each kind is watched once), and the
+/// live pods of those PipelineRuns.
+pub fn controller(
+    client: &Client,
+    namespace: &Option<String>,
+    feeds: Feeds,
+) -> Controller<ClusterMutex> {
+    let wc = watcher::Config::default();
+    let mut c = Controller::new(Api::<ClusterMutex>::all(client.clone()), wc.clone());
+    let (custom_runs, cr_changes) = feeds.custom_runs.unzip();
+    let (runs, run_changes) = feeds.runs.unzip();
+    let by_pr = ByPipelineRun {
+        custom_runs,
+        runs,
+        clusters: c.store(),
+    };
+    if let Some(changes) = cr_changes {
+        c = c.watches_shared_stream(changes, |r| cluster_of(r.as_ref()));
+    }
+    if let Some(changes) = run_changes {
+        c = c.watches_shared_stream(changes, |r| cluster_of(r.as_ref()));
+    }
+    let by = by_pr.clone();
+    c = c.watches_shared_stream(feeds.pipeline_runs, move |pr: Arc<PipelineRun>| {
+        by.refs(pr.namespace(), &pr.name_any())
+    });
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
+    let live = wc.labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
+    let pods = watcher(pods, live).default_backoff().touched_objects();
+    c.watches_stream(pods.boxed(), move |pod: PartialObjectMeta<Pod>| {
+        match pod.labels().get(PIPELINE_RUN_LABEL) {
+            Some(pr) => by_pr.refs(pod.namespace(), pr),
+            None => Vec::new(),
+        }
+    })
+}
+
+/// A standby keeps its caches warm but leaves every ClusterMutex alone.
+pub async fn reconcile_when_acting(
+    cm: Arc<ClusterMutex>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if !ctx.acting() {
+        return Ok(Action::await_change());
+    }
+    let object = backoff_key(cm.as_ref());
+    let result = crate::controller::reconcile::cluster_lock::reconcile(cm, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&object);
+    }
+    result
+}

@@ -1,0 +1,106 @@
+//! The Mutex object is protected: a finalizer keeps a Mutex that has holders or
+//! waiters from being removed. `kubectl delete` only marks it; the sync keeps
+//! serving its holders and waiters, admits no one new, and takes the finalizer
+//! off once the Mutex is empty. The newcomers then get a new Mutex, whose
+//! lock state is rebuilt from the runs (their tokens), never reset, and whose
+//! tokens continue above the last one of the Mutex that went (token_floor.rs).
+
+use crate::controller::context::Context;
+use crate::controller::context::Error;
+use crate::core::decide::Decision;
+use crate::model::mutex::Mutex;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::info;
+
+/// Keeps a Mutex with holders or waiters from being removed.
+pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";
+
+/// Does this Mutex carry our finalizer?
+pub fn protected(mutex: &Mutex) -> bool {
+    mutex.finalizers().iter().any(|f| f == LOCK_STATE_FINALIZER)
+}
+
+/// Does the lock state about to be written name anyone?
+pub fn in_use(decision: &Decision) -> bool {
+    let st = &decision.status;
+    !st.holders.is_empty() || !st.queue.is_empty() || !st.reservations.is_empty()
+}
+
+/// Add the finalizer before the status write that puts someone in the Mutex,
+/// with a compare-and-swap on the resourceVersion we read. Returns the Mutex
+/// with its new resourceVersion, so the status write that follows still applies.
+pub async fn protect(ctx: &Context, mut mutex: Mutex) -> Result<Mutex, Error> {
+    let api: Api<Mutex> =
+        Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+    let mut finalizers = mutex.finalizers().to_vec();
+    finalizers.push(LOCK_STATE_FINALIZER.into());
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": mutex.resource_version(),
+    }});
+    ctx.metrics.api_write("patch", "mutexes");
+    match api
+        .patch(
+            &mutex.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(patched) => {
+            mutex.meta_mut().resource_version = patched.resource_version();
+            mutex.meta_mut().finalizers = patched.metadata.finalizers;
+            Ok(mutex)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Take the finalizer off an empty Mutex marked for deletion, so it goes.
+/// Read fresh (the status was just written) and patched with a compare-and-swap,
+/// so a change in between (someone joined) is decided again first. True if removed.
+pub async fn release(ctx: &Context, ns: &str, key: &str) -> Result<bool, Error> {
+    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(mutex) = api.get_opt(key).await? else {
+        return Ok(false);
+    };
+    if !protected(&mutex) || mutex.meta().deletion_timestamp.is_none() {
+        return Ok(false);
+    }
+    let status = mutex.status.clone().unwrap_or_default();
+    if !status.holders.is_empty() || !status.queue.is_empty() {
+        return Err(Error::Conflict);
+    }
+    let finalizers: Vec<&String> = mutex
+        .finalizers()
+        .iter()
+        .filter(|f| *f != LOCK_STATE_FINALIZER)
+        .collect();
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": mutex.resource_version(),
+    }});
+    ctx.metrics.api_write("patch", "mutexes");
+    match api
+        .patch(key, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            let uid = mutex.uid().unwrap_or_default();
+            ctx.token_floors.remember(ns, key, &uid, status.last_token);
+            info!(
+                key,
+                namespace = ns,
+                last_token = status.last_token,
+                "the Mutex marked for deletion is empty: finalizer removed"
+            );
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,545 @@
+//! Building and running the controllers over shared caches, optionally behind
+//! a leader Lease.
+
+use super::backoff::backoff_key;
+use super::cache::index::{Index, Indexed};
+use super::cache::shared::{self, ChangeStream, SharedWatch};
+use super::cache::triggers::{Triggers, mutex_of, mutex_tags, run_tags};
+use super::cache::{strip, tolerant};
+use super::context::{Context, Error, Options, scoped};
+use super::leader::{self, became_leader};
+use super::reconcile::{cluster_feeds, intake, lock as sync};
+use crate::core::observe::{LIVE_PODS, Observe};
+use crate::http::{self, Health};
+use crate::metrics::Metrics;
+use crate::model::mutex::Mutex;
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::labels::PIPELINE_RUN_LABEL;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use crate::model::tekton::run::Run;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// Is the CRD behind this API served? (404 means not installed.)
+async fn served<K>(api: &Api<K>) -> Result<bool, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // Metadata only: one object the types cannot read must not fail the check.
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Which run kinds this cluster serves.
+struct Served {
+    custom_runs: bool,
+    runs: bool,
+    /// ClusterMutexes can be read (CRD installed, cluster-wide rights).
+    cluster_mutexes: bool,
+}
+
+/// Fails early, with the fix, when a CRD the controller needs is missing.
+async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Served, Error> {
+    if !served(&scoped::<Mutex>(client, namespace)).await? {
+        return Err(Error::MissingCrd(
+            "Mutex",
+            "install it with `kubectl apply -f config/`".into(),
+        ));
+    }
+    // Tekton v0.43 to v0.46 serve both kinds; newer ones only CustomRun, older ones only Run.
+    let kinds = Served {
+        custom_runs: served(&scoped::<CustomRun>(client, namespace)).await?,
+        runs: served(&scoped::<Run>(client, namespace)).await?,
+        cluster_mutexes: cluster_feeds::served(client).await?,
+    };
+    if !kinds.custom_runs && !kinds.runs {
+        return Err(Error::MissingCrd(
+            "CustomRun",
+            "install Tekton Pipelines (CustomRun, or Run before v0.47)".into(),
+        ));
+    }
+    Ok(kinds)
+}
+
+/// Runs the controller until SIGTERM/SIGINT (or, under leader election,
+/// until it loses the Lease).
+pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
+    let kinds = check_crds(&client, &opts.namespace).await?;
+    let state = Arc::new(http::State {
+        health: Health::default(),
+        metrics: Arc::new(Metrics::new()),
+    });
+    if let Some(addr) = opts.http_addr {
+        tokio::spawn(http::serve(http::bind(addr).await?, state.clone()));
+    }
+    info!(
+        version = crate::VERSION,
+        revision = crate::REVISION,
+        namespace = opts.namespace.as_deref().unwrap_or("<all>"),
+        v1beta1_customruns = kinds.custom_runs,
+        v1alpha1_runs = kinds.runs,
+        leader_election = opts.leader_election.is_some(),
+        "starting tekton-mutex"
+    );
+    let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
+    let leading = opts.leader_election.is_some().then_some(acting_rx.clone());
+    let controllers = Controllers::new(&client, &opts.namespace, &kinds, &state.metrics, &leading);
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter()),
+        client: client.clone(),
+        custom_runs: controllers.caches.custom_runs.clone(),
+        runs: controllers.caches.runs.clone(),
+        pipeline_runs: controllers.caches.pipeline_runs.clone(),
+        listed: controllers.caches.listed.clone(),
+        mutexes: controllers.sync.store(),
+        #[cfg(feature = "fault-injection")]
+        fault: opts.fault,
+        #[cfg(not(feature = "fault-injection"))]
+        fault: None,
+        metrics: state.metrics.clone(),
+        backoff: Default::default(),
+        told: Default::default(),
+        written: Default::default(),
+        acting: acting_rx.clone(),
+        token_floors: Default::default(),
+    });
+    state.metrics.watch_mutexes(ctx.mutexes.clone());
+    let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();
+    tokio::spawn(synced.clone());
+    let loops = controllers.run(ctx, leading);
+    let result = match opts.leader_election {
+        None => {
+            loops.await;
+            Ok(())
+        }
+        Some(le) => leader::act_while_leading(client, le, synced, acting_tx, loops).await,
+    };
+    state.health.stopped.store(true, Ordering::Relaxed);
+    info!("stopped");
+    result
+}
+
+/// Who writes the Events: this pod, when the Deployment says so.
+fn reporter() -> Reporter {
+    Reporter {
+        controller: "tekton-mutex".into(),
+        instance: std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok()),
+    }
+}
+
+/// Resolves once every cache has its first full list, and marks /readyz.
+async fn caches_synced(ctx: Arc<Context>, state: Arc<http::State>) {
+    shared::all_listed(&ctx.listed).await;
+    state.health.ready.store(true, Ordering::Relaxed);
+    info!("caches synced");
+}
+
+/// The three controllers, built but not yet running, and the caches they share.
+struct Controllers {
+    sync: Controller<Mutex>,
+    custom_runs: Option<Controller<CustomRun>>,
+    runs: Option<Controller<Run>>,
+    cluster: Option<Controller<crate::model::cluster_mutex::ClusterMutex>>,
+    caches: Caches,
+}
+
+/// What the reconcilers read besides the Mutexes.
+struct Caches {
+    custom_runs: Option<Indexed<CustomRun>>,
+    runs: Option<Indexed<Run>>,
+    pipeline_runs: Store<PipelineRun>,
+    listed: Vec<shared::Listed>,
+}
+
+/// Objects per page of a watch's list. Pages are decoded whole; at kube's
+/// default of 500, a page of PipelineRuns with their embedded pipeline specs
+/// was a fifth of the controller's peak memory on a cluster of 10,000.
+const LIST_PAGE: u32 = 100;
+
+impl Controllers {
+    fn new(
+        client: &Client,
+        namespace: &Option<String>,
+        kinds: &Served,
+        metrics: &Arc<Metrics>,
+        leading: &Option<watch::Receiver<bool>>,
+    ) -> Self {
+        let wc = watcher::Config::default().page_size(LIST_PAGE);
+        // The ClusterMutex controller, when there is one, is one more consumer.
+        let cluster = usize::from(kinds.cluster_mutexes);
+        let prs = shared::watch(
+            scoped::<PipelineRun>(client, namespace),
+            wc.clone(),
+            strip::pipeline_run,
+            Index::new(|_| Vec::new()),
+            1 + cluster,
+        );
+        // Runs are watched once: intake and the key's sync share the watch, and
+        // the sync hears of a run only once the cache it reads has it.
+        let crs = kinds.custom_runs.then(|| {
+            let index = Index::new(run_tags::<CustomRun>);
+            split(
+                shared::watch(
+                    scoped(client, namespace),
+                    wc.clone(),
+                    strip::custom_run,
+                    index,
+                    2 + cluster,
+                ),
+                leading,
+            )
+        });
+        let runs = kinds.runs.then(|| {
+            let index = Index::new(run_tags::<Run>);
+            split(
+                shared::watch(
+                    scoped(client, namespace),
+                    wc.clone(),
+                    strip::run,
+                    index,
+                    2 + cluster,
+                ),
+                leading,
+            )
+        });
+        let (cr_cache, run_cache) = (
+            crs.as_ref().map(|s| s.cache.clone()),
+            runs.as_ref().map(|s| s.cache.clone()),
+        );
+        let mut listed = vec![prs.listed.clone()];
+        listed.extend(crs.as_ref().map(|s| s.listed.clone()));
+        listed.extend(runs.as_ref().map(|s| s.listed.clone()));
+        let (crs, intake_crs, cluster_crs) = Split::parts(crs);
+        let (runs, intake_runs, cluster_runs) = Split::parts(runs);
+
+        let (mutexes, mutex_cache, mutexes_listed) = tolerant_mutexes(client, namespace, &wc);
+        listed.push(mutexes_listed);
+        let sync = Controller::for_stream(mutexes, mutex_cache.store.clone());
+        let triggers = Triggers {
+            custom_runs: cr_cache.clone(),
+            runs: run_cache.clone(),
+            mutexes: mutex_cache,
+        };
+        let SharedWatch {
+            cache: pr_cache,
+            changes: mut pr_changes,
+            ..
+        } = prs;
+        let related = Related {
+            pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
+            custom_runs: crs,
+            runs,
+        };
+        let sync = watch_related(sync, client, namespace, triggers, related, metrics.clone());
+        let cluster = kinds.cluster_mutexes.then(|| {
+            let feeds = cluster_feeds::Feeds {
+                custom_runs: cr_cache.clone().zip(cluster_crs),
+                runs: run_cache.clone().zip(cluster_runs),
+                pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
+            };
+            cluster_feeds::controller(client, namespace, feeds)
+        });
+        Controllers {
+            cluster,
+            sync,
+            custom_runs: intake_crs,
+            runs: intake_runs,
+            caches: Caches {
+                custom_runs: cr_cache,
+                runs: run_cache,
+                pipeline_runs: pr_cache.store,
+                listed,
+            },
+        }
+    }
+
+    /// Every controller loop, ending when a signal has drained them all.
+    /// Under leader election, `leading` makes them reconcile everything
+    /// each time this replica becomes the leader (intake hears of its runs
+    /// through its own triggers).
+    fn run(
+        self,
+        ctx: Arc<Context>,
+        leading: Option<watch::Receiver<bool>>,
+    ) -> BoxFuture<'static, ()> {
+        let mut loops = vec![drive("mutex", self.sync, sync_when_acting, &ctx, &leading)];
+        if let Some(c) = self.custom_runs {
+            loops.push(drive(
+                "customrun",
+                c,
+                intake_when_acting::<CustomRun>,
+                &ctx,
+                &None,
+            ));
+        }
+        if let Some(c) = self.runs {
+            loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &None));
+        }
+        if let Some(c) = self.cluster {
+            let reconcile = cluster_feeds::reconcile_when_acting;
+            loops.push(drive("clustermutex", c, reconcile, &ctx, &leading));
+        }
+        futures::future::join_all(loops).map(|_| ()).boxed()
+    }
+}
+
+/// The Mutexes, read through [`tolerant`]: an object the types cannot read is
+/// reported and left out, never failing the list of the others.
+fn tolerant_mutexes(
+    client: &Client,
+    namespace: &Option<String>,
+    wc: &watcher::Config,
+) -> (
+    impl Stream<Item = Result<Mutex, watcher::Error>> + Send + 'static,
+    Indexed<Mutex>,
+    shared::Listed,
+) {
+    let (listed_tx, listed) = watch::channel(false);
+    let (store, mut writer) = reflector::store();
+    let index = Index::new(mutex_tags);
+    let cache = Indexed {
+        store: store.clone(),
+        index: index.clone(),
+    };
+    let recorder = Recorder::new(client.clone(), reporter());
+    let events = watcher(tolerant::api(client, namespace), wc.clone())
+        .default_backoff()
+        .filter_map(move |e| {
+            let typed = match e {
+                Ok(e) => tolerant::typed(&recorder, e).map(Ok),
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(typed)
+        })
+        // The cache and its index, then whoever hears of the change.
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                index.apply(&mut writer, e);
+                if matches!(e, watcher::Event::InitDone) {
+                    listed_tx.send_replace(true);
+                }
+            }
+        });
+    (shared::applied_once_stored(events), cache, listed)
+}
+
+/// Reconciles in flight at once, per controller. Unbounded (kube's default),
+/// a start-up over 10,000 runs spawned a reconcile for each at once, a tenth of
+/// the peak memory. At 64, a burst of 10,000 new runs queued the first run of
+/// each key behind the others' intake for 45 s; at 256 it took 8 s, with the
+/// same memory.
+const CONCURRENCY: u16 = 256;
+
+fn drive<K, F, Fut>(
+    what: &'static str,
+    controller: Controller<K>,
+    reconcile: F,
+    ctx: &Arc<Context>,
+    leading: &Option<watch::Receiver<bool>>,
+) -> BoxFuture<'static, ()>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+    F: FnMut(Arc<K>, Arc<Context>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let controller = controller.with_config(Config::default().concurrency(CONCURRENCY));
+    let controller = match leading {
+        Some(rx) => controller.reconcile_all_on(became_leader(rx.clone())),
+        None => controller,
+    };
+    controller
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(move |res| async move { log_result(what, res) })
+        .boxed()
+}
+
+/// A standby keeps its caches warm but leaves every object alone; it
+/// reconciles them all when it becomes the leader.
+async fn sync_when_acting(m: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.acting() {
+        return Ok(Action::await_change());
+    }
+    let object = backoff_key(m.as_ref());
+    let result = sync::reconcile(m, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&object);
+    }
+    result
+}
+
+pub(super) async fn intake_when_acting<K: Observe + Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if !ctx.acting() {
+        return Ok(Action::await_change());
+    }
+    let object = backoff_key(obj.as_ref());
+    let result = intake::reconcile(obj, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&object);
+    }
+    result
+}
+
+/// A run kind's watch, split between its two consumers.
+struct Split<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    /// The changes, as the key's sync hears of them.
+    changes: ChangeStream<K>,
+    /// The intake controller, fed by the same watch.
+    intake: Controller<K>,
+    cache: Indexed<K>,
+    listed: shared::Listed,
+    /// The changes, as the ClusterMutex controller hears of them (if it runs).
+    for_cluster: Option<ChangeStream<K>>,
+}
+
+fn split<K>(watch: SharedWatch<K>, leading: &Option<watch::Receiver<bool>>) -> Split<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Observe + Send + Sync + 'static,
+{
+    let SharedWatch {
+        cache,
+        mut changes,
+        listed,
+    } = watch;
+    let for_sync = changes.pop().expect("one stream per consumer");
+    let for_intake = changes.pop().expect("one stream per consumer");
+    Split {
+        changes: for_sync,
+        intake: Controller::for_shared_stream(
+            intake::triggers(for_intake, &cache.store, leading.clone()),
+            cache.store.clone(),
+        ),
+        cache,
+        listed,
+        for_cluster: changes.pop(),
+    }
+}
+
+impl<K> Split<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    /// The sync's changes, the intake controller and the ClusterMutex
+    /// controller's changes, of a kind that may not be served.
+    #[allow(clippy::type_complexity)]
+    fn parts(
+        split: Option<Self>,
+    ) -> (
+        Option<ChangeStream<K>>,
+        Option<Controller<K>>,
+        Option<ChangeStream<K>>,
+    ) {
+        match split {
+            Some(s) => (Some(s.changes), Some(s.intake), s.for_cluster),
+            None => (None, None, None),
+        }
+    }
+}
+
+/// The watches besides the Mutexes' own that wake a key.
+struct Related {
+    pipeline_runs: ChangeStream<PipelineRun>,
+    custom_runs: Option<ChangeStream<CustomRun>>,
+    runs: Option<ChangeStream<Run>>,
+}
+
+/// What wakes a key: its runs, their PipelineRuns, and the live pods of those.
+fn watch_related(
+    mut sync: Controller<Mutex>,
+    client: &Client,
+    namespace: &Option<String>,
+    triggers: Triggers,
+    related: Related,
+    metrics: Arc<Metrics>,
+) -> Controller<Mutex> {
+    let wc = watcher::Config::default();
+    let by_pr = triggers.clone();
+    sync = sync.watches_shared_stream(related.pipeline_runs, move |pr: Arc<PipelineRun>| {
+        let (ns, name) = (pr.namespace(), pr.name_any());
+        let refs = by_pr.of_pipeline_run(ns.clone(), &name);
+        let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
+        metrics.pipeline_run_seen(&ns.unwrap_or_default(), &name, pr.is_done(), &keys);
+        refs
+    });
+    // Only pods of PipelineRuns that have not ended, metadata only: a pod leaving
+    // this selector (it ended, or was removed) is what frees a draining holder's slot.
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
+    let live_pods = wc.clone().labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
+    let pod_stream = watcher(pods, live_pods).default_backoff().touched_objects();
+    sync = sync.watches_stream(pod_stream, move |pod: PartialObjectMeta<Pod>| {
+        match pod.labels().get(PIPELINE_RUN_LABEL) {
+            Some(pr) => triggers.of_pipeline_run(pod.namespace(), pr),
+            None => Vec::new(),
+        }
+    });
+    if let Some(crs) = related.custom_runs {
+        sync = sync.watches_shared_stream(crs, |cr| mutex_of(cr.as_ref()));
+    }
+    if let Some(runs) = related.runs {
+        sync = sync.watches_shared_stream(runs, |r| mutex_of(r.as_ref()));
+    }
+    sync
+}
+
+fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
+    what: &str,
+    res: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
+) where
+    K: Resource,
+    K::DynamicType: std::fmt::Debug,
+{
+    match res {
+        Ok(_) => {}
+        // Triggers for objects that are gone (or not created yet) are expected.
+        Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+        // Logged, with its cause and retry delay, by `error_policy`.
+        Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+        Err(e) => warn!(controller = what, error = %e, "reconcile failed"),
+    }
+}
+
+pub(super) fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let controller = K::kind(&()).to_lowercase();
+    ctx.metrics.reconcile_error(&controller, err.kind());
+    let object = backoff_key(obj.as_ref());
+    let delay = match err {
+        Error::Conflict => Duration::from_millis(50),
+        _ => ctx.backoff.failed(object.clone()),
+    };
+    warn!(%object, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

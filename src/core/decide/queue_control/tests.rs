@@ -1,0 +1,255 @@
+//! The queue-control steps of the decision: requests, dismissals, promotion, freeze.
+
+use super::super::*;
+use crate::core::decide::tests::{run, t};
+use crate::core::requests::{Action, Dismissal, Request, Verdict};
+
+fn request(id: &str, action: Action, pr: Option<&str>) -> Result<Request, Unreadable> {
+    Ok(Request {
+        id: id.into(),
+        action,
+        pipeline_run: pr.map(Into::into),
+        reason: Some("on call".into()),
+        by: "alice".into(),
+        force: true,
+        keep_pipeline_runs: false,
+    })
+}
+
+/// One key's world: its status and runs, moved on by each decision as the applier would.
+struct World {
+    spec: MutexSpec,
+    status: MutexStatus,
+    runs: Vec<RunView>,
+    clock: i64,
+}
+
+impl World {
+    fn new(n: usize) -> World {
+        let mut w = World {
+            spec: MutexSpec::default(),
+            status: MutexStatus::default(),
+            runs: (0..n).map(run).collect(),
+            clock: 100,
+        };
+        w.step(&[]);
+        w
+    }
+
+    fn step(&mut self, requests: &[Result<Request, Unreadable>]) -> Decision {
+        self.clock += 1;
+        let facts = MutexFacts::default();
+        let d = decide_requested(
+            &self.spec,
+            &self.status,
+            &self.runs,
+            t(self.clock),
+            facts,
+            requests,
+        );
+        for r in &mut self.runs {
+            match d.outcomes.iter().find(|(x, _)| x.uid == r.run.uid) {
+                Some((_, Outcome::Acquired { token, .. })) => {
+                    r.acquired_token = Some(*token);
+                    r.phase = Phase::Done { superseded: false };
+                }
+                Some((_, Outcome::Cleared { .. })) => r.phase = Phase::Done { superseded: false },
+                _ => {}
+            }
+            let p = r.parent.as_mut().unwrap();
+            if d.control_cancels
+                .iter()
+                .any(|c| c.pipeline_run_uid == p.uid)
+            {
+                p.state = ParentState::StopRequested;
+            }
+        }
+        self.status = d.status.clone();
+        d
+    }
+
+    fn finish(&mut self, i: usize) {
+        self.runs[i].parent.as_mut().unwrap().state = ParentState::Done;
+    }
+
+    fn holders(&self) -> Vec<(String, i64)> {
+        let h = &self.status.holders;
+        h.iter()
+            .map(|h| (h.pipeline_run.clone().unwrap(), h.token))
+            .collect()
+    }
+
+    fn queue(&self) -> Vec<String> {
+        let q = &self.status.queue;
+        q.iter().map(|w| w.pipeline_run.clone().unwrap()).collect()
+    }
+
+    fn ack(&self, id: &str) -> &crate::core::requests::ObservedRequest {
+        let acks = &self.status.observed_requests;
+        acks.iter().find(|o| o.id == id).expect("acknowledged")
+    }
+}
+
+#[test]
+fn a_frozen_key_grants_nothing_and_its_waiters_say_why() {
+    let mut w = World::new(2);
+    w.spec.frozen = true;
+    w.spec.frozen_reason = Some("change freeze".into());
+    w.finish(0);
+    let d = w.step(&[]);
+    assert!(w.holders().is_empty(), "nothing granted while frozen");
+    assert_eq!(w.queue(), ["pr1"]);
+    assert!(w.status.frozen);
+    let o = d.outcomes.iter().find(|(r, _)| r.uid == "uid-1").unwrap();
+    assert!(
+        matches!(&o.1, Outcome::Frozen { next: true, reason: Some(r), .. } if r == "change freeze")
+    );
+    w.spec.frozen = false;
+    w.step(&[]);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+    assert!(!w.status.frozen);
+}
+
+#[test]
+fn a_frozen_key_lets_holders_keep_the_slot_and_timeouts_apply() {
+    let mut w = World::new(3);
+    w.spec.frozen = true;
+    w.runs[2].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::Final,
+    };
+    let d = w.step(&[]);
+    assert_eq!(w.holders(), [("pr0".to_string(), 1)]);
+    assert_eq!(w.queue(), ["pr1"]);
+    assert!(
+        d.outcomes
+            .contains(&(w.runs[2].run.clone(), Outcome::TimedOut))
+    );
+}
+
+#[test]
+fn a_forced_release_hands_over_with_a_higher_token_and_cancels_the_holder() {
+    let mut w = World::new(3);
+    let d = w.step(&[request("r1", Action::Release, Some("pr0"))]);
+    assert_eq!(w.ack("r1").verdict, Verdict::Done);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+    assert_eq!(w.queue(), ["pr2"]);
+    let c = &d.control_cancels[..];
+    assert!(
+        matches!(c, [c] if c.pipeline_run == "pr0" && c.dismissal == Dismissal::Released
+            && c.message.contains("alice") && c.message.contains("on call"))
+    );
+    // The released holder's Acquired status does not make it a holder again.
+    w.step(&[]);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+    assert_eq!(w.status.dismissed.len(), 1);
+    w.finish(0);
+    w.step(&[]);
+    assert!(
+        w.status.dismissed.is_empty(),
+        "forgotten once it cannot run"
+    );
+    // Even a lost status is rebuilt without it.
+    w.status = MutexStatus::default();
+    w.step(&[]);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+}
+
+#[test]
+fn a_release_needs_force_and_a_holder() {
+    let mut w = World::new(2);
+    let mut unforced = request("a", Action::Release, Some("pr0")).unwrap();
+    unforced.force = false;
+    let before = w.status.clone();
+    w.step(&[
+        Ok(unforced),
+        request("b", Action::Release, Some("pr1")),
+        request("c", Action::Release, Some("nope")),
+        request("d", Action::Promote, Some("pr0")),
+        Err(Unreadable {
+            id: "e".into(),
+            error: "bad".into(),
+        }),
+    ]);
+    for id in ["a", "b", "c", "d", "e"] {
+        assert_eq!(w.ack(id).verdict, Verdict::Refused, "{id}");
+    }
+    assert!(w.ack("b").message.contains("does not hold"));
+    assert_eq!(w.status.holders, before.holders);
+    assert_eq!(w.status.queue, before.queue);
+    assert!(w.status.dismissed.is_empty());
+}
+
+#[test]
+fn clear_fails_every_waiter_and_cancels_unless_kept() {
+    let mut w = World::new(4);
+    let mut keep = request("k", Action::Clear, None).unwrap();
+    keep.keep_pipeline_runs = true;
+    let d = w.step(&[request("c", Action::Clear, None)]);
+    assert!(w.queue().is_empty());
+    assert_eq!(w.holders(), [("pr0".to_string(), 1)]);
+    let cleared: Vec<_> = d
+        .outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Cleared { message } if message.contains("alice")))
+        .collect();
+    assert_eq!(cleared.len(), 3);
+    assert_eq!(d.control_cancels.len(), 3);
+    // Cleared runs do not come back even though their PipelineRuns still run.
+    w.step(&[]);
+    assert!(w.queue().is_empty());
+    // A newcomer after the clear queues as usual; a kept clear cancels nothing.
+    w.runs.push(run(9));
+    w.step(&[]);
+    assert_eq!(w.queue(), ["pr9"]);
+    let d = w.step(&[Ok(keep)]);
+    assert!(d.control_cancels.is_empty());
+    assert!(w.queue().is_empty());
+}
+
+#[test]
+fn promote_moves_one_waiter_to_the_front_once() {
+    let mut w = World::new(4);
+    w.runs[1].priority = 5;
+    w.step(&[]);
+    assert_eq!(w.queue(), ["pr1", "pr2", "pr3"]);
+    w.step(&[request("p", Action::Promote, Some("pr3"))]);
+    assert_eq!(w.queue(), ["pr3", "pr1", "pr2"]);
+    w.finish(0);
+    w.step(&[]);
+    assert_eq!(w.holders(), [("pr3".to_string(), 2)]);
+    assert!(w.status.promoted.is_empty(), "once: forgotten when granted");
+    assert_eq!(w.queue(), ["pr1", "pr2"]);
+}
+
+#[test]
+fn a_request_is_acted_on_once_and_acknowledgements_stay_bounded() {
+    let mut w = World::new(3);
+    let r = request("p", Action::Promote, Some("pr2"));
+    w.step(std::slice::from_ref(&r));
+    w.step(&[request("q", Action::Promote, Some("pr1"))]);
+    assert_eq!(w.queue(), ["pr1", "pr2"]);
+    w.step(&[r]);
+    assert_eq!(
+        w.queue(),
+        ["pr1", "pr2"],
+        "an acknowledged request is not redone"
+    );
+    let many: Vec<_> = (0..30)
+        .map(|i| request(&format!("x{i:02}"), Action::Promote, Some("nope")))
+        .collect();
+    w.step(&many);
+    let acks = &w.status.observed_requests;
+    assert_eq!(acks.len(), crate::core::requests::MAX_OBSERVED_REQUESTS);
+    assert_eq!(acks.last().unwrap().id, "x29");
+}
+
+#[test]
+fn a_holder_recorded_without_its_pipeline_run_uid_is_released_for_good() {
+    let mut w = World::new(2);
+    w.status.holders[0].pipeline_run_uid = None;
+    w.step(&[request("r", Action::Release, Some("pr0"))]);
+    assert_eq!(w.status.dismissed[0].uid, "pr0-uid");
+    w.step(&[]);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+}

@@ -1,0 +1,1545 @@
+//! Table tests and property tests of the decision core.
+
+use super::*;
+use crate::model::mutex::RunKind;
+use chrono::TimeZone;
+use proptest::prelude::*;
+
+pub(super) fn t(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
+}
+
+/// A live run of PipelineRun `pr<i>`, created at second `i`.
+pub(super) fn run(i: usize) -> RunView {
+    RunView {
+        run: RunRef {
+            kind: RunKind::CustomRun,
+            name: format!("pr{i}-lock"),
+            uid: format!("uid-{i}"),
+        },
+        parent: Some(Parent {
+            name: format!("pr{i}"),
+            uid: format!("pr{i}-uid"),
+            state: ParentState::Running,
+        }),
+        group: "deploy".into(),
+        age: Age {
+            sequence: None,
+            created: t(i as i64),
+            name: format!("pr{i}"),
+        },
+        priority: 0,
+        supersede: Supersede::None,
+        cancel_mode: CancelMode::CancelledRunFinally,
+        wait: true,
+        waiting_since: t(i as i64),
+        cancel_message: None,
+        phase: Phase::Live {
+            cancel_requested: false,
+            timeout: Timeout::NotYet,
+        },
+        acquired_token: None,
+    }
+}
+
+fn with(mut r: RunView, f: impl FnOnce(&mut RunView)) -> RunView {
+    f(&mut r);
+    r
+}
+
+fn outcome(d: &Decision, i: usize) -> Option<&Outcome> {
+    d.outcomes
+        .iter()
+        .find(|(r, _)| r.uid == format!("uid-{i}"))
+        .map(|(_, o)| o)
+}
+
+fn holders(d: &Decision) -> Vec<String> {
+    d.status
+        .holders
+        .iter()
+        .map(|h| h.pipeline_run.clone().unwrap())
+        .collect()
+}
+
+fn queue(d: &Decision) -> Vec<String> {
+    d.status
+        .queue
+        .iter()
+        .map(|w| w.pipeline_run.clone().unwrap())
+        .collect()
+}
+
+/// Mark the runs the decision acquired as done, as the applier would.
+fn apply(runs: &mut [RunView], d: &Decision) {
+    for r in runs.iter_mut() {
+        if let Some((_, o)) = d.outcomes.iter().find(|(x, _)| x.uid == r.run.uid) {
+            let superseded = match o {
+                Outcome::Waiting { .. } | Outcome::MutexDeleting => continue,
+                Outcome::Superseded { .. } => true,
+                Outcome::Acquired { token, .. } => {
+                    r.acquired_token = Some(*token);
+                    false
+                }
+                _ => false,
+            };
+            r.phase = Phase::Done { superseded };
+        }
+        if let Some(p) = r
+            .parent
+            .as_mut()
+            .filter(|p| p.state == ParentState::Running)
+            && d.cancels.iter().any(|c| c.pipeline_run_uid == p.uid)
+        {
+            p.state = ParentState::StopRequested;
+        }
+    }
+}
+
+fn finish(runs: &mut [RunView], i: usize) {
+    runs[i].parent.as_mut().unwrap().state = ParentState::Done;
+}
+
+#[test]
+fn first_run_acquires_token_one_and_others_wait_fifo() {
+    let spec = MutexSpec::default();
+    let runs = vec![run(2), run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr1", "pr2"]);
+    assert_eq!(
+        outcome(&d, 0),
+        Some(&Outcome::Acquired {
+            token: 1,
+            waited_seconds: 10
+        })
+    );
+    assert_eq!(
+        outcome(&d, 1),
+        Some(&Outcome::Waiting {
+            next: true,
+            holders: vec!["pr0".into()],
+            retry: false
+        })
+    );
+    assert_eq!(
+        outcome(&d, 2),
+        Some(&Outcome::Waiting {
+            next: false,
+            holders: vec![],
+            retry: false
+        })
+    );
+    assert_eq!(d.status.holding, "pr0");
+    assert_eq!(d.status.waiting, 2);
+}
+
+#[test]
+fn holder_released_when_parent_done_gone_or_run_deleted() {
+    let spec = MutexSpec::default();
+    for how in ["done", "gone", "deleted"] {
+        let mut runs = vec![run(0), run(1)];
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+        apply(&mut runs, &d);
+        match how {
+            "done" => finish(&mut runs, 0),
+            "gone" => runs[0].parent.as_mut().unwrap().state = ParentState::Gone,
+            _ => {
+                runs.remove(0);
+            }
+        }
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert_eq!(holders(&d2), ["pr1"], "{how}");
+        assert_eq!(d2.status.last_token, 2, "{how}");
+    }
+}
+
+#[test]
+fn holder_stays_while_parent_runs_finally_even_if_run_cancelled() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(
+        d2.status, d.status,
+        "nothing changes while the holder winds down"
+    );
+}
+
+#[test]
+fn standalone_run_holds_until_deleted() {
+    let spec = MutexSpec::default();
+    let lone = with(run(0), |r| r.parent = None);
+    let mut runs = vec![lone, run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    assert_eq!(d.status.holding, "pr0-lock");
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(d2.status.holders.len(), 1);
+    runs.remove(0);
+    let d3 = decide(&spec, &d2.status, &runs, t(7));
+    assert_eq!(holders(&d3), ["pr1"]);
+}
+
+#[test]
+fn cancelled_and_timed_out_waiters_leave_the_queue() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), run(2), run(3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[2].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::Final,
+    };
+    runs[3].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::Retry,
+    };
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
+    assert_eq!(outcome(&d2, 2), Some(&Outcome::TimedOut));
+    assert_eq!(
+        outcome(&d2, 3),
+        Some(&Outcome::Waiting {
+            next: true,
+            holders: vec!["pr0".into()],
+            retry: true
+        })
+    );
+    assert_eq!(queue(&d2), ["pr3"]);
+}
+
+#[test]
+fn supersede_pending_keeps_holder_and_newest_waiter() {
+    let spec = MutexSpec::default();
+    let runs: Vec<RunView> = (0..5)
+        .map(|i| with(run(i), |r| r.supersede = Supersede::Pending))
+        .collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr4"]);
+    // One batch decides as if they arrived one by one: each is superseded by the next.
+    for i in 1..4 {
+        assert_eq!(
+            outcome(&d, i),
+            Some(&Outcome::Superseded {
+                by: format!("pr{}", i + 1),
+                group: "deploy".into()
+            })
+        );
+    }
+    let cancelled: Vec<_> = d.cancels.iter().map(|c| c.pipeline_run.as_str()).collect();
+    assert_eq!(cancelled, ["pr1", "pr2", "pr3"]);
+    assert!(
+        d.cancels
+            .iter()
+            .all(|c| c.mode == CancelMode::CancelledRunFinally)
+    );
+}
+
+#[test]
+fn supersede_running_cancels_older_holder_but_waits_for_it() {
+    let spec = MutexSpec::default();
+    let mut runs: Vec<RunView> = (0..2)
+        .map(|i| with(run(i), |r| r.supersede = Supersede::Running))
+        .collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs[..1], t(1));
+    apply(&mut runs, &d);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(d2.cancels.len(), 1);
+    assert_eq!(d2.cancels[0].pipeline_run, "pr0");
+    apply(&mut runs, &d2);
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert!(d3.cancels.is_empty(), "no second cancel while it stops");
+    assert_eq!(
+        holders(&d3),
+        ["pr0"],
+        "the slot stays with the stopping holder"
+    );
+    finish(&mut runs, 0);
+    let d4 = decide(&spec, &d3.status, &runs, t(4));
+    assert_eq!(holders(&d4), ["pr1"]);
+}
+
+#[test]
+fn stale_arrival_is_superseded_and_cancelled() {
+    let spec = MutexSpec::default();
+    let seq = |i: usize, s: i64| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.age.sequence = Some(s);
+        })
+    };
+    // pr0 (seq 80) is granted first; pr1 (seq 79) arrives later but is older.
+    let mut runs = vec![seq(0, 80)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(seq(1, 79));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Superseded {
+            by: "pr0".into(),
+            group: "deploy".into()
+        })
+    );
+    assert_eq!(d2.cancels[0].pipeline_run, "pr1");
+    // Even after pr0 finished: the group remembers it.
+    apply(&mut runs, &d2);
+    finish(&mut runs, 0);
+    runs.push(seq(2, 78));
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert_eq!(
+        outcome(&d3, 2),
+        Some(&Outcome::Superseded {
+            by: "pr0".into(),
+            group: "deploy".into()
+        })
+    );
+}
+
+#[test]
+fn restart_between_supersede_writes_redoes_the_cancel() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![with(run(0), |r| {
+        r.supersede = Supersede::Pending;
+        r.phase = Phase::Done { superseded: true }
+    })];
+    let status = MutexStatus {
+        groups: vec![GroupMark {
+            group: "deploy".into(),
+            newest: Age {
+                sequence: None,
+                created: t(9),
+                name: "pr9".into(),
+            },
+            pipeline_run: Some("pr9".into()),
+            pipeline_run_uid: None,
+            granted: None,
+        }],
+        ..Default::default()
+    };
+    let d = decide(&spec, &status, &runs, t(10));
+    assert_eq!(d.cancels.len(), 1);
+    assert_eq!(d.cancels[0].superseded_by, "pr9");
+    runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    assert!(decide(&spec, &status, &runs, t(10)).cancels.is_empty());
+}
+
+#[test]
+fn groups_do_not_supersede_each_other() {
+    let spec = MutexSpec::default();
+    let runs = vec![
+        with(run(0), |r| r.supersede = Supersede::Pending),
+        with(run(1), |r| r.supersede = Supersede::Pending),
+        with(run(2), |r| {
+            r.supersede = Supersede::Pending;
+            r.group = "other".into()
+        }),
+    ];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr1", "pr2"]);
+    assert!(d.cancels.is_empty());
+}
+
+#[test]
+fn priority_then_order() {
+    let mut spec = MutexSpec::default();
+    let runs = vec![run(0), run(1), run(2), with(run(3), |r| r.priority = 5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(queue(&d), ["pr3", "pr1", "pr2"]);
+    spec.order = Order::NewestFirst;
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"], "the first arrival took the free slot");
+    assert_eq!(queue(&d), ["pr3", "pr2", "pr1"]);
+}
+
+#[test]
+fn wait_false_takes_a_free_slot_or_gives_up() {
+    let spec = MutexSpec::default();
+    let runs = vec![
+        with(run(0), |r| r.wait = false),
+        with(run(1), |r| r.wait = false),
+    ];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(
+        outcome(&d, 0),
+        Some(&Outcome::Acquired {
+            token: 1,
+            waited_seconds: 5
+        })
+    );
+    assert_eq!(
+        outcome(&d, 1),
+        Some(&Outcome::NotAcquired {
+            holders: vec!["pr0".into()]
+        })
+    );
+    assert!(d.status.queue.is_empty());
+}
+
+#[test]
+fn capacity_two_grants_two() {
+    let spec = MutexSpec {
+        capacity: 2,
+        ..Default::default()
+    };
+    let d = decide(
+        &spec,
+        &MutexStatus::default(),
+        &[run(0), run(1), run(2)],
+        t(5),
+    );
+    assert_eq!(holders(&d), ["pr0", "pr1"]);
+    assert_eq!(d.status.holding, "pr0,pr1");
+}
+
+#[test]
+fn decision_is_a_fixed_point() {
+    let spec = MutexSpec::default();
+    let mut runs: Vec<RunView> = (0..4).map(run).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    let d2 = decide(&spec, &d.status, &runs, t(50));
+    assert_eq!(d2.status, d.status, "re-deciding later writes nothing new");
+}
+
+// ---- property tests: a simulated world driven by random events ----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Arrive {
+        group: u8,
+        sequence: Option<i8>,
+        priority: i8,
+        policy: u8,
+        wait: bool,
+    },
+    FinishParent(u8),
+    CancelRun(u8),
+    DeleteRun(u8),
+    TimeOut(u8),
+    /// The status is wiped (0), or replaced by an older copy of itself (1+).
+    LoseStatus(u8),
+    /// A PipelineRun is deleted and another is created under its name (new uids).
+    Recreate(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..2u8, proptest::option::of(0..20i8), 0..2i8, 0..3u8, proptest::bool::weighted(0.85))
+            .prop_map(|(group, sequence, priority, policy, wait)| Op::Arrive { group, sequence, priority, policy, wait }),
+        3 => any::<u8>().prop_map(Op::FinishParent),
+        1 => any::<u8>().prop_map(Op::CancelRun),
+        1 => any::<u8>().prop_map(Op::DeleteRun),
+        1 => any::<u8>().prop_map(Op::TimeOut),
+        1 => any::<u8>().prop_map(Op::LoseStatus),
+        1 => any::<u8>().prop_map(Op::Recreate),
+    ]
+}
+
+struct World {
+    spec: MutexSpec,
+    status: MutexStatus,
+    /// Every run ever made; a deleted one stays with `Phase::Deleted` (its
+    /// PipelineRun may still hold the key).
+    runs: Vec<RunView>,
+    clock: i64,
+    /// Grants seen so far: (uid, group, age, supersede policy, token, status losses before).
+    grants: Vec<(String, String, Age, Supersede, i64, usize)>,
+    superseded: HashSet<String>,
+    next_id: usize,
+    /// Every status written, for restoring an old copy.
+    history: Vec<MutexStatus>,
+    /// Every new token must be above this: the highest token granted, lowered
+    /// by a lost status only to what the runs that still exist show.
+    floor: i64,
+    losses: usize,
+    /// PipelineRuns whose lock run was deleted while they held, and whose
+    /// status entry was then lost: nothing shows their hold any more, so
+    /// no invariant can speak for them.
+    forgotten: HashSet<String>,
+}
+
+impl World {
+    fn new(capacity: u32) -> Self {
+        World {
+            spec: MutexSpec {
+                capacity,
+                ..Default::default()
+            },
+            status: MutexStatus::default(),
+            runs: Vec::new(),
+            clock: 0,
+            grants: Vec::new(),
+            superseded: HashSet::new(),
+            next_id: 0,
+            history: Vec::new(),
+            floor: 0,
+            losses: 0,
+            forgotten: HashSet::new(),
+        }
+    }
+
+    /// What the reconciler would show the core: the runs that exist, and a
+    /// deleted lock run only while the status names it a holder (its ghost).
+    fn views(&self) -> Vec<RunView> {
+        self.runs
+            .iter()
+            .filter(|r| {
+                r.phase != Phase::Deleted
+                    || self.status.holders.iter().any(|h| h.run.uid == r.run.uid)
+            })
+            .map(|r| {
+                let mut v = r.clone();
+                if v.phase == Phase::Deleted {
+                    v.acquired_token = None;
+                }
+                v
+            })
+            .collect()
+    }
+
+    /// Read from the runs, not the status: PipelineRuns that were told
+    /// `Acquired` on the key and whose hold is not released. A deleted lock
+    /// run counts while the status still knows it (nothing else can).
+    fn holding_pipeline_runs(&self) -> HashSet<String> {
+        self.runs
+            .iter()
+            .filter(|r| r.acquired_token.is_some() && still_holds_in_world(r))
+            .filter(|r| {
+                r.phase != Phase::Deleted
+                    || self.status.holders.iter().any(|h| h.run.uid == r.run.uid)
+            })
+            .map(|r| r.parent.as_ref().unwrap().uid.clone())
+            .filter(|uid| !self.forgotten.contains(uid))
+            .collect()
+    }
+
+    fn step(&mut self) {
+        self.clock += 1;
+        let d = decide(&self.spec, &self.status, &self.views(), t(self.clock));
+        let known = d.status.holders.iter().filter(|h| {
+            h.pipeline_run_uid
+                .as_ref()
+                .is_none_or(|u| !self.forgotten.contains(u))
+        });
+        assert!(
+            known.count() <= self.spec.capacity as usize,
+            "over capacity: {:?}",
+            d.status.holders
+        );
+        for (r, o) in &d.outcomes {
+            match o {
+                Outcome::Acquired { token, .. } if !self.grants.iter().any(|g| g.0 == r.uid) => {
+                    assert!(
+                        !self.superseded.contains(&r.uid),
+                        "granted a superseded run {r:?}"
+                    );
+                    let v = self.runs.iter().find(|v| v.run.uid == r.uid).unwrap();
+                    let sibling = self.grants.iter().any(|g| {
+                        g.4 == *token
+                            && self.runs.iter().any(|x| {
+                                x.run.uid == g.0
+                                    && x.parent.as_ref().map(|p| &p.uid)
+                                        == v.parent.as_ref().map(|p| &p.uid)
+                            })
+                    });
+                    if !sibling {
+                        assert!(
+                            *token > self.floor,
+                            "token {token} not above {}",
+                            self.floor
+                        );
+                        self.floor = *token;
+                    }
+                    self.grants.push((
+                        r.uid.clone(),
+                        v.group.clone(),
+                        v.age.clone(),
+                        v.supersede,
+                        *token,
+                        self.losses,
+                    ));
+                }
+                Outcome::Superseded { .. } => {
+                    self.superseded.insert(r.uid.clone());
+                }
+                _ => {}
+            }
+        }
+        apply(&mut self.runs, &d);
+        self.status = d.status;
+        self.history.push(self.status.clone());
+        let holding = self.holding_pipeline_runs();
+        assert!(
+            holding.len() <= self.spec.capacity as usize,
+            "PipelineRuns told Acquired and still running exceed capacity: {holding:?}"
+        );
+        let holders: HashSet<&str> = self
+            .status
+            .holders
+            .iter()
+            .map(|h| h.run.uid.as_str())
+            .collect();
+        assert_eq!(
+            holders.len(),
+            self.status.holders.len(),
+            "a run holds twice"
+        );
+    }
+
+    /// Wiped, or an old copy put back (lastToken with it: as if the object were
+    /// force-removed and recreated from a backup). Tokens are then guaranteed
+    /// only above what the runs that still exist show.
+    fn lose_status(&mut self, i: u8) {
+        self.status = match i as usize % (self.history.len() + 1) {
+            0 => MutexStatus::default(),
+            k => self.history[k - 1].clone(),
+        };
+        let shown = self
+            .runs
+            .iter()
+            .filter(|r| r.phase != Phase::Deleted)
+            .filter_map(|r| r.acquired_token);
+        self.floor = shown.chain([self.status.last_token]).max().unwrap_or(0);
+        self.losses += 1;
+        let unseen = self.runs.iter().filter(|r| {
+            r.phase == Phase::Deleted && r.acquired_token.is_some() && still_holds_in_world(r)
+        });
+        let unseen: Vec<String> = unseen
+            .map(|r| r.parent.as_ref().unwrap().uid.clone())
+            .collect();
+        self.forgotten.extend(unseen);
+    }
+
+    /// The PipelineRun and its lock run are deleted; a new one of the same
+    /// names (new uids) arrives.
+    fn recreate(&mut self, i: u8) {
+        let Some(k) = self.pick(i, |r| r.phase != Phase::Deleted) else {
+            return;
+        };
+        let old = self.runs[k].parent.as_ref().unwrap().uid.clone();
+        for r in &mut self.runs {
+            if let Some(p) = r.parent.as_mut().filter(|p| p.uid == old) {
+                p.state = ParentState::Gone;
+                r.phase = Phase::Deleted;
+            }
+        }
+        let n = self.next_id;
+        self.next_id += 1;
+        let mut again = self.runs[k].clone();
+        again.run.uid = format!("uid-{n}");
+        again.parent.as_mut().unwrap().uid = format!("pr{n}-uid");
+        again.parent.as_mut().unwrap().state = ParentState::Running;
+        again.age.created = t(self.clock);
+        again.waiting_since = t(self.clock);
+        again.acquired_token = None;
+        again.phase = Phase::Live {
+            cancel_requested: false,
+            timeout: Timeout::NotYet,
+        };
+        self.runs.push(again);
+    }
+
+    fn pick(&self, i: u8, f: impl Fn(&RunView) -> bool) -> Option<usize> {
+        let idx: Vec<usize> = (0..self.runs.len()).filter(|&k| f(&self.runs[k])).collect();
+        (!idx.is_empty()).then(|| idx[i as usize % idx.len()])
+    }
+
+    fn run_op(&mut self, op: &Op) {
+        match *op {
+            Op::Arrive {
+                group,
+                sequence,
+                priority,
+                policy,
+                wait,
+            } => {
+                let i = self.next_id;
+                self.next_id += 1;
+                let policy =
+                    [Supersede::None, Supersede::Pending, Supersede::Running][policy as usize];
+                self.runs.push(with(run(i), |r| {
+                    r.group = format!("g{group}");
+                    r.age.sequence = sequence.map(i64::from);
+                    r.priority = i64::from(priority);
+                    r.supersede = policy;
+                    r.wait = wait;
+                    r.age.created = t(self.clock);
+                }));
+            }
+            Op::FinishParent(i) => {
+                if let Some(k) = self.pick(i, |r| !r.parent.as_ref().unwrap().state.ended()) {
+                    // Parents finish in any order; holders' parents most often.
+                    finish(&mut self.runs, k);
+                }
+            }
+            Op::CancelRun(i) => {
+                if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
+                    self.runs[k].phase = Phase::Live {
+                        cancel_requested: true,
+                        timeout: Timeout::NotYet,
+                    };
+                }
+            }
+            Op::DeleteRun(i) => {
+                if let Some(k) = self.pick(i, |r| r.phase != Phase::Deleted) {
+                    self.runs[k].phase = Phase::Deleted;
+                }
+            }
+            Op::LoseStatus(i) => self.lose_status(i),
+            Op::Recreate(i) => self.recreate(i),
+            Op::TimeOut(i) => {
+                if let Some(k) = self.pick(i, |r| matches!(r.phase, Phase::Live { .. })) {
+                    self.runs[k].phase = Phase::Live {
+                        cancel_requested: false,
+                        timeout: Timeout::Final,
+                    };
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn invariants_hold_under_any_event_order(ops in proptest::collection::vec(op(), 1..40), capacity in 1..4u32) {
+        let mut w = World::new(capacity);
+        for op in &ops {
+            w.run_op(op);
+            w.step();
+        }
+        // Liveness: finish every holder's parent until nothing waits.
+        for _ in 0..200 {
+            if w.status.queue.is_empty() { break; }
+            let holders: Vec<String> = w.status.holders.iter().map(|h| h.run.uid.clone()).collect();
+            for r in w.runs.iter_mut().filter(|r| holders.contains(&r.run.uid)) {
+                if r.parent.as_ref().unwrap().state != ParentState::Gone {
+                    r.parent.as_mut().unwrap().state = ParentState::Done;
+                }
+            }
+            w.step();
+        }
+        prop_assert!(w.status.queue.is_empty(), "waiters left behind: {:?}", w.status.queue);
+        for r in w.runs.iter().filter(|r| r.phase != Phase::Deleted) {
+            let holds = w.status.holders.iter().any(|h| h.run.uid == r.run.uid);
+            prop_assert!(holds || matches!(r.phase, Phase::Done { .. }) || r.parent.as_ref().unwrap().state.ended(),
+                "run neither holds nor ended with a reason: {r:?}");
+        }
+        // Within a group where newer runs supersede, grants never go backwards in
+        // age, unless a lost status took the mark and the run that could rebuild it.
+        let deleted = |uid: &str| w.runs.iter().any(|r| r.run.uid == uid && r.phase == Phase::Deleted);
+        for (i, a) in w.grants.iter().enumerate() {
+            for b in &w.grants[i + 1..] {
+                let forgotten = b.5 > a.5 && deleted(&a.0);
+                if a.1 == b.1 && b.3 != Supersede::None && a.3 != Supersede::None && !forgotten {
+                    prop_assert!(b.2 > a.2, "group {} granted {:?} after newer {:?}", a.1, b.2, a.2);
+                }
+            }
+        }
+    }
+}
+
+/// The world's own reading of a hold (the core's rule, from the runs alone).
+fn still_holds_in_world(r: &RunView) -> bool {
+    match &r.parent {
+        Some(p) => !matches!(p.state, ParentState::Done | ParentState::Gone),
+        None => r.phase != Phase::Deleted,
+    }
+}
+
+#[test]
+fn superseded_wins_over_the_cancel_it_causes() {
+    // The controller cancels a superseded run's PipelineRun before marking the run;
+    // Tekton then cancels the run itself. It must still end Superseded.
+    let spec = MutexSpec::default();
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(0), pending(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(pending(2));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Superseded {
+            by: "pr2".into(),
+            group: "deploy".into()
+        })
+    );
+    // The mark was lost (status write conflicted); Tekton's cancel arrives first.
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[2].phase = Phase::Live {
+        cancel_requested: false,
+        timeout: Timeout::NotYet,
+    };
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert_eq!(
+        outcome(&d3, 1),
+        Some(&Outcome::Superseded {
+            by: "pr2".into(),
+            group: "deploy".into()
+        })
+    );
+}
+
+#[test]
+fn a_stopping_pipelinerun_is_never_granted() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), run(2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
+    assert_eq!(holders(&d2), ["pr2"]);
+}
+
+/// A second lock run of the same PipelineRun (a matrix, or two lock tasks).
+fn sibling(i: usize, n: usize) -> RunView {
+    with(run(i), |r| {
+        r.run.name = format!("pr{i}-lock-{n}");
+        r.run.uid = format!("uid-{i}-{n}");
+    })
+}
+
+#[test]
+fn a_pipelinerun_that_holds_the_key_reenters_at_once() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(with(sibling(0, 2), |r| r.supersede = Supersede::Pending));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    let got = d2
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-0-2")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(got, Some(Outcome::Acquired { token: 1, .. })),
+        "{got:?}"
+    );
+    assert_eq!(
+        holders(&d2),
+        ["pr0"],
+        "one holder entry, capacity unchanged"
+    );
+    assert_eq!(queue(&d2), ["pr1"]);
+}
+
+#[test]
+fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), sibling(1, 2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    assert_eq!(d.status.queue.len(), 2, "both of pr1's runs wait");
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr1"]);
+    assert!(d2.status.queue.is_empty());
+    let tokens: Vec<_> = d2
+        .outcomes
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Outcome::Acquired { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens, [2, 2], "one grant, one token, both runs told");
+}
+
+#[test]
+fn waited_seconds_count_from_when_the_run_started_waiting() {
+    let spec = MutexSpec::default();
+    // pr1's PipelineRun was created at 1, but its lock run only started waiting at 40.
+    let mut runs = vec![run(0), with(run(1), |r| r.waiting_since = t(40))];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(41));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(100));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Acquired {
+            token: 2,
+            waited_seconds: 60
+        })
+    );
+}
+
+#[test]
+fn a_cancel_carries_tektons_reason_into_the_message() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    runs[1].cancel_message =
+        Some("CustomRun cancelled as the PipelineRun it belongs to has timed out.".into());
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Cancelled {
+            why: "the run was cancelled while waiting: CustomRun cancelled as the PipelineRun it belongs to has timed out.".into()
+        })
+    );
+}
+
+#[test]
+fn wait_false_is_decided_after_a_release_in_the_same_sync() {
+    // pr0 holds, pr1 waits; pr0's PipelineRun ends as pr2 (wait "false") arrives.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    runs.push(with(run(2), |r| r.wait = false));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(holders(&d2), ["pr1"], "the freed slot goes to the waiter");
+    assert_eq!(
+        outcome(&d2, 2),
+        Some(&Outcome::NotAcquired {
+            holders: vec!["pr1".into()]
+        })
+    );
+    assert!(d2.status.queue.is_empty(), "wait \"false\" never queues");
+    // Alone, a freed slot is its own.
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    runs.push(with(run(2), |r| r.wait = false));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert!(matches!(
+        outcome(&d2, 2),
+        Some(Outcome::Acquired { token: 2, .. })
+    ));
+}
+
+#[test]
+fn a_pipelinerun_never_supersedes_itself() {
+    let spec = MutexSpec::default();
+    let running = |r: RunView, seq: Option<i64>| {
+        with(r, |r| {
+            r.supersede = Supersede::Running;
+            r.age.sequence = seq;
+        })
+    };
+    // pr0 (another group) holds; pr1's two lock tasks wait, with different sequences,
+    // or one with and one without.
+    let holder = with(run(0), |r| r.group = "other".into());
+    for (a, b) in [(Some(5), Some(7)), (None, Some(7)), (Some(7), None)] {
+        for together in [true, false] {
+            let mut runs = vec![holder.clone(), running(run(1), a)];
+            let mut d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+            runs.push(running(sibling(1, 2), b));
+            if together {
+                d = decide(&spec, &MutexStatus::default(), &runs, t(2));
+            } else {
+                apply(&mut runs, &d);
+                d = decide(&spec, &d.status, &runs, t(2));
+            }
+            let case = format!("{a:?}/{b:?} together={together}");
+            assert!(d.cancels.is_empty(), "{case}: {:?}", d.cancels);
+            assert!(
+                !d.outcomes
+                    .iter()
+                    .any(|(_, o)| matches!(o, Outcome::Superseded { .. })),
+                "{case}: {:?}",
+                d.outcomes
+            );
+            assert_eq!(queue(&d), ["pr1", "pr1"], "{case}");
+        }
+    }
+}
+
+#[test]
+fn holder_keeps_the_slot_while_a_pod_of_its_ended_pipelinerun_drains() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    // Cancelled: Tekton marks it done at once, its step is in its grace period.
+    runs[0].parent.as_mut().unwrap().state = ParentState::Draining;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr0"]);
+    assert_eq!(queue(&d2), ["pr1"]);
+    finish(&mut runs, 0);
+    let d3 = decide(&spec, &d2.status, &runs, t(7));
+    assert_eq!(holders(&d3), ["pr1"]);
+    assert_eq!(d3.status.last_token, 2);
+}
+
+#[test]
+fn a_deleted_lock_run_keeps_the_slot_until_its_pipelinerun_is_released() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].phase = Phase::Deleted;
+    for state in [
+        ParentState::Running,
+        ParentState::StopRequested,
+        ParentState::Draining,
+    ] {
+        runs[0].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert_eq!(holders(&d2), ["pr0"], "{state:?}");
+        assert!(outcome(&d2, 0).is_none(), "a deleted run is told nothing");
+    }
+    for state in [ParentState::Done, ParentState::Gone] {
+        runs[0].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(7));
+        assert_eq!(holders(&d2), ["pr1"], "{state:?}");
+    }
+}
+
+#[test]
+fn tokens_never_wrap() {
+    let spec = MutexSpec::default();
+    let status = MutexStatus {
+        last_token: i64::MAX,
+        ..Default::default()
+    };
+    let d = decide(&spec, &status, &[run(0)], t(1));
+    assert!(d.status.holders.is_empty(), "no grant past i64::MAX");
+    assert_eq!(d.status.last_token, i64::MAX);
+    assert!(matches!(outcome(&d, 0), Some(Outcome::Waiting { .. })));
+}
+
+#[test]
+fn a_run_that_never_held_leaves_no_mark() {
+    // Build 82 joins behind 80 and is cancelled by a person: a rerun of 81 (a rollback)
+    // is not stale.
+    let spec = MutexSpec::default();
+    let seq = |i: usize, s: i64| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.age.sequence = Some(s);
+        })
+    };
+    let mut runs = vec![seq(0, 80), seq(1, 82)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs[1].phase = Phase::Live {
+        cancel_requested: true,
+        timeout: Timeout::NotYet,
+    };
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    apply(&mut runs, &d2);
+    runs.push(seq(2, 81));
+    let d3 = decide(&spec, &d2.status, &runs, t(3));
+    assert!(
+        matches!(outcome(&d3, 2), Some(Outcome::Waiting { .. })),
+        "{:?}",
+        outcome(&d3, 2)
+    );
+    assert!(d3.cancels.is_empty());
+    // The granted build marks its group.
+    let marks: Vec<_> = d3.status.groups.iter().map(|m| m.newest.sequence).collect();
+    assert_eq!(marks, [Some(80)]);
+}
+
+#[test]
+fn a_run_alone_in_its_group_leaves_no_mark() {
+    let spec = MutexSpec::default();
+    let alone = |i: usize| {
+        with(run(i), |r| {
+            r.supersede = Supersede::Pending;
+            r.group = r.age.name.clone();
+        })
+    };
+    let mut runs = vec![alone(0), with(alone(1), |r| r.parent = None)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(d2.status.holders.len(), 1, "the standalone run was granted");
+    assert!(d2.status.groups.is_empty(), "{:?}", d2.status.groups);
+}
+
+#[test]
+fn an_older_arrival_behind_a_newer_waiter_is_stale() {
+    let spec = MutexSpec::default();
+    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(0), pending(2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    apply(&mut runs, &d);
+    runs.push(pending(1));
+    let d2 = decide(&spec, &d.status, &runs, t(4));
+    assert!(matches!(outcome(&d2, 1), Some(Outcome::Superseded { by, .. }) if by == "pr2"));
+    assert_eq!(queue(&d2), ["pr2"]);
+}
+
+#[test]
+fn a_deleted_standalone_holder_is_released() {
+    let spec = MutexSpec::default();
+    let lone = with(run(0), |r| r.parent = None);
+    let mut runs = vec![lone, run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    apply(&mut runs, &d);
+    runs[0].phase = Phase::Deleted;
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(holders(&d2), ["pr1"]);
+}
+
+#[test]
+fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
+    let spec = MutexSpec::default();
+    for state in [
+        ParentState::Draining,
+        ParentState::Done,
+        ParentState::StopRequested,
+    ] {
+        let mut runs = vec![run(0), run(1)];
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+        apply(&mut runs, &d);
+        runs[1].parent.as_mut().unwrap().state = state;
+        let d2 = decide(&spec, &d.status, &runs, t(6));
+        assert!(queue(&d2).is_empty(), "{state:?}");
+        assert!(
+            matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })),
+            "{state:?}: {:?}",
+            outcome(&d2, 1)
+        );
+    }
+}
+
+#[test]
+fn a_pipelinerun_is_known_by_its_uid_not_its_name() {
+    // pr0 holds; it is deleted and re-created under the same name before the
+    // controller sees the deletion. The new one is another PipelineRun.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    let again = with(sibling(0, 2), |r| {
+        r.parent.as_mut().unwrap().uid = "pr0-uid-2".into()
+    });
+    runs.push(again);
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    let got = d2
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-0-2")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(got, Some(Outcome::Waiting { .. })),
+        "no pass with the old token: {got:?}"
+    );
+    assert_eq!(
+        d2.status.holders[0].pipeline_run_uid.as_deref(),
+        Some("pr0-uid")
+    );
+    // A cancel names the uid it is for.
+    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
+    let runs = vec![pending(1), pending(2), pending(3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(d.cancels[0].pipeline_run_uid, "pr2-uid");
+}
+
+// ---- state is rebuilt from the runs, never reset (issue 10, item 1) ----
+
+/// A run that was told `Acquired` with `token`, as it shows after the grant.
+fn acquired(i: usize, token: i64) -> RunView {
+    with(run(i), |r| {
+        r.phase = Phase::Done { superseded: false };
+        r.acquired_token = Some(token);
+    })
+}
+
+#[test]
+fn a_wiped_status_adopts_the_holder_and_keeps_tokens_rising() {
+    let spec = MutexSpec::default();
+    let runs = vec![acquired(0, 41), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"], "the run told Acquired holds again");
+    assert_eq!(d.status.holders[0].token, 41);
+    assert_eq!(queue(&d), ["pr1"], "no double grant");
+    assert_eq!(d.status.last_token, 41);
+    let mut runs = runs;
+    finish(&mut runs, 0);
+    let d2 = decide(&spec, &d.status, &runs, t(6));
+    assert_eq!(
+        outcome(&d2, 1),
+        Some(&Outcome::Acquired {
+            token: 42,
+            waited_seconds: 5
+        })
+    );
+}
+
+#[test]
+fn last_token_never_below_a_token_a_run_shows() {
+    // Ended runs hold nothing, but their tokens still count.
+    let spec = MutexSpec::default();
+    let done = |i, tok| {
+        let mut r = acquired(i, tok);
+        r.parent.as_mut().unwrap().state = ParentState::Done;
+        r
+    };
+    let runs = vec![done(0, 7), done(1, 90), run(2)];
+    let old = MutexStatus {
+        last_token: 12,
+        ..Default::default()
+    };
+    let d = decide(&spec, &old, &runs, t(5));
+    assert!(d.status.holders.iter().all(|h| h.token == 91));
+    assert_eq!(d.status.last_token, 91);
+}
+
+#[test]
+fn an_old_copy_of_the_status_is_corrected_from_the_runs() {
+    // The copy still shows pr0 holding and pr1 waiting; since then pr0 ended
+    // and pr1 was granted token 2.
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1), run(2)];
+    let d0 = decide(&spec, &MutexStatus::default(), &runs[..2], t(1));
+    apply(&mut runs, &d0);
+    finish(&mut runs, 0);
+    let d1 = decide(&spec, &d0.status, &runs, t(2));
+    apply(&mut runs, &d1);
+    assert_eq!(holders(&d1), ["pr1"]);
+    let d = decide(&spec, &d0.status, &runs, t(3));
+    assert_eq!(holders(&d), ["pr1"]);
+    assert_eq!(d.status.holders[0].token, 2);
+    assert_eq!(queue(&d), ["pr2"]);
+}
+
+#[test]
+fn siblings_of_an_adopted_holder_are_one_holder() {
+    let spec = MutexSpec::default();
+    let a = with(acquired(0, 3), |r| {
+        r.run.uid = "uid-0a".into();
+        r.run.name = "pr0-lock-a".into();
+    });
+    let runs = vec![a, acquired(0, 3)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+}
+
+#[test]
+fn a_released_run_is_not_adopted() {
+    let spec = MutexSpec::default();
+    for state in [ParentState::Done, ParentState::Gone] {
+        let mut r = acquired(0, 3);
+        r.parent.as_mut().unwrap().state = state;
+        let d = decide(&spec, &MutexStatus::default(), &[r, run(1)], t(5));
+        assert_eq!(holders(&d), ["pr1"], "{state:?}");
+        assert_eq!(d.status.holders[0].token, 4);
+    }
+    // A draining PipelineRun still holds.
+    let mut r = acquired(0, 3);
+    r.parent.as_mut().unwrap().state = ParentState::Draining;
+    let d = decide(&spec, &MutexStatus::default(), &[r, run(1)], t(5));
+    assert_eq!(holders(&d), ["pr0"]);
+}
+
+#[test]
+fn a_lost_status_rebuilds_the_supersede_mark_of_a_granted_run() {
+    let spec = MutexSpec::default();
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let holder = with(acquired(5, 3), |r| r.supersede = Supersede::Pending);
+    let mut stale = pending(2);
+    stale.age.created = t(2);
+    let d = decide(&spec, &MutexStatus::default(), &[holder, stale], t(9));
+    assert!(matches!(outcome(&d, 2), Some(Outcome::Superseded { .. })));
+}
+
+// ---- a Mutex marked for deletion ----
+
+#[test]
+fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(run(2));
+    let deleting = MutexFacts {
+        deleting: true,
+        ..Default::default()
+    };
+    let d2 = decide_with(&spec, &d.status, &runs, t(2), deleting);
+    assert_eq!(holders(&d2), ["pr0"], "the holder keeps the slot");
+    assert_eq!(queue(&d2), ["pr1"], "the waiter keeps its place");
+    assert_eq!(outcome(&d2, 2), Some(&Outcome::MutexDeleting));
+    // The waiter is still served; the newcomer still kept out.
+    finish(&mut runs, 0);
+    let d3 = decide_with(&spec, &d2.status, &runs, t(3), deleting);
+    assert_eq!(holders(&d3), ["pr1"]);
+    assert_eq!(d3.status.holders[0].token, 2);
+    assert_eq!(outcome(&d3, 2), Some(&Outcome::MutexDeleting));
+    apply(&mut runs, &d3);
+    finish(&mut runs, 1);
+    let d4 = decide_with(&spec, &d3.status, &runs, t(4), deleting);
+    assert!(d4.status.holders.is_empty() && d4.status.queue.is_empty());
+    // The new Mutex (empty status) picks up from the runs' tokens.
+    let d5 = decide(&spec, &MutexStatus::default(), &runs, t(5));
+    assert_eq!(
+        outcome(&d5, 2),
+        Some(&Outcome::Acquired {
+            token: 3,
+            waited_seconds: 3
+        })
+    );
+}
+
+/// Chaos seed 303: a Mutex in use was deleted, its holder's PipelineRun too (and with it the
+/// only run that showed token 1); the new Mutex of the key granted token 1 again. Tokens continue
+/// from the deleted Mutex's last token, which the controller passes on as the token floor.
+#[test]
+fn a_new_mutex_continues_above_the_deleted_ones_last_token() {
+    let spec = MutexSpec::default();
+    let runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    assert_eq!(
+        d.status.holders[0].token, 1,
+        "no floor, no run: tokens start at 1"
+    );
+    let after = MutexFacts {
+        token_floor: 7,
+        ..Default::default()
+    };
+    let d = decide_with(&spec, &MutexStatus::default(), &runs, t(1), after);
+    assert_eq!(d.status.holders[0].token, 8);
+    // Neither the status nor a run's token is lowered by a floor below them.
+    let mut runs = runs;
+    apply(&mut runs, &d);
+    let low = MutexFacts {
+        token_floor: 3,
+        ..Default::default()
+    };
+    let d2 = decide_with(&spec, &MutexStatus::default(), &runs, t(2), low);
+    assert_eq!(d2.status.holders[0].token, 8);
+    assert_eq!(d2.status.last_token, 8);
+}
+
+// ---- a bounded queue ----
+
+#[test]
+fn an_arrival_beyond_max_queue_fails_queue_full() {
+    let spec = MutexSpec {
+        max_queue: 2,
+        ..Default::default()
+    };
+    let runs: Vec<RunView> = (0..5).map(run).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(9));
+    assert_eq!(holders(&d), ["pr0"]);
+    assert_eq!(queue(&d), ["pr1", "pr2"]);
+    for i in [3, 4] {
+        assert_eq!(outcome(&d, i), Some(&Outcome::QueueFull { limit: 2 }));
+    }
+    // wait: "false" never queues, so it is not refused for a full queue.
+    let nowait = with(run(6), |r| r.wait = false);
+    let d = decide(&spec, &d.status, &[&runs[..3], &[nowait]].concat(), t(10));
+    assert!(matches!(outcome(&d, 6), Some(Outcome::NotAcquired { .. })));
+    assert_eq!(MutexSpec::default().max_queue, 1000);
+}
+
+// ---- a bounded status (issue 10, item 3) ----
+
+fn status_bytes(st: &MutexStatus) -> usize {
+    serde_json::to_vec(st).unwrap().len()
+}
+
+/// Push `n` runs through one key, one at a time: each arrives, is granted, ends.
+fn through_one_key(n: usize, f: impl Fn(RunView, usize) -> RunView) -> MutexStatus {
+    let spec = MutexSpec::default();
+    let mut st = MutexStatus::default();
+    for i in 0..n {
+        let mut runs = vec![f(run(i), i)];
+        let d = decide(&spec, &st, &runs, t(i as i64));
+        apply(&mut runs, &d);
+        assert_eq!(d.status.last_token, i as i64 + 1);
+        match runs[0].parent.as_mut() {
+            Some(p) => p.state = ParentState::Done,
+            None => runs[0].phase = Phase::Deleted,
+        }
+        st = decide(&spec, &d.status, &runs, t(i as i64)).status;
+    }
+    st
+}
+
+#[test]
+fn two_thousand_standalone_runs_keep_the_status_small() {
+    let st = through_one_key(2000, |r, _| {
+        with(r, |r| {
+            r.parent = None;
+            r.group = r.run.name.clone();
+            r.age.name = r.run.name.clone();
+            r.supersede = Supersede::Pending;
+        })
+    });
+    assert!(st.groups.is_empty());
+    assert!(status_bytes(&st) < 16 * 1024, "{}", status_bytes(&st));
+}
+
+#[test]
+fn two_thousand_groups_keep_only_the_most_recent_marks() {
+    let st = through_one_key(2000, |r, i| {
+        with(r, |r| {
+            r.group = format!("group-{i}");
+            r.supersede = Supersede::Pending;
+        })
+    });
+    assert_eq!(st.groups.len(), MAX_GROUP_MARKS);
+    assert_eq!(st.groups[0].group, "group-1999", "the newest first");
+    let size = status_bytes(&st);
+    assert!(size < 96 * 1024, "{size} bytes");
+}
+
+#[test]
+fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
+    let spec = MutexSpec {
+        mark_idle_days: 2,
+        ..Default::default()
+    };
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    apply(&mut runs, &d);
+    finish(&mut runs, 0);
+    let day = 24 * 3600;
+    let d = decide(&spec, &d.status, &runs, t(day));
+    assert_eq!(d.status.groups.len(), 1, "kept within the idle time");
+    runs.remove(0);
+    let d = decide(&spec, &d.status, &runs, t(2 * day + 11));
+    assert!(d.status.groups.is_empty(), "{:?}", d.status.groups);
+    // An older run of the group is no longer stale.
+    let d = decide(&spec, &d.status, &[pending(1)], t(2 * day + 12));
+    assert!(matches!(outcome(&d, 1), Some(Outcome::Acquired { .. })));
+}
+
+#[test]
+fn a_group_that_still_holds_keeps_its_mark_however_long() {
+    let spec = MutexSpec {
+        mark_idle_days: 1,
+        ..Default::default()
+    };
+    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
+    let mut runs = vec![pending(5)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
+    apply(&mut runs, &d);
+    let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600));
+    assert_eq!(d.status.groups.len(), 1);
+    runs.push(pending(1));
+    let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600 + 1));
+    assert!(matches!(outcome(&d, 1), Some(Outcome::Superseded { .. })));
+}
+
+/// A run that claims PipelineRun `pr<victim>` as its owner, which does not list it.
+fn forged(i: usize, victim: usize) -> RunView {
+    with(run(i), |r| {
+        r.parent.as_mut().unwrap().name = format!("pr{victim}");
+        r.parent.as_mut().unwrap().uid = format!("pr{victim}-uid");
+        r.age.name = format!("pr{victim}");
+        r.supersede = Supersede::Pending;
+        r.phase = Phase::Unlisted;
+    })
+}
+
+#[test]
+fn an_unlisted_run_is_not_enrolled_and_cancels_nobody() {
+    let spec = MutexSpec::default();
+    let pending = |r: RunView| with(r, |r| r.supersede = Supersede::Pending);
+    // pr1 holds, pr2 waits; a forged run "of" pr2 with a huge sequence arrives.
+    let mut runs = vec![pending(run(1)), pending(run(2))];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    apply(&mut runs, &d);
+    runs.push(with(forged(9, 2), |r| r.age.sequence = Some(i64::MAX)));
+    // A forged stale-looking run "of" pr1 (the holder): it must not cancel it.
+    runs.push(with(forged(8, 1), |r| r.age.sequence = Some(-1)));
+    let d2 = decide(&spec, &d.status, &runs, t(4));
+    assert!(d2.cancels.is_empty(), "{:?}", d2.cancels);
+    assert_eq!(outcome(&d2, 9), None, "an unlisted run is told nothing");
+    assert_eq!(outcome(&d2, 8), None);
+    assert_eq!(holders(&d2), ["pr1"]);
+    assert_eq!(queue(&d2), ["pr2"], "not queued, and pr2 is not superseded");
+    let aged: Vec<_> = d2.status.queue.iter().map(|w| w.age.sequence).collect();
+    assert_eq!(
+        aged,
+        [None],
+        "a forged sibling does not change its victim's age"
+    );
+}
+
+#[test]
+fn an_unlisted_run_never_reenters_a_held_slot() {
+    let spec = MutexSpec::default();
+    let mut runs = vec![run(0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(forged(5, 0));
+    let d2 = decide(&spec, &d.status, &runs, t(2));
+    assert_eq!(outcome(&d2, 5), None, "no Acquired on behalf of pr0");
+}
+
+#[test]
+fn an_unlisted_run_marked_superseded_recancels_nothing() {
+    let spec = MutexSpec::default();
+    let runs = vec![forged(3, 0)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    assert!(d.cancels.is_empty());
+}
+
+/// Record what each run is told; returns how many runs' statuses change.
+fn tell(d: &Decision, said: &mut std::collections::HashMap<String, Outcome>) -> usize {
+    d.outcomes
+        .iter()
+        .filter(|(r, o)| said.insert(r.uid.clone(), o.clone()).as_ref() != Some(o))
+        .count()
+}
+
+/// Writes per grant stay constant: a grant changes the granted run's status and
+/// the new head's, an arrival only its own, whether 10 or 1,000 runs wait.
+#[test]
+fn a_grant_or_an_arrival_changes_as_many_run_statuses_whatever_the_queue_length() {
+    for waiters in [10, 1000] {
+        let spec = MutexSpec {
+            max_queue: 100_000,
+            ..Default::default()
+        };
+        let mut runs: Vec<RunView> = (0..=waiters).map(run).collect();
+        let mut said = std::collections::HashMap::new();
+        let d = decide(&spec, &MutexStatus::default(), &runs, t(10_000));
+        assert_eq!(tell(&d, &mut said), waiters + 1, "everyone is told once");
+        apply(&mut runs, &d);
+        let mut status = d.status;
+        for next in 1..=3 {
+            finish(&mut runs, next - 1);
+            let d = decide(&spec, &status, &runs, t(10_000 + next as i64));
+            assert_eq!(holders(&d), [format!("pr{next}")]);
+            let changed = tell(&d, &mut said);
+            assert_eq!(changed, 2, "granted run and new head, {waiters} waiting");
+            apply(&mut runs, &d);
+            status = d.status;
+        }
+        runs.push(run(waiters + 1));
+        let d = decide(&spec, &status, &runs, t(20_000));
+        assert_eq!(
+            tell(&d, &mut said),
+            1,
+            "only the newcomer, {waiters} waiting"
+        );
+        assert_eq!(queue(&d).last(), Some(&format!("pr{}", waiters + 1)));
+    }
+}

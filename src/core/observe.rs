@@ -1,0 +1,215 @@
+//! One view of a Mutex run, whichever protocol carried it: CustomRun
+//! (`tekton.dev/v1beta1`) or Run (`tekton.dev/v1alpha1`).
+
+use crate::core::params::{self, RunConfig, RunInput, Target};
+use crate::model::mutex::{RunKind, RunRef};
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::labels::{PIPELINE_LABEL, kept_label};
+use crate::model::tekton::run::Run;
+use crate::model::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
+use chrono::{DateTime, Utc};
+
+/// A field selector for pods that have not ended: a terminating pod is still
+/// Running until its processes have stopped.
+pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
+#[derive(Clone, Debug)]
+pub struct ObservedRun<'a> {
+    pub kind: RunKind,
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: Option<String>,
+    pub created: DateTime<Utc>,
+    pub deleting: bool,
+    /// The controlling PipelineRun: (name, uid).
+    pub parent: Option<(String, String)>,
+    pub pipeline_label: Option<String>,
+    pub target: Option<Target<'a>>,
+    pub params: &'a [Param],
+    pub timeout: Option<&'a str>,
+    pub retries: Option<i64>,
+    pub cancel_requested: bool,
+    /// `spec.statusMessage`: why Tekton (or a person) asked the run to stop.
+    pub status_message: Option<&'a str>,
+    pub status: RunStatus,
+}
+
+impl<'a> ObservedRun<'a> {
+    pub fn of_custom_run(cr: &'a CustomRun) -> Self {
+        let target = match (&cr.spec.custom_ref, &cr.spec.custom_spec) {
+            (Some(r), _) => Some(Target::Ref(r)),
+            (None, Some(s)) => Some(Target::Spec(s)),
+            (None, None) => None,
+        };
+        Self::common(
+            cr,
+            RunKind::CustomRun,
+            target,
+            &cr.spec.params,
+            cr.spec.timeout.as_deref(),
+            cr.spec.retries,
+            (cr.spec.status.as_deref(), cr.spec.status_message.as_deref()),
+            cr.status.clone(),
+        )
+    }
+
+    pub fn of_run(run: &'a Run) -> Self {
+        let target = match (&run.spec.task_ref, &run.spec.spec) {
+            (Some(r), _) => Some(Target::Ref(r)),
+            (None, Some(s)) => Some(Target::Spec(s)),
+            (None, None) => None,
+        };
+        Self::common(
+            run,
+            RunKind::Run,
+            target,
+            &run.spec.params,
+            run.spec.timeout.as_deref(),
+            run.spec.retries,
+            (
+                run.spec.status.as_deref(),
+                run.spec.status_message.as_deref(),
+            ),
+            run.status.clone(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn common<K: kube::Resource + Observe>(
+        obj: &'a K,
+        kind: RunKind,
+        target: Option<Target<'a>>,
+        params: &'a [Param],
+        timeout: Option<&'a str>,
+        retries: Option<i64>,
+        (spec_status, status_message): (Option<&str>, Option<&'a str>),
+        status: Option<RunStatus>,
+    ) -> Self {
+        let meta = obj.meta();
+        let parent = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| {
+                o.controller == Some(true)
+                    && o.kind == "PipelineRun"
+                    && o.api_version.starts_with("tekton.dev/")
+            })
+            .map(|o| (o.name.clone(), o.uid.clone()));
+        ObservedRun {
+            kind,
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone(),
+            created: meta
+                .creation_timestamp
+                .as_ref()
+                .map(|t| to_chrono(t.0))
+                .unwrap_or_else(Utc::now),
+            deleting: meta.deletion_timestamp.is_some(),
+            parent,
+            pipeline_label: obj.label(PIPELINE_LABEL).map(str::to_string),
+            target,
+            params,
+            timeout,
+            retries,
+            cancel_requested: spec_status == Some(RUN_CANCELLED),
+            status_message: status_message.filter(|m| !m.is_empty()),
+            status: status.unwrap_or_default(),
+        }
+    }
+
+    pub fn is_mutex(&self) -> bool {
+        self.target.as_ref().is_some_and(Target::is_mutex)
+    }
+
+    /// Is it a run of ours: of a Mutex, or of a ClusterMutex?
+    pub fn is_ours(&self) -> bool {
+        self.is_mutex() || crate::model::cluster_mutex::target(self).is_some()
+    }
+
+    pub fn is_done(&self) -> bool {
+        is_done(self.status.succeeded())
+    }
+
+    pub fn run_ref(&self) -> RunRef {
+        RunRef {
+            kind: self.kind,
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
+
+    /// The run's settings, or the message for an InvalidParams failure.
+    pub fn config(&self) -> Result<RunConfig, String> {
+        let target = self
+            .target
+            .clone()
+            .ok_or("the run has neither a task reference nor an embedded spec")?;
+        params::parse(&RunInput {
+            namespace: &self.namespace,
+            target,
+            params: self.params,
+            timeout: self.timeout,
+            retries: self.retries,
+        })
+    }
+
+    /// When the current attempt started waiting.
+    pub fn attempt_start(&self) -> DateTime<Utc> {
+        self.status
+            .start_time
+            .as_deref()
+            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or(self.created)
+    }
+
+    /// When the run started waiting: its first attempt's start (an earlier
+    /// attempt's, after a retry), else its creation.
+    pub fn waiting_since(&self) -> DateTime<Utc> {
+        self.status
+            .retries_status
+            .first()
+            .and_then(|a| a.get("startTime"))
+            .and_then(|t| t.as_str())
+            .or(self.status.start_time.as_deref())
+            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or(self.created)
+    }
+}
+
+/// Helper so callers can write `observe(&obj)` for either kind.
+pub trait Observe {
+    fn observe(&self) -> ObservedRun<'_>;
+    /// One of the labels the controller reads (`tekton::labels`).
+    fn label(&self, name: &str) -> Option<&str>;
+}
+
+impl Observe for CustomRun {
+    fn observe(&self) -> ObservedRun<'_> {
+        ObservedRun::of_custom_run(self)
+    }
+
+    fn label(&self, name: &str) -> Option<&str> {
+        kept_label(&self.spec.kept_labels, &self.metadata, name)
+    }
+}
+
+impl Observe for Run {
+    fn observe(&self) -> ObservedRun<'_> {
+        ObservedRun::of_run(self)
+    }
+
+    fn label(&self, name: &str) -> Option<&str> {
+        kept_label(&self.spec.kept_labels, &self.metadata, name)
+    }
+}
+
+/// Kubernetes timestamps (jiff) as chrono, which the Mutex status uses.
+pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32).unwrap_or_default()
+}

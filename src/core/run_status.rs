@@ -1,0 +1,539 @@
+//! What a run's status says for each outcome, as a merge patch of the fields
+//! this controller owns. Pure: the caller supplies the current status and time.
+
+use crate::core::decide::Outcome;
+use crate::model::mutex::RunKind;
+use crate::model::tekton::{Condition, RunStatus};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{Value, json};
+
+/// Every reason this controller writes on a run's `Succeeded` condition or in an
+/// Event. The cancel and timeout reasons are Tekton's own, which Tekton reads
+/// back: a PipelineRun counts a custom task as cancelled only with the cancel
+/// reason, so a superseded run ends `Cancelled(kind)` and its PipelineRun
+/// `Cancelled` (tektoncd/pipeline v1.15.0, `pipelinerunresolution.go` `isCancelled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Waiting,
+    Acquired,
+    NotAcquired,
+    InvalidParams,
+    /// The key's queue is at `spec.maxQueue`.
+    QueueFull,
+    /// The reason of the `Superseded` Events (on the PipelineRun and on the lock
+    /// run). Controllers before the `Cancelled` contract also ended superseded
+    /// runs with it; [`superseded`] still recognizes those.
+    Superseded,
+    Cancelled(RunKind),
+    TimedOut(RunKind),
+    /// Queued on a frozen key (`spec.frozen`); the message gives the freeze reason.
+    Frozen,
+    /// Let go by a person: the queue was cleared (`tkn mutex clear`), or the
+    /// PipelineRun's hold released (`tkn mutex release --force`); the message says who.
+    Cleared,
+    /// The reason of the Event on a PipelineRun whose hold a person released.
+    Released,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Waiting => "Waiting",
+            Reason::Acquired => "Acquired",
+            Reason::NotAcquired => "NotAcquired",
+            Reason::InvalidParams => "InvalidParams",
+            Reason::QueueFull => "QueueFull",
+            Reason::Superseded => "Superseded",
+            Reason::Cancelled(RunKind::CustomRun) => "CustomRunCancelled",
+            Reason::Cancelled(RunKind::Run) => "RunCancelled",
+            Reason::TimedOut(RunKind::CustomRun) => "CustomRunTimedOut",
+            Reason::TimedOut(RunKind::Run) => "RunTimedOut",
+            Reason::Frozen => "Frozen",
+            Reason::Cleared => "Cleared",
+            Reason::Released => "Released",
+        }
+    }
+
+    /// The condition status this reason goes with.
+    pub fn status(self) -> &'static str {
+        match self {
+            Reason::Waiting | Reason::Frozen => "Unknown",
+            Reason::Acquired | Reason::NotAcquired => "True",
+            Reason::InvalidParams
+            | Reason::QueueFull
+            | Reason::Superseded
+            | Reason::Cancelled(_)
+            | Reason::TimedOut(_)
+            | Reason::Cleared
+            | Reason::Released => "False",
+        }
+    }
+}
+
+/// How a superseded run's message starts; people and alert rules look for it.
+pub const SUPERSEDED_PREFIX: &str = "Superseded:";
+/// `status.extraFields` key naming who superseded a run: the typed fact that a
+/// run ended superseded (its PipelineRun's cancel is redone from it after a crash).
+pub const SUPERSEDED_BY_FIELD: &str = "supersededBy";
+
+/// Did this run end superseded? By our marker, or by the reason older versions wrote.
+pub fn superseded(status: &RunStatus) -> bool {
+    let marked = status
+        .extra_fields
+        .as_ref()
+        .and_then(|f| f.get(SUPERSEDED_BY_FIELD))
+        .is_some_and(|v| v.is_string());
+    let legacy = status
+        .succeeded()
+        .is_some_and(|c| c.reason.as_deref() == Some(Reason::Superseded.as_str()));
+    marked || legacy
+}
+
+/// The Succeeded condition an outcome calls for: its reason and message.
+pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String) {
+    match outcome {
+        Outcome::Waiting { next, holders, .. } => (
+            Reason::Waiting,
+            format!("waiting for {key}: {}", place(key, *next, holders)),
+        ),
+        Outcome::Acquired {
+            token,
+            waited_seconds,
+        } => (
+            Reason::Acquired,
+            format!("acquired {key} with token {token} after waiting {waited_seconds}s"),
+        ),
+        Outcome::NotAcquired { holders } => (
+            Reason::NotAcquired,
+            format!(
+                "{key} is held by {}; not waiting because wait is \"false\"",
+                holders_text(holders)
+            ),
+        ),
+        Outcome::Superseded { by, group } => (
+            Reason::Cancelled(kind),
+            format!(
+                "{SUPERSEDED_PREFIX} newer PipelineRun {by} (group {group}) holds or waits for {key}"
+            ),
+        ),
+        Outcome::Cancelled { why } => (
+            Reason::Cancelled(kind),
+            format!("left the queue for {key}: {why}"),
+        ),
+        Outcome::TimedOut => (
+            Reason::TimedOut(kind),
+            format!("timed out waiting for {key}"),
+        ),
+        Outcome::QueueFull { limit } => (
+            Reason::QueueFull,
+            format!(
+                "the queue for {key} is full: {limit} runs already wait (spec.maxQueue of Mutex {key} is {limit})"
+            ),
+        ),
+        Outcome::Frozen {
+            next,
+            holders,
+            reason,
+            ..
+        } => (
+            Reason::Frozen,
+            format!(
+                "waiting for {key}: frozen{}; {}",
+                reason
+                    .as_deref()
+                    .map_or(String::new(), |r| format!(": {r}")),
+                place(key, *next, holders)
+            ),
+        ),
+        Outcome::Cleared { message } => (Reason::Cleared, format!("let go of {key}: {message}")),
+        Outcome::MutexDeleting => (
+            Reason::Waiting,
+            format!(
+                "waiting for {key}: Mutex {key} is being deleted; it is created again once its holders and waiters are done"
+            ),
+        ),
+    }
+}
+
+/// Where a waiter stands: only the head names the holders, so that a grant or
+/// an arrival rewrites no other waiter's message.
+fn place(key: &str, next: bool, holders: &[String]) -> String {
+    if next {
+        format!("next in line, held by {}", holders_text(holders))
+    } else {
+        format!("queued (Mutex {key} lists the queue in order)")
+    }
+}
+
+/// The result that carries an acquired run's fencing token.
+pub const TOKEN_RESULT: &str = "token";
+
+/// The token a run was told `Acquired` with: its `token` result, once its
+/// condition says `Acquired`. The lock state is rebuilt from it.
+pub fn acquired_token(status: &RunStatus) -> Option<i64> {
+    let acquired = status.succeeded().is_some_and(|c| {
+        c.status == "True" && c.reason.as_deref() == Some(Reason::Acquired.as_str())
+    });
+    if !acquired {
+        return None;
+    }
+    status.result(TOKEN_RESULT)?.parse().ok().filter(|t| *t > 0)
+}
+
+fn holders_text(holders: &[String]) -> String {
+    if holders.is_empty() {
+        "nobody".into()
+    } else {
+        holders.join(", ")
+    }
+}
+
+fn results(key: &str, outcome: &Outcome) -> Option<Value> {
+    let r = |token: String, waited: String, acquired: &str| {
+        json!([
+            {"name": "acquired", "value": acquired},
+            {"name": "key", "value": key},
+            {"name": TOKEN_RESULT, "value": token},
+            {"name": "waited-seconds", "value": waited},
+        ])
+    };
+    match outcome {
+        Outcome::Acquired {
+            token,
+            waited_seconds,
+        } => Some(r(token.to_string(), waited_seconds.to_string(), "true")),
+        // Later tasks may reference every result even when skipped by a `when`:
+        // give the non-holder harmless values (token 0 is below every real token).
+        Outcome::NotAcquired { .. } => Some(r("0".into(), "0".into(), "false")),
+        _ => None,
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The merge patch that brings `current` to `outcome`, or None if it already says so.
+pub fn patch(
+    kind: RunKind,
+    key: &str,
+    outcome: &Outcome,
+    current: &RunStatus,
+    resource_version: Option<&str>,
+    now: DateTime<Utc>,
+) -> Option<Value> {
+    let (reason, message) = condition(kind, key, outcome);
+    let status = reason.status();
+    let retry = matches!(
+        outcome,
+        Outcome::Waiting { retry: true, .. } | Outcome::Frozen { retry: true, .. }
+    );
+    let same = current.succeeded().is_some_and(|c| {
+        c.status == status
+            && c.reason.as_deref() == Some(reason.as_str())
+            && c.message.as_deref() == Some(message.as_str())
+    });
+    if same && !retry {
+        return None;
+    }
+    let cond = Condition {
+        type_: "Succeeded".into(),
+        status: status.into(),
+        reason: Some(reason.as_str().into()),
+        message: Some(message),
+        last_transition_time: Some(transition_time(current, status, reason, now)),
+    };
+    let mut extra = json!({"key": key});
+    if let Outcome::Superseded { by, .. } = outcome {
+        extra[SUPERSEDED_BY_FIELD] = json!(by);
+    }
+    let mut st = json!({
+        "conditions": [cond],
+        "startTime": current.start_time.clone().unwrap_or_else(|| rfc3339(now)),
+        "extraFields": extra,
+    });
+    if status != "Unknown" {
+        st["completionTime"] = json!(rfc3339(now));
+    }
+    if let Some(r) = results(key, outcome) {
+        st["results"] = r;
+    }
+    if retry {
+        // This attempt timed out and a retry remains: record the attempt and wait afresh.
+        let mut attempts = current.retries_status.clone();
+        attempts.push(json!({
+            "conditions": [Condition {
+                type_: "Succeeded".into(),
+                status: "False".into(),
+                reason: Some(Reason::TimedOut(kind).as_str().into()),
+                message: Some(format!("attempt {} timed out waiting for {key}", attempts.len() + 1)),
+                last_transition_time: Some(rfc3339(now)),
+            }],
+            "startTime": current.start_time,
+            "completionTime": rfc3339(now),
+        }));
+        st["retriesStatus"] = json!(attempts);
+        st["startTime"] = json!(rfc3339(now));
+    }
+    Some(json!({"metadata": {"resourceVersion": resource_version}, "status": st}))
+}
+
+/// A condition's lastTransitionTime moves only when its status or reason does:
+/// a new position in the queue is not a transition.
+fn transition_time(
+    current: &RunStatus,
+    status: &str,
+    reason: Reason,
+    now: DateTime<Utc>,
+) -> String {
+    current
+        .succeeded()
+        .filter(|c| c.status == status && c.reason.as_deref() == Some(reason.as_str()))
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| rfc3339(now))
+}
+
+/// Status for a run whose spec we cannot accept.
+pub fn invalid_params_patch(message: &str, current: &RunStatus, now: DateTime<Utc>) -> Value {
+    json!({"status": {
+        "conditions": [Condition {
+            type_: "Succeeded".into(),
+            status: "False".into(),
+            reason: Some(Reason::InvalidParams.as_str().into()),
+            message: Some(message.into()),
+            last_transition_time: Some(rfc3339(now)),
+        }],
+        "startTime": current.start_time.clone().unwrap_or_else(|| rfc3339(now)),
+        "completionTime": rfc3339(now),
+    }})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn the_run_next_in_line_is_told_who_holds_the_key() {
+        let o = Outcome::Waiting {
+            next: true,
+            holders: vec!["env-staging-81".into()],
+            retry: false,
+        };
+        let p = patch(
+            RunKind::CustomRun,
+            "jx-staging",
+            &o,
+            &RunStatus::default(),
+            Some("7"),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            p["status"]["conditions"][0]["message"],
+            "waiting for jx-staging: next in line, held by env-staging-81"
+        );
+        assert_eq!(p["status"]["conditions"][0]["reason"], "Waiting");
+        assert_eq!(p["metadata"]["resourceVersion"], "7");
+        assert!(p["status"].get("completionTime").is_none());
+    }
+
+    #[test]
+    fn the_rest_of_the_queue_is_told_only_that_it_waits() {
+        let o = Outcome::Waiting {
+            next: false,
+            holders: vec![],
+            retry: false,
+        };
+        let p = patch(
+            RunKind::CustomRun,
+            "jx-staging",
+            &o,
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            p["status"]["conditions"][0]["message"],
+            "waiting for jx-staging: queued (Mutex jx-staging lists the queue in order)"
+        );
+        assert_eq!(
+            patch(
+                RunKind::CustomRun,
+                "jx-staging",
+                &o,
+                &written(&p),
+                None,
+                now()
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn unchanged_status_is_not_patched_again() {
+        let o = Outcome::Acquired {
+            token: 4,
+            waited_seconds: 9,
+        };
+        let p = patch(
+            RunKind::CustomRun,
+            "k",
+            &o,
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        let written: RunStatus = serde_json::from_value(p["status"].clone()).unwrap();
+        assert_eq!(
+            patch(RunKind::CustomRun, "k", &o, &written, None, now()),
+            None
+        );
+        let results = &p["status"]["results"];
+        assert_eq!(results[2], json!({"name": "token", "value": "4"}));
+        assert_eq!(results[0], json!({"name": "acquired", "value": "true"}));
+    }
+
+    #[test]
+    fn reasons_follow_the_protocol_of_each_kind() {
+        let cancel = Outcome::Cancelled { why: "x".into() };
+        let reason = |kind, o| condition(kind, "k", o).0.as_str();
+        assert_eq!(reason(RunKind::CustomRun, &cancel), "CustomRunCancelled");
+        assert_eq!(reason(RunKind::Run, &cancel), "RunCancelled");
+        assert_eq!(
+            reason(RunKind::CustomRun, &Outcome::TimedOut),
+            "CustomRunTimedOut"
+        );
+        assert_eq!(reason(RunKind::Run, &Outcome::TimedOut), "RunTimedOut");
+    }
+
+    #[test]
+    fn a_retry_records_the_attempt_and_restarts_the_clock() {
+        let current = RunStatus {
+            start_time: Some("2026-11-30T11:00:00Z".into()),
+            ..Default::default()
+        };
+        let o = Outcome::Waiting {
+            next: true,
+            holders: vec!["a".into()],
+            retry: true,
+        };
+        let p = patch(RunKind::CustomRun, "k", &o, &current, None, now()).unwrap();
+        assert_eq!(p["status"]["retriesStatus"].as_array().unwrap().len(), 1);
+        assert_eq!(p["status"]["startTime"], "2026-11-30T12:00:00Z");
+        assert_eq!(
+            p["status"]["retriesStatus"][0]["conditions"][0]["reason"],
+            "CustomRunTimedOut"
+        );
+    }
+
+    fn waiting(next: bool) -> Outcome {
+        Outcome::Waiting {
+            next,
+            holders: if next { vec!["a".into()] } else { vec![] },
+            retry: false,
+        }
+    }
+
+    fn written(p: &Value) -> RunStatus {
+        serde_json::from_value(p["status"].clone()).unwrap()
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_with_status_or_reason() {
+        let later = now() + chrono::TimeDelta::seconds(30);
+        let first = patch(
+            RunKind::CustomRun,
+            "k",
+            &waiting(false),
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        let ltt = |p: &Value| p["status"]["conditions"][0]["lastTransitionTime"].clone();
+        assert_eq!(ltt(&first), "2026-11-30T12:00:00Z");
+        // Moving to the head is a new message, not a transition.
+        let moved = patch(
+            RunKind::CustomRun,
+            "k",
+            &waiting(true),
+            &written(&first),
+            None,
+            later,
+        )
+        .unwrap();
+        assert_eq!(ltt(&moved), "2026-11-30T12:00:00Z");
+        let acquired = Outcome::Acquired {
+            token: 1,
+            waited_seconds: 30,
+        };
+        let granted = patch(
+            RunKind::CustomRun,
+            "k",
+            &acquired,
+            &written(&moved),
+            None,
+            later,
+        )
+        .unwrap();
+        assert_eq!(ltt(&granted), "2026-11-30T12:00:30Z");
+    }
+
+    #[test]
+    fn a_superseded_run_ends_cancelled_with_the_word_in_front() {
+        let o = Outcome::Superseded {
+            by: "promote-81".into(),
+            group: "promote".into(),
+        };
+        for (kind, reason) in [
+            (RunKind::CustomRun, "CustomRunCancelled"),
+            (RunKind::Run, "RunCancelled"),
+        ] {
+            let p = patch(kind, "jx-staging", &o, &RunStatus::default(), None, now()).unwrap();
+            let c = &p["status"]["conditions"][0];
+            assert_eq!(
+                (c["status"].as_str(), c["reason"].as_str()),
+                (Some("False"), Some(reason))
+            );
+            assert_eq!(
+                c["message"],
+                "Superseded: newer PipelineRun promote-81 (group promote) holds or waits for jx-staging"
+            );
+            assert!(p["status"]["completionTime"].is_string());
+            assert!(superseded(&written(&p)), "the marker says superseded");
+        }
+    }
+
+    #[test]
+    fn only_the_marker_or_the_old_reason_means_superseded() {
+        let cancelled = patch(
+            RunKind::CustomRun,
+            "k",
+            &Outcome::Cancelled {
+                why: "Superseded: not really".into(),
+            },
+            &RunStatus::default(),
+            None,
+            now(),
+        )
+        .unwrap();
+        assert!(!superseded(&written(&cancelled)));
+        let legacy = RunStatus {
+            conditions: vec![Condition {
+                type_: "Succeeded".into(),
+                status: "False".into(),
+                reason: Some("Superseded".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(superseded(&legacy), "runs ended by earlier versions");
+    }
+}

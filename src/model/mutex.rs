@@ -1,0 +1,261 @@
+//! The `Mutex` custom resource (`tekton-mutex.dev/v1alpha1`): one object per key.
+//!
+//! Its status is the lock's only source of truth. Every change to it is a
+//! compare-and-swap on the object's resourceVersion, which is what keeps
+//! holders within capacity and tokens unique across restarts and replicas.
+
+use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tekton-mutex.dev",
+    version = "v1alpha1",
+    kind = "Mutex",
+    plural = "mutexes",
+    namespaced,
+    status = "MutexStatus",
+    shortname = "mtx",
+    category = "tekton",
+    category = "tekton-pipelines",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
+    printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
+    printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
+    printcolumn = r#"{"name":"Capacity","type":"integer","jsonPath":".spec.capacity"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MutexSpec {
+    /// How many PipelineRuns may hold the slot at once (1 to 10000).
+    #[serde(default = "default_capacity")]
+    #[schemars(range(min = 1, max = MAX_CAPACITY))]
+    pub capacity: u32,
+    /// Which waiter goes first among equal priorities.
+    #[serde(default)]
+    pub order: Order,
+    /// How many runs may wait at once; one more fails with reason `QueueFull`.
+    #[serde(default = "default_max_queue")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_queue: u32,
+    /// Days after its last grant that a group's supersede mark is forgotten:
+    /// a run of that group older than the mark is then no longer stale.
+    #[serde(default = "default_mark_idle_days")]
+    #[schemars(range(min = 1, max = 3650))]
+    pub mark_idle_days: u32,
+    /// A frozen key grants nothing new: holders keep the slot, waiters stay
+    /// queued (reason `Frozen`) and their timeouts still apply.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+    /// Why it is frozen: shown in every waiter's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_reason: Option<String>,
+    /// The key as the runs wrote it, when it is not the object's name itself
+    /// (see src/key_name.rs). Runs with another key never use this Mutex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub key: Option<String>,
+}
+
+impl Default for MutexSpec {
+    fn default() -> Self {
+        MutexSpec {
+            capacity: default_capacity(),
+            order: Order::default(),
+            max_queue: default_max_queue(),
+            mark_idle_days: default_mark_idle_days(),
+            frozen: false,
+            frozen_reason: None,
+            key: None,
+        }
+    }
+}
+
+impl Order {
+    /// As written in a spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::OldestFirst => "oldest-first",
+            Order::NewestFirst => "newest-first",
+        }
+    }
+}
+
+/// The largest capacity the CRD schema (and an embedded spec) accepts.
+pub const MAX_CAPACITY: u32 = 10_000;
+
+fn default_capacity() -> u32 {
+    1
+}
+
+fn default_max_queue() -> u32 {
+    1000
+}
+
+fn default_mark_idle_days() -> u32 {
+    7
+}
+
+/// The supersede marks a status keeps at most: the groups granted most recently.
+pub const MAX_GROUP_MARKS: usize = 256;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    #[default]
+    OldestFirst,
+    NewestFirst,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MutexStatus {
+    /// Runs holding the slot, in grant order.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+    /// Runs waiting, in the order they will be granted.
+    #[serde(default)]
+    pub queue: Vec<Waiter>,
+    /// The last fencing token handed out. The next grant gets lastToken + 1.
+    /// The API server refuses a status that lowers it.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= oldSelf",
+        "message": "lastToken never goes down: fencing tokens must keep increasing"
+    }]))]
+    pub last_token: i64,
+    /// The newest run each group has been granted with a supersede policy other
+    /// than `none`: later arrivals older than it are stale.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupMark>,
+    /// Holder PipelineRuns, comma-separated (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holding: String,
+    /// Queue length (for `kubectl get`).
+    #[serde(default)]
+    pub waiting: i64,
+    /// spec.frozen as the controller last acted on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+    /// Queue-control requests acted on, the most recent last (see [`crate::core::requests`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed_requests: Vec<crate::core::requests::ObservedRequest>,
+    /// PipelineRuns let go by a person, while anything of them can still run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dismissed: Vec<crate::core::requests::Dismissed>,
+    /// Waiters moved to the front by a person (run uids), the latest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub promoted: Vec<String>,
+    /// Slots kept for runs that take several keys, until every one of their keys
+    /// keeps one (see `decide::multikey`). Each takes a slot like a holder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
+}
+
+/// A slot this key keeps for a run of several keys: an idle hold, granted to
+/// nobody, that becomes the run's hold once all its keys keep one in the same epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The run, as it waited in the queue.
+    pub waiter: Waiter,
+    /// The run's reservation epoch when the slot was kept: a slot of an older
+    /// epoch than the run's is void.
+    pub epoch: i64,
+    /// The token this key gives the run if it is granted in this epoch.
+    pub token: i64,
+}
+
+/// Which CustomRun (or Run) an entry stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    pub kind: RunKind,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum RunKind {
+    /// `tekton.dev/v1beta1` CustomRun.
+    CustomRun,
+    /// `tekton.dev/v1alpha1` Run.
+    Run,
+}
+
+/// How old a run is. Higher is newer: by `sequence` when given, then by the
+/// PipelineRun's creation time, with its name breaking ties.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Age {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+    pub created: DateTime<Utc>,
+    /// The PipelineRun's name (the run's own name for a standalone run).
+    pub name: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Supersede {
+    None,
+    #[default]
+    Pending,
+    Running,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    pub run: RunRef,
+    /// The PipelineRun holding the slot; absent for a standalone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid: the hold outlives a deleted lock run, not a
+    /// replaced PipelineRun of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    pub token: i64,
+    pub since: DateTime<Utc>,
+    pub waited_seconds: i64,
+    pub group: String,
+    pub age: Age,
+    pub supersede: Supersede,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiter {
+    pub run: RunRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    pub group: String,
+    pub age: Age,
+    #[serde(default)]
+    pub priority: i64,
+    pub supersede: Supersede,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMark {
+    pub group: String,
+    /// The newest run the group was granted so far.
+    pub newest: Age,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    /// When the group was last granted: idle marks are forgotten, and only the
+    /// most recently active groups are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted: Option<DateTime<Utc>>,
+}
