@@ -21,6 +21,6 @@ mod reconcile;
 mod tests;
 mod wiring;
 
-pub use context::{Error, Fault, Options};
+pub use context::{Error, Fault};
 pub use leader::LeaderElection;
-pub use wiring::run;
+pub use wiring::{Options, run};

@@ -7,6 +7,7 @@
 pub mod decide;
 pub mod duration;
 pub mod key_name;
+pub mod model;
 pub mod observe;
 pub mod params;
 pub mod release_after;

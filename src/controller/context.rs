@@ -5,7 +5,6 @@ use super::backoff::Backoff;
 use super::cache::index::Indexed;
 use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
-use super::leader::LeaderElection;
 use super::reconcile::token_floor::TokenFloors;
 use crate::metrics::Metrics;
 use crate::model::mutex::Mutex;
@@ -47,20 +46,6 @@ impl Error {
             Error::Lease(_) | Error::LostLease => "lease",
         }
     }
-}
-
-/// How the controller runs.
-#[derive(Clone, Debug, Default)]
-pub struct Options {
-    /// Where it acts: one namespace, or None for the whole cluster.
-    pub namespace: Option<String>,
-    /// Where to serve /healthz, /readyz and /metrics; None serves nothing.
-    pub http_addr: Option<std::net::SocketAddr>,
-    /// Act only while holding this Lease; None acts at once.
-    pub leader_election: Option<LeaderElection>,
-    /// Test hook: exit between the two writes of a supersede.
-    #[cfg(feature = "fault-injection")]
-    pub fault: Option<Fault>,
 }
 
 /// A crash the tests can ask for. Only builds with the `fault-injection`

@@ -5,5 +5,6 @@ pub mod cluster_lock;
 pub mod finalizer;
 pub mod intake;
 pub mod lock;
+pub mod pipeline_runs;
 pub mod release_after_progress;
 pub mod token_floor;

@@ -6,7 +6,8 @@ use super::cache::index::{Index, Indexed};
 use super::cache::shared::{self, ChangeStream, SharedWatch};
 use super::cache::triggers::{Triggers, mutex_of, mutex_tags, run_tags};
 use super::cache::{strip, tolerant};
-use super::context::{Context, Error, Options, scoped};
+use super::context::{Context, Error, Fault, scoped};
+use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
 use super::reconcile::{cluster_feeds, intake, lock as sync};
 use crate::core::observe::{LIVE_PODS, Observe};
@@ -31,6 +32,20 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+/// How the controller runs.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Where it acts: one namespace, or None for the whole cluster.
+    pub namespace: Option<String>,
+    /// Where to serve /healthz, /readyz and /metrics; None serves nothing.
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// Act only while holding this Lease; None acts at once.
+    pub leader_election: Option<LeaderElection>,
+    /// Test hook: exit between the two writes of a supersede.
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<Fault>,
+}
 
 /// Is the CRD behind this API served? (404 means not installed.)
 async fn served<K>(api: &Api<K>) -> Result<bool, kube::Error>

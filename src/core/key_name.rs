@@ -90,6 +90,19 @@ pub fn mismatch(name: &str, ours: Option<&str>, theirs: Option<&str>) -> Option<
     })
 }
 
+/// A key names a Mutex object, so it must be a valid Kubernetes object name
+/// (a DNS-1123 subdomain).
+pub fn validate(key: &str) -> Result<(), String> {
+    if is_object_name(key) {
+        Ok(())
+    } else {
+        Err(format!(
+            "key {key:?} is not a valid name: use at most 253 lowercase letters, digits, '-' or '.', \
+             starting and ending with a letter or digit (it names a Mutex object)"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

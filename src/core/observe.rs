@@ -2,12 +2,14 @@
 //! (`tekton.dev/v1beta1`) or Run (`tekton.dev/v1alpha1`).
 
 use crate::core::params::{self, RunConfig, RunInput, Target};
+use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::{RunKind, RunRef};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::{PIPELINE_LABEL, kept_label};
 use crate::model::tekton::run::Run;
 use crate::model::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use chrono::{DateTime, Utc};
+use kube::Resource;
 
 /// A field selector for pods that have not ended: a terminating pod is still
 /// Running until its processes have stopped.
@@ -127,7 +129,7 @@ impl<'a> ObservedRun<'a> {
 
     /// Is it a run of ours: of a Mutex, or of a ClusterMutex?
     pub fn is_ours(&self) -> bool {
-        self.is_mutex() || crate::model::cluster_mutex::target(self).is_some()
+        self.is_mutex() || cluster_mutex_target(self).is_some()
     }
 
     pub fn is_done(&self) -> bool {
@@ -212,4 +214,26 @@ impl Observe for Run {
 /// Kubernetes timestamps (jiff) as chrono, which the Mutex status uses.
 pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
     DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32).unwrap_or_default()
+}
+
+/// A run that refers to a ClusterMutex: `Some(Ok(name))`, or `Some(Err(message))`
+/// when it does so in a way we refuse. None: not a ClusterMutex run.
+pub fn cluster_mutex_target(o: &ObservedRun<'_>) -> Option<Result<String, String>> {
+    let api_version = ClusterMutex::api_version(&());
+    let kind = ClusterMutex::kind(&());
+    match o.target.as_ref()? {
+        Target::Ref(r) if r.api_version == api_version && r.kind == kind => {
+            Some(match r.name.as_deref().filter(|n| !n.is_empty()) {
+                Some(n) => Ok(n.to_string()),
+                None => Err(format!(
+                    "a {kind} run names its {kind} in taskRef.name (an administrator creates it)"
+                )),
+            })
+        }
+        Target::Spec(s) if s.api_version == api_version && s.kind == kind => Some(Err(format!(
+            "a {kind} cannot be embedded: an administrator creates it, and a run refers to it with \
+             taskRef {{apiVersion: {api_version}, kind: {kind}, name: ...}}"
+        ))),
+        _ => None,
+    }
 }

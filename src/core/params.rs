@@ -4,6 +4,7 @@
 //! actionable message for an `InvalidParams` failure. Nothing is silently ignored.
 
 use crate::core::duration::parse_go_duration;
+pub use crate::core::model::CancelMode;
 use crate::model::mutex::{MAX_CAPACITY, Mutex, MutexSpec, Order, Supersede};
 use crate::model::tekton::{EmbeddedSpec, Param, TaskRef};
 use kube::Resource;
@@ -57,24 +58,6 @@ impl Target<'_> {
             Target::Spec(s) => (&s.api_version, &s.kind),
         };
         *api_version == Mutex::api_version(&()) && *kind == Mutex::kind(&())
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CancelMode {
-    Cancelled,
-    #[default]
-    CancelledRunFinally,
-    StoppedRunFinally,
-}
-
-impl CancelMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CancelMode::Cancelled => "Cancelled",
-            CancelMode::CancelledRunFinally => "CancelledRunFinally",
-            CancelMode::StoppedRunFinally => "StoppedRunFinally",
-        }
     }
 }
 
@@ -296,7 +279,7 @@ fn read_target(
         }
     }
     if !cfg.keys.is_empty() {
-        return keys::settle(cfg, key_param);
+        return settle_keys(cfg, key_param);
     }
     // Free-form keys map to an object name; the Mutex keeps the key itself.
     if let Some(k) = key_param {
@@ -352,19 +335,6 @@ impl SpecFields {
     }
 }
 
-/// A key names a Mutex object, so it must be a valid Kubernetes object name
-/// (a DNS-1123 subdomain).
-pub fn validate_key(key: &str) -> Result<(), String> {
-    if crate::core::key_name::is_object_name(key) {
-        Ok(())
-    } else {
-        Err(format!(
-            "key {key:?} is not a valid name: use at most 253 lowercase letters, digits, '-' or '.', \
-             starting and ending with a letter or digit (it names a Mutex object)"
-        ))
-    }
-}
-
 fn parse_int(name: &str, value: &str) -> Result<i64, String> {
     value
         .trim()
@@ -388,6 +358,26 @@ fn json_type(v: &serde_json::Value) -> &'static str {
         serde_json::Value::Number(_) => "a number",
         serde_json::Value::String(_) => "a string",
     }
+}
+
+/// After every param is read: `keys` stands alone, and its first key is `key`.
+/// `key_given` is the `key` param or the Mutex named in the task reference.
+fn settle_keys(cfg: &mut RunConfig, key_given: Option<String>) -> Result<(), String> {
+    if let Some(k) = key_given {
+        return Err(format!(
+            "param \"keys\" and a single key ({k:?}, from param \"key\" or the Mutex named in the task reference) are both given: \
+             use \"keys\" alone (its first key is the run's `token`), or \"key\" alone"
+        ));
+    }
+    if cfg.keys.len() > 1 && !cfg.wait {
+        return Err(
+            "param \"wait\" is \"false\" with several keys: a run that takes several keys waits until it has them all; \
+             drop \"wait\", or take one key"
+                .into(),
+        );
+    }
+    cfg.key = cfg.keys[0].clone();
+    Ok(())
 }
 
 #[cfg(test)]

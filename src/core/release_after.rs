@@ -8,7 +8,7 @@
 //! children the controller must still look at. The controller
 //! (src/controller/section.rs) reads those children and their pods.
 
-use crate::core::decide::ParentState;
+use crate::core::model::ParentState;
 use crate::model::tekton::pipelinerun::{ChildReference, PipelineRun};
 
 /// The param's name.

@@ -1,7 +1,7 @@
 //! What a run's status says for each outcome, as a merge patch of the fields
 //! this controller owns. Pure: the caller supplies the current status and time.
 
-use crate::core::decide::Outcome;
+use crate::core::model::Outcome;
 use crate::model::mutex::RunKind;
 use crate::model::tekton::{Condition, RunStatus};
 use chrono::{DateTime, SecondsFormat, Utc};

@@ -2,7 +2,7 @@
 //! its parsed config and its PipelineRun (as fetched, or gone) become a [`RunView`]
 //! and the deadline of its current attempt.
 
-use crate::core::decide::{Parent, ParentState, Phase, RunView, Timeout};
+use crate::core::model::{Parent, ParentState, Phase, RunView, Timeout};
 use crate::core::observe::{ObservedRun, to_chrono};
 use crate::core::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::core::release_after;

@@ -8,10 +8,8 @@
 //! qualified by namespace (`ns/name`; names never contain a '/'), and supersede
 //! groups are too unless `spec.crossNamespaceSupersede` is set.
 
-use crate::core::observe::ObservedRun;
-use crate::core::params::Target;
 use crate::model::mutex::{MAX_CAPACITY, MutexSpec, MutexStatus, Order};
-use kube::{CustomResource, Resource};
+use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -175,28 +173,6 @@ pub fn qualify(namespace: &str, name: &str) -> String {
 /// The namespace and name of a qualified name.
 pub fn unqualify(qualified: &str) -> Option<(&str, &str)> {
     qualified.split_once('/')
-}
-
-/// A run that refers to a ClusterMutex: `Some(Ok(name))`, or `Some(Err(message))`
-/// when it does so in a way we refuse. None: not a ClusterMutex run.
-pub fn target(o: &ObservedRun<'_>) -> Option<Result<String, String>> {
-    let api_version = ClusterMutex::api_version(&());
-    let kind = ClusterMutex::kind(&());
-    match o.target.as_ref()? {
-        Target::Ref(r) if r.api_version == api_version && r.kind == kind => {
-            Some(match r.name.as_deref().filter(|n| !n.is_empty()) {
-                Some(n) => Ok(n.to_string()),
-                None => Err(format!(
-                    "a {kind} run names its {kind} in taskRef.name (an administrator creates it)"
-                )),
-            })
-        }
-        Target::Spec(s) if s.api_version == api_version && s.kind == kind => Some(Err(format!(
-            "a {kind} cannot be embedded: an administrator creates it, and a run refers to it with \
-             taskRef {{apiVersion: {api_version}, kind: {kind}, name: ...}}"
-        ))),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

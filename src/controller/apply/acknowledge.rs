@@ -6,7 +6,7 @@
 use crate::controller::apply::writes;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
-use crate::core::decide::{ControlCancel, Decision};
+use crate::core::model::{ControlCancel, Decision};
 use crate::core::requests::{
     CLEARED_BY_ANNOTATION, Dismissal, RELEASED_BY_ANNOTATION, REQUEST_PREFIX, Request, Unreadable,
     Verdict,

@@ -5,7 +5,7 @@
 //! logged, never retried, and never delays a grant.
 
 use crate::controller::context::Context;
-use crate::core::decide::Outcome;
+use crate::core::model::Outcome;
 use crate::core::observe::ObservedRun;
 use crate::core::run_status::{self, Reason};
 use crate::model::mutex::{MutexStatus, RunKind, RunRef};

@@ -3,7 +3,7 @@
 
 use crate::controller::context::Context;
 use crate::controller::context::Error;
-use crate::core::decide::Cancel;
+use crate::core::model::Cancel;
 use crate::core::observe::ObservedRun;
 use crate::core::run_status::{self, Reason};
 use crate::model::mutex::{Mutex, MutexSpec, RunKind, RunRef};

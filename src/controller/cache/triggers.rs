@@ -66,7 +66,7 @@ pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
         .iter()
         .map(|m| Tag::key(&ns, &m.name))
         .collect();
-    if let Some(Ok(name)) = crate::model::cluster_mutex::target(&run.observe()) {
+    if let Some(Ok(name)) = crate::core::observe::cluster_mutex_target(&run.observe()) {
         tags.push(Tag::cluster_mutex(&name));
     }
     if tags.is_empty() {

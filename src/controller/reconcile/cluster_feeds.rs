@@ -10,7 +10,7 @@ use crate::controller::context::Error;
 use crate::controller::context::scoped;
 use crate::core::observe::{LIVE_PODS, Observe, ObservedRun};
 use crate::core::params::RunConfig;
-use crate::model::cluster_mutex::{self, ClusterMutex, qualify, unqualify};
+use crate::model::cluster_mutex::{ClusterMutex, qualify, unqualify};
 use crate::model::mutex::{RunKind, RunRef};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::PIPELINE_RUN_LABEL;
@@ -113,7 +113,7 @@ pub async fn served(client: &Client) -> Result<bool, Error> {
 
 /// The ClusterMutex a run refers to, if any.
 fn cluster_of<K: Observe>(obj: &K) -> Option<ObjectRef<ClusterMutex>> {
-    match cluster_mutex::target(&obj.observe()) {
+    match crate::core::observe::cluster_mutex_target(&obj.observe()) {
         Some(Ok(name)) => Some(ObjectRef::new(&name)),
         _ => None,
     }

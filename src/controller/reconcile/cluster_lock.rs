@@ -11,9 +11,10 @@ use crate::controller::cache::index::Tag;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::reconcile::cluster_feeds;
-use crate::controller::reconcile::lock;
+use crate::controller::reconcile::pipeline_runs;
 use crate::controller::reconcile::release_after_progress;
-use crate::core::decide::{self, Decision, MutexFacts, Outcome, Phase, RunView};
+use crate::core::decide::{self};
+use crate::core::model::{Decision, MutexFacts, Outcome, Phase, RunView};
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
 use crate::core::release_after::Verdict;
@@ -44,7 +45,7 @@ pub async fn intake<K: Observe + Resource>(
     ctx: &Context,
 ) -> Result<Option<Action>, Error> {
     let o = obj.observe();
-    let Some(target) = cluster_mutex::target(&o) else {
+    let Some(target) = crate::core::observe::cluster_mutex_target(&o) else {
         return Ok(None);
     };
     let refused = match target {
@@ -167,7 +168,15 @@ async fn sync_cluster(ctx: &Context, name: &str) -> Result<Action, Error> {
     members.extend(deleted_holders(ctx, &current, &members).await?);
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let spec = cm.spec.lock_spec();
-    let decision = decide::decide_with(&spec, &current, &views, now, MutexFacts::default());
+    let decision = decide::decide(&crate::core::model::Input {
+        spec: &spec,
+        status: &current,
+        runs: &views,
+        now,
+        facts: MutexFacts::default(),
+        requests: &[],
+        multi: &Default::default(),
+    });
     if decision.status != current {
         let mut cm = cm.clone();
         cm.status = Some(decision.status.clone());
@@ -211,7 +220,7 @@ async fn fetch_members(
     for obj in &objects {
         let o = obj.observe();
         let known = named.iter().any(|r| r.uid == o.uid);
-        let Some(Ok(target)) = cluster_mutex::target(&o) else {
+        let Some(Ok(target)) = crate::core::observe::cluster_mutex_target(&o) else {
             continue;
         };
         let Ok(cfg) = o.config() else {
@@ -246,7 +255,7 @@ async fn member(
         Some((name, uid)) => Some((
             name.as_str(),
             uid.as_str(),
-            lock::fetch_parent(ctx, ns, name, uid).await?,
+            pipeline_runs::fetch_parent(ctx, ns, name, uid).await?,
         )),
         None => None,
     };
@@ -263,7 +272,7 @@ async fn member(
     let mut fetched = None;
     if let Some((name, uid, object)) = &parent {
         let ended = object.as_ref().is_none_or(|p| p.is_done());
-        let pods_alive = holds && ended && lock::pods_alive(ctx, ns, name, uid).await?;
+        let pods_alive = holds && ended && pipeline_runs::pods_alive(ctx, ns, name, uid).await?;
         let section_done = match object.as_deref() {
             Some(pr) if told && !ended && !cfg.release_after.is_empty() => {
                 release_after_progress::done(ctx, ns, pr, &cfg.release_after).await?
@@ -323,13 +332,13 @@ async fn deleted_holders(
         let Some((ns, name)) = unqualify(qualified) else {
             continue;
         };
-        let object = lock::fetch_parent(ctx, ns, name, uid).await?;
+        let object = pipeline_runs::fetch_parent(ctx, ns, name, uid).await?;
         let ended = object.as_ref().is_none_or(|p| p.is_done());
         let parent = FetchedParent {
             name: qualified,
             uid,
             object: object.as_deref(),
-            pods_alive: ended && lock::pods_alive(ctx, ns, name, uid).await?,
+            pods_alive: ended && pipeline_runs::pods_alive(ctx, ns, name, uid).await?,
             section_done: false,
         };
         let run_name = unqualify(&h.run.name).map_or(h.run.name.as_str(), |(_, n)| n);
@@ -374,7 +383,7 @@ async fn apply(
         let Some((ns, pr)) = unqualify(&c.pipeline_run) else {
             continue;
         };
-        let local = decide::Cancel {
+        let local = crate::core::model::Cancel {
             pipeline_run: pr.to_string(),
             ..c.clone()
         };

@@ -7,7 +7,7 @@
 
 use crate::controller::context::Context;
 use crate::controller::context::Error;
-use crate::core::decide::Decision;
+use crate::core::model::Decision;
 use crate::model::mutex::Mutex;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};

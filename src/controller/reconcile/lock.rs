@@ -14,25 +14,21 @@ use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::context::Fault;
 use crate::controller::reconcile::finalizer;
+use crate::controller::reconcile::pipeline_runs::{fetch_parent, pods_alive};
 use crate::controller::reconcile::release_after_progress;
-use crate::core::decide::{self, Decision, MultiKeyRun, MutexFacts, Outcome, Phase, RunView};
-use crate::core::observe::{LIVE_PODS, Observe, ObservedRun};
+use crate::core::decide::{self};
+use crate::core::model::{Decision, Input, MultiKeyRun, MutexFacts, Outcome, Phase, RunView};
+use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
 use crate::core::run_status;
 use crate::core::view::{self, FetchedParent, MemberView};
 use crate::model::mutex::{Mutex, MutexStatus, RunKind, RunRef};
 use crate::model::tekton::RunStatus;
 use crate::model::tekton::customrun::CustomRun;
-use crate::model::tekton::labels::{
-    PIPELINE_RUN_LABEL, PIPELINE_RUN_UID_LABEL, PIPELINE_TASK_LABEL,
-};
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -121,8 +117,15 @@ async fn sync_key(
     };
     let requests = crate::core::requests::requests_from(mutex.annotations());
     let multi = multi_key_commit::keys_of(key, members.iter().map(|m| (m.run(), m.multi.as_ref())));
-    let decision =
-        decide::decide_full(&mutex.spec, &current, &views, now, facts, &requests, &multi);
+    let decision = decide::decide(&Input {
+        spec: &mutex.spec,
+        status: &current,
+        runs: &views,
+        now,
+        facts,
+        requests: &requests,
+        multi: &multi,
+    });
     if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
         warn!(
             key,
@@ -353,26 +356,6 @@ where
         }
     }
     Ok(found)
-}
-
-/// The run's PipelineRun, from the cache when it has it, else from the API.
-/// None means it is gone (deleted, being deleted, or replaced under the same name).
-pub(super) async fn fetch_parent(
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    uid: &str,
-) -> Result<Option<Arc<PipelineRun>>, Error> {
-    let cached = ctx.pipeline_runs.get(&ObjectRef::new(name).within(ns));
-    let pr = match cached.filter(|p| p.uid().as_deref() == Some(uid)) {
-        Some(p) => Some(p),
-        None => Api::<PipelineRun>::namespaced(ctx.client.clone(), ns)
-            .get_opt(name)
-            .await?
-            .filter(|p| p.uid().as_deref() == Some(uid))
-            .map(Arc::new),
-    };
-    Ok(pr.filter(|p| p.meta().deletion_timestamp.is_none()))
 }
 
 /// Write the decision: the lock state first (its compare-and-swap failing ends
@@ -684,39 +667,4 @@ async fn deleted_holders(
         });
     }
     Ok(ghosts)
-}
-
-/// Does a pod of this PipelineRun still exist in a non-terminal phase (running,
-/// pending, or terminating with a deletionTimestamp)?
-pub(super) async fn pods_alive(
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    uid: &str,
-) -> Result<bool, Error> {
-    live_pods_of(ctx, ns, name, uid, None).await
-}
-
-/// Live pods of this PipelineRun, or of one of its pipeline tasks (`release-after`).
-pub(super) async fn live_pods_of(
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    uid: &str,
-    task: Option<&str>,
-) -> Result<bool, Error> {
-    let mut selector = format!("{PIPELINE_RUN_LABEL}={name}");
-    if let Some(task) = task {
-        selector.push_str(&format!(",{PIPELINE_TASK_LABEL}={task}"));
-    }
-    let params = ListParams::default().labels(&selector).fields(LIVE_PODS);
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list_metadata(&params)
-        .await?;
-    // Pods of an older PipelineRun of the same name do not count.
-    Ok(pods.items.iter().any(|p| {
-        p.labels()
-            .get(PIPELINE_RUN_UID_LABEL)
-            .is_none_or(|u| u == uid)
-    }))
 }

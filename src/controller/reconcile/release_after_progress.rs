@@ -89,8 +89,14 @@ pub async fn done(
     }
     let (name, uid) = (pr.name_any(), pr.uid().unwrap_or_default());
     for task in names {
-        if crate::controller::reconcile::lock::live_pods_of(ctx, ns, &name, &uid, Some(task))
-            .await?
+        if crate::controller::reconcile::pipeline_runs::live_pods_of(
+            ctx,
+            ns,
+            &name,
+            &uid,
+            Some(task),
+        )
+        .await?
         {
             return Ok(false);
         }

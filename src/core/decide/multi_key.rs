@@ -39,54 +39,11 @@
 //! waits for anything, so holders keep finishing, and every waiter is granted
 //! unless runs that go first keep arriving (as with one key).
 
-use super::{Decider, Leaving, Phase, holder_of, queue_order};
-use crate::model::mutex::{Order, Reservation, RunRef, Waiter};
+use super::decider::{Decider, Leaving, holder_of, queue_order};
+use crate::core::model::{MultiKeyRun, Phase, Revoke, Settle};
+use crate::model::mutex::{Order, Reservation, Waiter};
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// What a run of several keys says about itself, as read from its status.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MultiKeyRun {
-    /// All its keys, in the order the run gives them.
-    pub keys: Vec<String>,
-    /// Raised each time a key gives its slot back: slots of older epochs are void.
-    pub epoch: i64,
-    /// Once told `Acquired`: its token on each key (tokens of its current epoch).
-    pub acquired: Option<BTreeMap<String, i64>>,
-}
-
-/// Ask run `run` to give back the slots its keys keep in `epoch`: the controller
-/// writes epoch + 1 on the run, only if the run is unchanged since it was read and
-/// not `Acquired`. Only then may a key drop the slot.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Revoke {
-    pub run: RunRef,
-    pub epoch: i64,
-}
-
-/// The runs of several keys among this key's runs (by run uid), and this key.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MultiKeys {
-    pub key: String,
-    pub runs: HashMap<String, MultiKeyRun>,
-}
-
-impl MultiKeys {
-    fn of(&self, uid: &str) -> Option<&MultiKeyRun> {
-        self.runs.get(uid).filter(|m| m.keys.len() > 1)
-    }
-}
-
-/// What a key does with a slot it keeps, given what the run says now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Settle {
-    /// The run was granted in the slot's epoch: the slot becomes its hold.
-    Convert,
-    /// The run gave the slot back (a later epoch), ended, or is gone.
-    Void,
-    /// Still kept for the run.
-    Kept,
-}
+use std::collections::{BTreeMap, HashSet};
 
 /// The fate of a slot kept in `epoch` for a run that says `run` (None: gone) and is
 /// `live` (its status is not final).
@@ -206,7 +163,9 @@ impl Decider<'_> {
             .filter(|res| !told.contains(res.waiter.run.uid.as_str()))
             .filter_map(|res| self.runs.get(res.waiter.run.uid.as_str()).copied())
             .filter_map(|r| match self.leaving(r) {
-                l @ Leaving::LeaveWith(super::Outcome::Superseded { .. }) => Some((r, l)),
+                l @ Leaving::LeaveWith(crate::core::model::Outcome::Superseded { .. }) => {
+                    Some((r, l))
+                }
                 _ => None,
             })
             .collect();

@@ -4,24 +4,13 @@
 //! can still run; promoted waiters go first; a frozen key's waiters say so.
 //! Freezing itself is one line in `grant`: a frozen key grants nothing.
 
-use super::{Decider, Decision, Outcome, ParentState, Phase, RunView, label, still_holds};
-use crate::core::params::CancelMode;
+use super::decider::{Decider, label, still_holds};
+use crate::core::model::{ControlCancel, Decision, Outcome, ParentState, Phase, RunView};
 use crate::core::requests::{
     Action, Dismissal, Dismissed, MAX_OBSERVED_REQUESTS, ObservedRequest, Request, Unreadable,
     Verdict,
 };
 use crate::model::mutex::MutexSpec;
-
-/// A PipelineRun to cancel because a person let it go.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ControlCancel {
-    pub pipeline_run: String,
-    pub pipeline_run_uid: String,
-    pub mode: CancelMode,
-    pub dismissal: Dismissal,
-    /// Who let it go and why.
-    pub message: String,
-}
 
 impl Dismissed {
     /// Is this status entry (by its PipelineRun uid, else its run uid) the one let go?

@@ -1,9 +1,13 @@
 //! Table tests and property tests of the decision core.
 
-use super::*;
-use crate::model::mutex::RunKind;
+use crate::core::decide::test_entry::*;
+use crate::core::model::*;
+use crate::model::mutex::*;
 use chrono::TimeZone;
+use chrono::{DateTime, Utc};
 use proptest::prelude::*;
+#[allow(unused_imports)]
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub(super) fn t(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()

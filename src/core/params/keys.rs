@@ -1,6 +1,6 @@
 //! The `keys` param: several keys taken all together (see `decide::multikey`).
 
-use super::{RunConfig, validate_key};
+use crate::core::key_name::validate as validate_key;
 
 /// The most keys one run may take.
 pub const MAX_KEYS: usize = 16;
@@ -31,30 +31,10 @@ pub fn parse(value: &str) -> Result<Vec<String>, String> {
     Ok(keys)
 }
 
-/// After every param is read: `keys` stands alone, and its first key is `key`.
-/// `key_given` is the `key` param or the Mutex named in the task reference.
-pub fn settle(cfg: &mut RunConfig, key_given: Option<String>) -> Result<(), String> {
-    if let Some(k) = key_given {
-        return Err(format!(
-            "param \"keys\" and a single key ({k:?}, from param \"key\" or the Mutex named in the task reference) are both given: \
-             use \"keys\" alone (its first key is the run's `token`), or \"key\" alone"
-        ));
-    }
-    if cfg.keys.len() > 1 && !cfg.wait {
-        return Err(
-            "param \"wait\" is \"false\" with several keys: a run that takes several keys waits until it has them all; \
-             drop \"wait\", or take one key"
-                .into(),
-        );
-    }
-    cfg.key = cfg.keys[0].clone();
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::params::{RunInput, Target};
+    use crate::core::params::{RunConfig, RunInput, Target};
     use crate::model::mutex::Mutex;
     use crate::model::tekton::{Param, TaskRef};
     use kube::Resource;

@@ -2,7 +2,7 @@
 //! left to look at, and that the decision core lets a finished section go.
 
 use super::*;
-use crate::core::decide::{self, Outcome, Parent, Phase, RunView, Timeout};
+use crate::core::model::{Outcome, Parent, Phase, RunView, Timeout};
 use crate::core::params::CancelMode;
 use crate::model::mutex::{Age, MutexSpec, MutexStatus, RunKind, RunRef, Supersede};
 use chrono::{DateTime, TimeZone, Utc};
@@ -146,14 +146,14 @@ fn run(i: i64, state: ParentState) -> RunView {
 fn a_done_section_hands_the_slot_over_and_is_not_rebuilt() {
     let spec = MutexSpec::default();
     let runs = [run(1, ParentState::Running), run(2, ParentState::Running)];
-    let d = decide::decide(&spec, &MutexStatus::default(), &runs, t(5));
+    let d = crate::core::decide::test_entry::decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(d.status.holders.len(), 1);
     // pr1 was told Acquired (its run is done), its section then ended.
     let mut holder = run(1, ParentState::SectionDone);
     holder.phase = Phase::Done { superseded: false };
     holder.acquired_token = Some(1);
     let runs = [holder.clone(), run(2, ParentState::Running)];
-    let d = decide::decide(&spec, &d.status, &runs, t(6));
+    let d = crate::core::decide::test_entry::decide(&spec, &d.status, &runs, t(6));
     let holding: Vec<&str> = d
         .status
         .holders
@@ -167,7 +167,8 @@ fn a_done_section_hands_the_slot_over_and_is_not_rebuilt() {
         Some((_, Outcome::Acquired { token: 2, .. }))
     ));
     // Its token is not held again, even if the status is lost.
-    let d = decide::decide(&spec, &MutexStatus::default(), &[holder], t(7));
+    let d =
+        crate::core::decide::test_entry::decide(&spec, &MutexStatus::default(), &[holder], t(7));
     assert!(d.status.holders.is_empty());
     assert_eq!(d.status.last_token, 1);
 }

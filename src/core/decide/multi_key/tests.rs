@@ -3,11 +3,13 @@
 //! partial or double grant and for every waiter being granted.
 
 use super::*;
+use crate::core::decide::test_entry::*;
 use crate::core::decide::tests::t;
-use crate::core::decide::{Decision, MutexFacts, Outcome, RunView, Timeout, decide_multikey};
-use crate::core::params::CancelMode;
-use crate::model::mutex::{Age, MutexSpec, MutexStatus, RunKind, Supersede};
+use crate::core::model::*;
+use crate::model::mutex::*;
 use proptest::prelude::*;
+#[allow(unused_imports)]
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 const KEYS: [&str; 3] = ["a", "b", "c"];
 
@@ -594,10 +596,10 @@ fn pending(i: usize, acquired: Option<i64>) -> RunView {
             name: format!("{name}-lock"),
             uid: SimRun::uid(i),
         },
-        parent: Some(crate::core::decide::Parent {
+        parent: Some(crate::core::model::Parent {
             name: name.clone(),
             uid: format!("{name}-uid"),
-            state: crate::core::decide::ParentState::Running,
+            state: crate::core::model::ParentState::Running,
         }),
         group: "deploy".into(),
         age: Age {
@@ -684,7 +686,8 @@ fn one_key_alone_decides_as_before() {
     // No run of several keys: the same decision with or without the hook.
     let spec = MutexSpec::default();
     let runs = [pending(1, None), pending(2, None), pending(3, None)];
-    let plain = crate::core::decide::decide(&spec, &MutexStatus::default(), &runs, t(5));
+    let plain =
+        crate::core::decide::test_entry::decide(&spec, &MutexStatus::default(), &runs, t(5));
     let hooked = decide_multikey(
         &spec,
         &MutexStatus::default(),

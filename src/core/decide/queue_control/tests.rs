@@ -1,8 +1,13 @@
 //! The queue-control steps of the decision: requests, dismissals, promotion, freeze.
 
-use super::super::*;
+use crate::core::decide::test_entry::*;
 use crate::core::decide::tests::{run, t};
+use crate::core::model::*;
+use crate::core::requests::Unreadable;
 use crate::core::requests::{Action, Dismissal, Request, Verdict};
+use crate::model::mutex::*;
+#[allow(unused_imports)]
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 fn request(id: &str, action: Action, pr: Option<&str>) -> Result<Request, Unreadable> {
     Ok(Request {
