@@ -14,8 +14,10 @@
 mod apply;
 mod backoff;
 mod cache;
+mod cluster_wiring;
 mod context;
 mod leader;
+mod lock_object;
 mod reconcile;
 #[cfg(test)]
 mod tests;

@@ -13,4 +13,5 @@ pub mod params;
 pub mod release_after;
 pub mod requests;
 pub mod run_status;
+pub mod scope;
 pub mod view;

@@ -212,13 +212,19 @@ async fn repo_url_keys_each_get_their_own_mutex() -> Result<()> {
     Ok(())
 }
 
-/// Deletes the (cluster-scoped) ClusterMutex when the test ends.
+/// Deletes the (cluster-scoped) ClusterMutex when the test ends, taking off its
+/// finalizer first: the controller that would is stopped with the test.
 struct ClusterMutexGuard(kube::Api<ClusterMutex>, String);
 
 impl Drop for ClusterMutexGuard {
     fn drop(&mut self) {
         let (api, name) = (self.0.clone(), self.1.clone());
-        tokio::spawn(async move { api.delete(&name, &Default::default()).await });
+        let no_finalizers = json!({"metadata": {"finalizers": null}});
+        tokio::spawn(async move {
+            let merge = kube::api::Patch::Merge(&no_finalizers);
+            let _ = api.patch(&name, &Default::default(), &merge).await;
+            api.delete(&name, &Default::default()).await
+        });
     }
 }
 

@@ -7,6 +7,7 @@ use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
 use super::reconcile::token_floor::TokenFloors;
 use crate::metrics::Metrics;
+use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
@@ -85,7 +86,8 @@ pub struct Context {
     pub(crate) backoff: Backoff,
     /// Run statuses written and not yet seen back in the cache.
     pub(crate) told: Told,
-    pub(crate) written: Written,
+    pub(crate) written: Written<Mutex>,
+    pub(crate) cluster_written: Written<ClusterMutex>,
     /// Whether this replica acts (holds the Lease, or runs without election).
     pub(crate) acting: watch::Receiver<bool>,
     /// The last tokens of Mutexes this replica let go.

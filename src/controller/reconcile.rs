@@ -1,10 +1,12 @@
-//! The reconcilers: intake of each run, and the sync of each lock.
+//! The reconcilers: intake of each run, and the one lock engine ([`lock`]) that
+//! syncs every Mutex and ClusterMutex through `LockObject` (see lock_kinds).
 
-pub mod cluster_feeds;
-pub mod cluster_lock;
+pub mod cluster_admission;
 pub mod finalizer;
 pub mod intake;
 pub mod lock;
+pub mod lock_kinds;
+pub mod members;
 pub mod pipeline_runs;
 pub mod release_after_progress;
 pub mod token_floor;

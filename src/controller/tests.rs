@@ -64,6 +64,7 @@ fn context(
         backoff: Default::default(),
         told: Default::default(),
         written: Default::default(),
+        cluster_written: Default::default(),
         acting: watch::channel(true).1,
         token_floors: Default::default(),
     };

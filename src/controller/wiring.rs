@@ -6,10 +6,11 @@ use super::cache::index::{Index, Indexed};
 use super::cache::shared::{self, ChangeStream, SharedWatch};
 use super::cache::triggers::{Triggers, mutex_of, mutex_tags, run_tags};
 use super::cache::{strip, tolerant};
+use super::cluster_wiring;
 use super::context::{Context, Error, Fault, scoped};
 use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
-use super::reconcile::{cluster_feeds, intake, lock as sync};
+use super::reconcile::{intake, lock as sync};
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
@@ -83,7 +84,7 @@ async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Serve
     let kinds = Served {
         custom_runs: served(&scoped::<CustomRun>(client, namespace)).await?,
         runs: served(&scoped::<Run>(client, namespace)).await?,
-        cluster_mutexes: cluster_feeds::served(client).await?,
+        cluster_mutexes: cluster_wiring::served(client).await?,
     };
     if !kinds.custom_runs && !kinds.runs {
         return Err(Error::MissingCrd(
@@ -133,6 +134,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         backoff: Default::default(),
         told: Default::default(),
         written: Default::default(),
+        cluster_written: Default::default(),
         acting: acting_rx.clone(),
         token_floors: Default::default(),
     });
@@ -267,12 +269,12 @@ impl Controllers {
         };
         let sync = watch_related(sync, client, namespace, triggers, related, metrics.clone());
         let cluster = kinds.cluster_mutexes.then(|| {
-            let feeds = cluster_feeds::Feeds {
+            let feeds = cluster_wiring::Feeds {
                 custom_runs: cr_cache.clone().zip(cluster_crs),
                 runs: run_cache.clone().zip(cluster_runs),
                 pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
             };
-            cluster_feeds::controller(client, namespace, feeds)
+            cluster_wiring::controller(client, namespace, feeds)
         });
         Controllers {
             cluster,
@@ -311,7 +313,7 @@ impl Controllers {
             loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &None));
         }
         if let Some(c) = self.cluster {
-            let reconcile = cluster_feeds::reconcile_when_acting;
+            let reconcile = cluster_wiring::reconcile_when_acting;
             loops.push(drive("clustermutex", c, reconcile, &ctx, &leading));
         }
         futures::future::join_all(loops).map(|_| ()).boxed()

@@ -6,30 +6,30 @@
 use crate::controller::apply::writes;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
+use crate::controller::lock_object::LockObject;
 use crate::core::model::{ControlCancel, Decision};
 use crate::core::requests::{
     CLEARED_BY_ANNOTATION, Dismissal, RELEASED_BY_ANNOTATION, REQUEST_PREFIX, Request, Unreadable,
     Verdict,
 };
 use crate::core::run_status::Reason;
-use crate::model::mutex::{Mutex, MutexStatus};
+use crate::model::mutex::MutexStatus;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
 /// Cancel each PipelineRun let go; a failure is kept (the first) and the rest go on.
 pub async fn cancel_all(
     ctx: &Context,
-    ns: &str,
     key: &str,
-    cancels: &[ControlCancel],
+    cancels: &[(String, ControlCancel)],
     first_error: &mut Option<Error>,
 ) {
-    for c in cancels {
+    for (ns, c) in cancels {
         if let Err(e) = cancel(ctx, ns, key, c).await {
             warn!(key, pipeline_run = %c.pipeline_run, error = %e, "could not cancel a PipelineRun let go");
             first_error.get_or_insert(e);
@@ -75,9 +75,9 @@ async fn cancel(ctx: &Context, ns: &str, key: &str, c: &ControlCancel) -> Result
 /// After the status write: each request newly acknowledged is recorded as an
 /// Event on the Mutex, and every request annotation decided on is removed
 /// (the acknowledgement in the status is what the CLI reads).
-pub async fn acknowledge(
+pub async fn acknowledge<L: LockObject>(
     ctx: &Context,
-    mutex: &Mutex,
+    mutex: &L,
     before: &MutexStatus,
     decision: &Decision,
     requests: &[Result<Request, Unreadable>],
@@ -85,7 +85,8 @@ pub async fn acknowledge(
     if requests.is_empty() {
         return Ok(());
     }
-    let (ns, key) = (mutex.namespace().unwrap_or_default(), mutex.name_any());
+    let (scope, key) = (mutex.scope(), mutex.name_any());
+    let ns = scope.label();
     let reference = mutex.object_ref(&());
     for o in decision
         .status
@@ -111,8 +112,8 @@ pub async fn acknowledge(
         .map(|id| (format!("{REQUEST_PREFIX}{id}"), serde_json::Value::Null))
         .collect();
     let patch = json!({"metadata": {"annotations": remove}});
-    ctx.metrics.api_write("patch", "mutexes");
-    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.metrics.api_write("patch", L::PLURAL);
+    let api = L::api(&ctx.client, &scope);
     match api
         .patch(&key, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -8,6 +8,7 @@ use crate::controller::context::Context;
 use crate::core::model::Outcome;
 use crate::core::observe::ObservedRun;
 use crate::core::run_status::{self, Reason};
+use crate::core::scope::Scope;
 use crate::model::mutex::{MutexStatus, RunKind, RunRef};
 use crate::model::tekton::RunStatus;
 use chrono::{DateTime, Utc};
@@ -199,16 +200,18 @@ pub fn run_transition(
 /// After a Mutex status write: count grants and handovers, record Released.
 pub fn status_written(
     ctx: &Context,
-    namespace: &str,
+    scope: &Scope,
     key: &str,
     before: &MutexStatus,
     after: &MutexStatus,
     seen: DateTime<Utc>,
 ) {
     ctx.metrics
-        .status_written(namespace, key, before, after, seen);
+        .status_written(scope.label(), key, before, after, seen);
     for (run, t) in releases(key, before, after) {
-        record(ctx, namespace, &run, t);
+        if let Some((ns, local)) = scope.local_run(&run) {
+            record(ctx, &ns, &local, t);
+        }
     }
 }
 

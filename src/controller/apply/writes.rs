@@ -3,6 +3,7 @@
 
 use crate::controller::context::Context;
 use crate::controller::context::Error;
+use crate::controller::lock_object::LockObject;
 use crate::core::model::Cancel;
 use crate::core::observe::ObservedRun;
 use crate::core::run_status::{self, Reason};
@@ -68,17 +69,17 @@ pub async fn ensure_mutex(
     }
 }
 
-/// Write the Mutex status, only if nobody changed the Mutex since we read it.
-pub async fn mutex_status(ctx: &Context, mutex: &Mutex) -> Result<(), Error> {
-    let api: Api<Mutex> =
-        Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
-    ctx.metrics.api_write("update", "mutexes/status");
+/// Write a lock's status, only if nobody changed the object since we read it.
+pub async fn lock_status<L: LockObject>(ctx: &Context, lock: &L) -> Result<(), Error> {
+    let api = L::api(&ctx.client, &lock.scope());
+    ctx.metrics
+        .api_write("update", &format!("{}/status", L::PLURAL));
     match api
-        .replace_status(&mutex.name_any(), &PostParams::default(), mutex)
+        .replace_status(&lock.name_any(), &PostParams::default(), lock)
         .await
     {
         Ok(written) => {
-            ctx.written.wrote(mutex.resource_version(), written);
+            L::written(ctx).wrote(lock.resource_version(), written);
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),

@@ -1,5 +1,5 @@
 //! What this controller has just written, until its cache shows it: run
-//! statuses ([`Told`]) and Mutex statuses ([`Written`]).
+//! statuses ([`Told`]) and lock statuses, of a Mutex or a ClusterMutex ([`Written`]).
 //!
 //! A sync woken before the cache has our own last patch of a run would patch it
 //! again from the old version: a write the API server refuses (409, the patch is
@@ -10,7 +10,6 @@
 //! before the cache has our last write of a long Mutex status would decide on
 //! the old status and be refused; it decides on the status we wrote instead.
 
-use crate::model::mutex::Mutex as MutexObject;
 use kube::ResourceExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -49,23 +48,30 @@ impl Told {
     }
 }
 
-/// A Mutex by namespace and name.
-type MutexId = (String, String);
+/// A lock object by namespace ("" if cluster-scoped) and name.
+type LockId = (String, String);
 
-/// The Mutexes whose status we wrote: the version the write replaced, and the
-/// object the API server returned.
-#[derive(Default)]
-pub struct Written {
-    mutexes: Mutex<HashMap<MutexId, (String, Arc<MutexObject>)>>,
+/// The lock objects whose status we wrote: the version the write replaced, and
+/// the object the API server returned.
+pub struct Written<L> {
+    locks: Mutex<HashMap<LockId, (String, Arc<L>)>>,
 }
 
-impl Written {
-    /// The Mutex to decide on: ours if the cache still shows the version our
+impl<L> Default for Written<L> {
+    fn default() -> Self {
+        Written {
+            locks: Mutex::default(),
+        }
+    }
+}
+
+impl<L: kube::Resource> Written<L> {
+    /// The lock object to decide on: ours if the cache still shows the version our
     /// write replaced (a cache only moves forward: any other version has seen
     /// our write, or a later one), else the cache's.
-    pub fn newest(&self, cached: Arc<MutexObject>) -> Arc<MutexObject> {
+    pub fn newest(&self, cached: Arc<L>) -> Arc<L> {
         let id = (cached.namespace().unwrap_or_default(), cached.name_any());
-        let mut m = self.mutexes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
         match m.get(&id) {
             Some((from, ours)) if Some(from) == cached.resource_version().as_ref() => ours.clone(),
             Some(_) => {
@@ -76,11 +82,11 @@ impl Written {
         }
     }
 
-    /// Our write replaced version `from` of this Mutex with `written`.
-    pub fn wrote(&self, from: Option<String>, written: MutexObject) {
+    /// Our write replaced version `from` of this lock object with `written`.
+    pub fn wrote(&self, from: Option<String>, written: L) {
         let Some(from) = from else { return };
         let id = (written.namespace().unwrap_or_default(), written.name_any());
-        let mut m = self.mutexes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() >= LIMIT {
             m.clear();
         }
@@ -91,6 +97,7 @@ impl Written {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::mutex::Mutex as MutexObject;
 
     fn mutex_at(version: &str, last_token: i64) -> MutexObject {
         serde_json::from_value(serde_json::json!({

@@ -7,10 +7,11 @@
 
 use crate::controller::context::Context;
 use crate::controller::context::Error;
+use crate::controller::lock_object::LockObject;
 use crate::core::model::Decision;
-use crate::model::mutex::Mutex;
+use crate::core::scope::Scope;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
@@ -18,8 +19,8 @@ use tracing::info;
 pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";
 
 /// Does this Mutex carry our finalizer?
-pub fn protected(mutex: &Mutex) -> bool {
-    mutex.finalizers().iter().any(|f| f == LOCK_STATE_FINALIZER)
+pub fn protected<L: LockObject>(lock: &L) -> bool {
+    lock.finalizers().iter().any(|f| f == LOCK_STATE_FINALIZER)
 }
 
 /// Does the lock state about to be written name anyone?
@@ -31,16 +32,15 @@ pub fn in_use(decision: &Decision) -> bool {
 /// Add the finalizer before the status write that puts someone in the Mutex,
 /// with a compare-and-swap on the resourceVersion we read. Returns the Mutex
 /// with its new resourceVersion, so the status write that follows still applies.
-pub async fn protect(ctx: &Context, mut mutex: Mutex) -> Result<Mutex, Error> {
-    let api: Api<Mutex> =
-        Api::namespaced(ctx.client.clone(), &mutex.namespace().unwrap_or_default());
+pub async fn protect<L: LockObject>(ctx: &Context, mut mutex: L) -> Result<L, Error> {
+    let api = L::api(&ctx.client, &mutex.scope());
     let mut finalizers = mutex.finalizers().to_vec();
     finalizers.push(LOCK_STATE_FINALIZER.into());
     let patch = json!({"metadata": {
         "finalizers": finalizers,
         "resourceVersion": mutex.resource_version(),
     }});
-    ctx.metrics.api_write("patch", "mutexes");
+    ctx.metrics.api_write("patch", L::PLURAL);
     match api
         .patch(
             &mutex.name_any(),
@@ -51,7 +51,7 @@ pub async fn protect(ctx: &Context, mut mutex: Mutex) -> Result<Mutex, Error> {
     {
         Ok(patched) => {
             mutex.meta_mut().resource_version = patched.resource_version();
-            mutex.meta_mut().finalizers = patched.metadata.finalizers;
+            mutex.meta_mut().finalizers = patched.meta().finalizers.clone();
             Ok(mutex)
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
@@ -62,15 +62,20 @@ pub async fn protect(ctx: &Context, mut mutex: Mutex) -> Result<Mutex, Error> {
 /// Take the finalizer off an empty Mutex marked for deletion, so it goes.
 /// Read fresh (the status was just written) and patched with a compare-and-swap,
 /// so a change in between (someone joined) is decided again first. True if removed.
-pub async fn release(ctx: &Context, ns: &str, key: &str) -> Result<bool, Error> {
-    let api: Api<Mutex> = Api::namespaced(ctx.client.clone(), ns);
+pub async fn release<L: LockObject>(
+    ctx: &Context,
+    scope: &Scope,
+    key: &str,
+) -> Result<bool, Error> {
+    let api = L::api(&ctx.client, scope);
+    let ns = scope.label();
     let Some(mutex) = api.get_opt(key).await? else {
         return Ok(false);
     };
     if !protected(&mutex) || mutex.meta().deletion_timestamp.is_none() {
         return Ok(false);
     }
-    let status = mutex.status.clone().unwrap_or_default();
+    let status = mutex.lock_status().cloned().unwrap_or_default();
     if !status.holders.is_empty() || !status.queue.is_empty() {
         return Err(Error::Conflict);
     }
@@ -83,7 +88,7 @@ pub async fn release(ctx: &Context, ns: &str, key: &str) -> Result<bool, Error> 
         "finalizers": finalizers,
         "resourceVersion": mutex.resource_version(),
     }});
-    ctx.metrics.api_write("patch", "mutexes");
+    ctx.metrics.api_write("patch", L::PLURAL);
     match api
         .patch(key, &PatchParams::default(), &Patch::Merge(&patch))
         .await

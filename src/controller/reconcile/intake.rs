@@ -56,7 +56,7 @@ pub async fn reconcile<K: Observe + Resource>(
         return Ok(Action::await_change());
     }
     if let Some(action) =
-        crate::controller::reconcile::cluster_lock::intake(obj.as_ref(), &ctx).await?
+        crate::controller::reconcile::cluster_admission::intake(obj.as_ref(), &ctx).await?
     {
         return Ok(action);
     }

@@ -1,4 +1,4 @@
-//! What runs the ClusterMutex sync: its own controller over ClusterMutexes,
+//! The ClusterMutex controller: the lock engine over ClusterMutexes,
 //! woken by their runs, those runs' PipelineRuns and the live pods of those.
 //! It runs only where ClusterMutexes can be read (the cluster-wide install).
 
@@ -8,10 +8,9 @@ use crate::controller::cache::shared::ChangeStream;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::context::scoped;
-use crate::core::observe::{LIVE_PODS, Observe, ObservedRun};
-use crate::core::params::RunConfig;
-use crate::model::cluster_mutex::{ClusterMutex, qualify, unqualify};
-use crate::model::mutex::{RunKind, RunRef};
+use crate::controller::reconcile::lock;
+use crate::core::observe::{LIVE_PODS, Observe};
+use crate::model::cluster_mutex::{ClusterMutex, qualify};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::PIPELINE_RUN_LABEL;
 use crate::model::tekton::pipelinerun::PipelineRun;
@@ -25,71 +24,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use std::sync::Arc;
 use tracing::warn;
-
-/// A run of either protocol.
-pub enum AnyRun {
-    Custom(Arc<CustomRun>),
-    Legacy(Arc<Run>),
-}
-
-impl AnyRun {
-    pub fn observe(&self) -> ObservedRun<'_> {
-        match self {
-            AnyRun::Custom(r) => r.observe(),
-            AnyRun::Legacy(r) => r.observe(),
-        }
-    }
-
-    /// May the sync enrol it, as far as `release-after` goes?
-    pub fn enrols(&self, cfg: &RunConfig, parent: Option<Option<&PipelineRun>>) -> bool {
-        match self {
-            AnyRun::Custom(r) => crate::controller::reconcile::release_after_progress::enrols(
-                cfg,
-                r.as_ref(),
-                parent,
-            ),
-            AnyRun::Legacy(r) => crate::controller::reconcile::release_after_progress::enrols(
-                cfg,
-                r.as_ref(),
-                parent,
-            ),
-        }
-    }
-}
-
-/// The runs the status names that the caches do not show, read from the API
-/// (absence in a cache proves nothing).
-pub async fn missing(
-    ctx: &Context,
-    named: &[&RunRef],
-    have: &[AnyRun],
-) -> Result<Vec<AnyRun>, Error> {
-    let mut found = Vec::new();
-    for r in named {
-        if have.iter().any(|o| o.observe().uid == r.uid) {
-            continue;
-        }
-        let Some((ns, name)) = unqualify(&r.name) else {
-            continue;
-        };
-        let same = |uid: Option<String>| uid.as_deref() == Some(r.uid.as_str());
-        match r.kind {
-            RunKind::CustomRun => {
-                let api: Api<CustomRun> = Api::namespaced(ctx.client.clone(), ns);
-                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
-                    found.push(AnyRun::Custom(Arc::new(o)));
-                }
-            }
-            RunKind::Run => {
-                let api: Api<Run> = Api::namespaced(ctx.client.clone(), ns);
-                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
-                    found.push(AnyRun::Legacy(Arc::new(o)));
-                }
-            }
-        }
-    }
-    Ok(found)
-}
 
 /// Can this controller read ClusterMutexes? Not when the CRD is missing, nor
 /// under the namespace-scoped install (a Role cannot grant a cluster-scoped kind).
@@ -209,7 +143,7 @@ pub async fn reconcile_when_acting(
         return Ok(Action::await_change());
     }
     let object = backoff_key(cm.as_ref());
-    let result = crate::controller::reconcile::cluster_lock::reconcile(cm, ctx.clone()).await;
+    let result = lock::reconcile(cm, ctx.clone()).await;
     if result.is_ok() {
         ctx.backoff.succeeded(&object);
     }

@@ -1,0 +1,62 @@
+//! The seam between the one lock engine (`reconcile::lock`) and the two kinds of
+//! lock object. A Mutex is one key of one namespace; a ClusterMutex is
+//! shared by the namespaces an administrator allows. Everything else (the
+//! finalizer, the token floor, queue control, the pending-write memo, Events)
+//! is the engine's, so both kinds have it by construction.
+
+use crate::controller::cache::index::Tag;
+use crate::controller::cache::told::Written;
+use crate::controller::context::{Context, Error};
+use crate::core::model::RunView;
+use crate::core::observe::ObservedRun;
+use crate::core::params::RunConfig;
+use crate::core::scope::Scope;
+use crate::model::mutex::{MutexSpec, MutexStatus};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::future::Future;
+
+/// Namespace labels read during one sync (only when a selector needs them).
+pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
+
+/// A lock object: how the engine reads, writes and names one.
+pub trait LockObject:
+    Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// The resource, as metrics and RBAC name it.
+    const PLURAL: &'static str;
+
+    /// This kind's API where an object of `scope` lives.
+    fn api(client: &Client, scope: &Scope) -> Api<Self>;
+    fn scope(&self) -> Scope;
+    /// The lock settings, for the decision core.
+    fn lock_spec(&self) -> MutexSpec;
+    fn lock_status(&self) -> Option<&MutexStatus>;
+    fn set_lock_status(&mut self, status: MutexStatus);
+    /// The statuses of this kind we wrote and the cache may not show yet.
+    fn written(ctx: &Context) -> &Written<Self>;
+    /// The index tag under which the caches keep this lock's runs.
+    fn runs_tag(&self) -> Tag;
+    /// Is this live run, as read, one of this lock's? `known`: the status names it.
+    fn claims(&self, o: &ObservedRun<'_>, cfg: &RunConfig, known: bool) -> bool;
+    /// May a run of namespace `ns` join now? `seen` memoises namespace labels in one sync.
+    fn admits(
+        &self,
+        ctx: &Context,
+        ns: &str,
+        seen: &mut NamespaceLabels,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// Names and group of a run of namespace `ns`, as this lock's status writes them.
+    fn qualify(&self, ns: &str, view: &mut RunView);
+    /// After an emptied object marked for deletion went: give the runs it kept
+    /// out a new one, when runs may create one.
+    fn recreate_for_waiters(
+        ctx: &Context,
+        scope: &Scope,
+        name: &str,
+        spec: &MutexSpec,
+    ) -> impl Future<Output = ()> + Send;
+}

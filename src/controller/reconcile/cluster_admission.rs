@@ -1,0 +1,119 @@
+//! Which runs a ClusterMutex serves: intake refuses a run it cannot serve
+//! (reason `Forbidden` for a namespace that is not allowed, `InvalidParams`
+//! for a ClusterMutex that does not exist or cannot be read), and the lock's
+//! sync asks [`allowed`] before a run of a namespace joins.
+
+use crate::controller::apply::events;
+use crate::controller::apply::writes;
+use crate::controller::context::{Context, Error};
+use crate::controller::lock_object::NamespaceLabels;
+use crate::controller::reconcile::release_after_progress;
+use crate::core::observe::{Observe, ObservedRun};
+use crate::core::release_after::Verdict;
+use crate::core::run_status::{self, Reason};
+use crate::model::cluster_mutex::{self, ClusterMutex, ClusterMutexSpec};
+use chrono::Utc;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use std::collections::BTreeMap;
+use tracing::warn;
+
+/// Reason of a run whose namespace may not use the ClusterMutex.
+pub const FORBIDDEN: &str = "Forbidden";
+
+/// Intake of a live run (see `intake::needs_intake`) that refers to a
+/// ClusterMutex; None if it does not.
+pub async fn intake<K: Observe + Resource>(
+    obj: &K,
+    ctx: &Context,
+) -> Result<Option<Action>, Error> {
+    let o = obj.observe();
+    let Some(target) = crate::core::observe::cluster_mutex_target(&o) else {
+        return Ok(None);
+    };
+    let refused = match target {
+        Err(message) => Some((Reason::InvalidParams.as_str(), message)),
+        Ok(name) => match admission(ctx, &o, obj, &name).await? {
+            Admission::Admitted => None,
+            Admission::NotYet => return Ok(Some(Action::requeue(release_after_progress::RECHECK))),
+            Admission::Refused(reason, message) => Some((reason, message)),
+        },
+    };
+    if let Some((reason, message)) = refused {
+        warn!(run = %o.name, namespace = %o.namespace, reason, %message, "ClusterMutex run refused");
+        let mut patch = run_status::invalid_params_patch(&message, &o.status, Utc::now());
+        patch["status"]["conditions"][0]["reason"] = reason.into();
+        if writes::run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await? {
+            events::invalid(ctx, &o, &message);
+        }
+    }
+    Ok(Some(Action::await_change()))
+}
+
+enum Admission {
+    Admitted,
+    NotYet,
+    Refused(&'static str, String),
+}
+
+async fn admission<K: Observe>(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    obj: &K,
+    name: &str,
+) -> Result<Admission, Error> {
+    let invalid = |m: String| Admission::Refused(Reason::InvalidParams.as_str(), m);
+    let cfg = match o.config() {
+        Ok(cfg) => cfg,
+        Err(m) => return Ok(invalid(m)),
+    };
+    let api: Api<ClusterMutex> = Api::all(ctx.client.clone());
+    let found = match api.get_opt(name).await {
+        // The namespace-scoped install: a Role cannot grant a cluster-scoped kind.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            return Ok(invalid(format!(
+                "tekton-mutex may not read ClusterMutexes (it runs with the namespace-scoped install): \
+                 ClusterMutex {name} needs the cluster-wide install"
+            )));
+        }
+        other => other?,
+    };
+    let Some(cm) = found else {
+        return Ok(invalid(format!(
+            "ClusterMutex {name} does not exist: an administrator creates it (runs never do)"
+        )));
+    };
+    if !allowed(ctx, &cm.spec, &o.namespace, &mut NamespaceLabels::new()).await? {
+        let message = cluster_mutex::forbidden(name, &o.namespace);
+        return Ok(Admission::Refused(FORBIDDEN, message));
+    }
+    Ok(
+        match release_after_progress::check(ctx, o, obj, &cfg).await? {
+            Verdict::Fine => Admission::Admitted,
+            Verdict::NotYet => Admission::NotYet,
+            Verdict::Invalid(m) => invalid(m),
+        },
+    )
+}
+
+pub async fn allowed(
+    ctx: &Context,
+    spec: &ClusterMutexSpec,
+    ns: &str,
+    seen: &mut NamespaceLabels,
+) -> Result<bool, Error> {
+    if !spec.needs_labels(ns) {
+        return Ok(spec.allows(ns, &BTreeMap::new()));
+    }
+    if !seen.contains_key(ns) {
+        let api: Api<Namespace> = Api::all(ctx.client.clone());
+        let labels = api
+            .get_opt(ns)
+            .await?
+            .map(|n| n.labels().clone())
+            .unwrap_or_default();
+        seen.insert(ns.to_string(), labels);
+    }
+    Ok(spec.allows(ns, &seen[ns]))
+}

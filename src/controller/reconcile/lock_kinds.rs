@@ -1,0 +1,141 @@
+//! The two kinds of lock object, as the engine reads them: a Mutex (one key of
+//! one namespace, created by its first run) and a ClusterMutex (created by an
+//! administrator, shared by the namespaces it allows).
+
+use crate::controller::apply::writes;
+use crate::controller::cache::index::Tag;
+use crate::controller::cache::told::Written;
+use crate::controller::context::{Context, Error};
+use crate::controller::lock_object::{LockObject, NamespaceLabels};
+use crate::controller::reconcile::cluster_admission;
+use crate::core::model::RunView;
+use crate::core::observe::{ObservedRun, cluster_mutex_target};
+use crate::core::params::RunConfig;
+use crate::core::scope::Scope;
+use crate::model::cluster_mutex::ClusterMutex;
+use crate::model::mutex::{Mutex, MutexSpec, MutexStatus};
+use kube::{Api, Client, ResourceExt};
+use tracing::{info, warn};
+
+impl LockObject for Mutex {
+    const PLURAL: &'static str = "mutexes";
+
+    fn api(client: &Client, scope: &Scope) -> Api<Self> {
+        Api::namespaced(client.clone(), scope.label())
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Namespace(self.namespace().unwrap_or_default())
+    }
+
+    fn lock_spec(&self) -> MutexSpec {
+        self.spec.clone()
+    }
+
+    fn lock_status(&self) -> Option<&MutexStatus> {
+        self.status.as_ref()
+    }
+
+    fn set_lock_status(&mut self, status: MutexStatus) {
+        self.status = Some(status);
+    }
+
+    fn written(ctx: &Context) -> &Written<Self> {
+        &ctx.written
+    }
+
+    fn runs_tag(&self) -> Tag {
+        Tag::key(&self.namespace().unwrap_or_default(), &self.name_any())
+    }
+
+    /// A run of this namespace and key. A new run whose embedded spec disagrees
+    /// with the Mutex never joins: intake fails it as InvalidParams.
+    fn claims(&self, o: &ObservedRun<'_>, cfg: &RunConfig, known: bool) -> bool {
+        let key = self.name_any();
+        o.namespace == self.namespace().unwrap_or_default()
+            && o.is_mutex()
+            && cfg.keys.contains(&key)
+            && (known || cfg.for_key(&key).spec_conflict(&self.spec).is_none())
+    }
+
+    async fn admits(&self, _: &Context, _: &str, _: &mut NamespaceLabels) -> Result<bool, Error> {
+        Ok(true)
+    }
+
+    fn qualify(&self, _: &str, _: &mut RunView) {}
+
+    async fn recreate_for_waiters(ctx: &Context, scope: &Scope, key: &str, spec: &MutexSpec) {
+        let ns = scope.label();
+        match writes::ensure_mutex(ctx, ns, key, spec).await {
+            Ok(writes::Ensured::Created) => {
+                info!(
+                    key,
+                    namespace = ns,
+                    "created the Mutex again for the runs that wait for it"
+                );
+            }
+            Ok(writes::Ensured::Existing(_)) => {}
+            // Say a namespace being deleted: the next run event tries again.
+            Err(e) => warn!(key, namespace = ns, error = %e, "could not create the Mutex again"),
+        }
+    }
+}
+
+impl LockObject for ClusterMutex {
+    const PLURAL: &'static str = "clustermutexes";
+
+    fn api(client: &Client, _: &Scope) -> Api<Self> {
+        Api::all(client.clone())
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Cluster
+    }
+
+    fn lock_spec(&self) -> MutexSpec {
+        self.spec.lock_spec()
+    }
+
+    fn lock_status(&self) -> Option<&MutexStatus> {
+        self.status.as_ref()
+    }
+
+    fn set_lock_status(&mut self, status: MutexStatus) {
+        self.status = Some(status);
+    }
+
+    fn written(ctx: &Context) -> &Written<Self> {
+        &ctx.cluster_written
+    }
+
+    fn runs_tag(&self) -> Tag {
+        Tag::cluster_mutex(&self.name_any())
+    }
+
+    fn claims(&self, o: &ObservedRun<'_>, _: &RunConfig, _: bool) -> bool {
+        matches!(cluster_mutex_target(o), Some(Ok(name)) if name == self.name_any())
+    }
+
+    /// Intake fails a run of a namespace that is not allowed as Forbidden.
+    async fn admits(
+        &self,
+        ctx: &Context,
+        ns: &str,
+        seen: &mut NamespaceLabels,
+    ) -> Result<bool, Error> {
+        cluster_admission::allowed(ctx, &self.spec, ns, seen).await
+    }
+
+    fn qualify(&self, ns: &str, v: &mut RunView) {
+        let scope = Scope::Cluster;
+        v.run.name = scope.status_name(ns, &v.run.name);
+        if let Some(p) = v.parent.as_mut() {
+            p.name = scope.status_name(ns, &p.name);
+        }
+        v.age.name = scope.status_name(ns, &v.age.name);
+        v.group = self.spec.group(ns, &v.group);
+    }
+
+    /// Runs never create a ClusterMutex: an administrator does.
+    async fn recreate_for_waiters(_: &Context, _: &Scope, _: &str, _: &MutexSpec) {}
+}

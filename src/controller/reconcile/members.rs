@@ -1,0 +1,342 @@
+//! The fetch and view steps of a lock's sync: every run of the lock, as cached
+//! or (when the status names one the cache lacks) as the API server has it;
+//! their PipelineRuns; whether an ended holder's pods still run and whether a
+//! `release-after` section is over; and holders whose lock run was deleted. Each
+//! becomes a [`Member`]: the decision core's view of it, plus what telling it needs.
+
+use crate::controller::apply::multi_key_commit;
+use crate::controller::context::{Context, Error};
+use crate::controller::lock_object::{LockObject, NamespaceLabels};
+use crate::controller::reconcile::pipeline_runs::{fetch_parent, pods_alive};
+use crate::controller::reconcile::release_after_progress;
+use crate::core::model::MultiKeyRun;
+use crate::core::observe::{Observe, ObservedRun};
+use crate::core::params::RunConfig;
+use crate::core::run_status;
+use crate::core::scope::Scope;
+use crate::core::view::{self, FetchedParent, MemberView};
+use crate::model::mutex::{MutexStatus, RunKind, RunRef};
+use crate::model::tekton::RunStatus;
+use crate::model::tekton::customrun::CustomRun;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use crate::model::tekton::run::Run;
+use chrono::{DateTime, Utc};
+use kube::{Api, ResourceExt};
+use std::sync::Arc;
+
+/// A member run as the core sees it, plus what patching its status needs.
+pub struct Member {
+    /// Where the run lives, and its own name (the view may qualify it).
+    pub namespace: String,
+    pub name: String,
+    pub facts: MemberView,
+    pub resource_version: Option<String>,
+    pub status: RunStatus,
+    /// For a run of several keys: its epoch and tokens.
+    pub multi: Option<MultiKeyRun>,
+}
+
+impl Member {
+    /// The run as the lock's status names it.
+    pub fn run(&self) -> &RunRef {
+        &self.facts.view.run
+    }
+
+    /// The run in its own namespace, under its own name.
+    pub fn local_run(&self) -> RunRef {
+        RunRef {
+            name: self.name.clone(),
+            ..self.run().clone()
+        }
+    }
+}
+
+/// The members of `lock` now: fetched, marked and viewed.
+pub async fn gather<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    status: &MutexStatus,
+    now: DateTime<Utc>,
+) -> Result<Vec<Member>, Error> {
+    let mut fetched = fetch_runs(ctx, lock, status).await?;
+    mark_draining_holders(ctx, status, &mut fetched).await?;
+    mark_done_sections(ctx, &mut fetched).await?;
+    let mut members: Vec<Member> = fetched.iter().map(|f| view_of(lock, f, now)).collect();
+    members.extend(deleted_holders(ctx, &lock.scope(), status, &members).await?);
+    let key = lock.name_any();
+    for m in &mut members {
+        if let Some(tokens) = m.multi.as_ref().and_then(|x| x.acquired.as_ref()) {
+            m.facts.view.acquired_token = tokens.get(&key).copied(); // this key's token
+        }
+    }
+    Ok(members)
+}
+
+/// A run of this lock, as fetched: the object, its config and its PipelineRun.
+struct Fetched {
+    run: AnyRun,
+    config: RunConfig,
+    parent: Option<ParentFetched>,
+}
+
+/// A PipelineRun as fetched: the object unless it is gone, and whether a pod
+/// of it still runs (looked up only once it has ended and holds a slot).
+struct ParentFetched {
+    name: String,
+    uid: String,
+    object: Option<Arc<PipelineRun>>,
+    pods_alive: bool,
+    /// Its `release-after` tasks are done (looked up only for a run told Acquired).
+    section_done: bool,
+}
+
+impl ParentFetched {
+    fn as_view(&self) -> FetchedParent<'_> {
+        FetchedParent {
+            name: &self.name,
+            uid: &self.uid,
+            object: self.object.as_deref(),
+            pods_alive: self.pods_alive,
+            section_done: self.section_done,
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.object.as_ref().is_none_or(|p| p.is_done())
+    }
+}
+
+/// A run of either protocol.
+enum AnyRun {
+    Custom(Arc<CustomRun>),
+    Legacy(Arc<Run>),
+}
+
+impl AnyRun {
+    fn observe(&self) -> ObservedRun<'_> {
+        match self {
+            AnyRun::Custom(r) => r.observe(),
+            AnyRun::Legacy(r) => r.observe(),
+        }
+    }
+
+    /// May the sync enrol it, as far as `release-after` goes?
+    fn enrols(&self, cfg: &RunConfig, parent: Option<Option<&PipelineRun>>) -> bool {
+        match self {
+            AnyRun::Custom(r) => release_after_progress::enrols(cfg, r.as_ref(), parent),
+            AnyRun::Legacy(r) => release_after_progress::enrols(cfg, r.as_ref(), parent),
+        }
+    }
+}
+
+/// Every live run of this lock, plus any run the status names that the cache
+/// does not show (read from the API: absence in a cache proves nothing).
+async fn fetch_runs<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    status: &MutexStatus,
+) -> Result<Vec<Fetched>, Error> {
+    let named: Vec<&RunRef> = status
+        .holders
+        .iter()
+        .map(|h| &h.run)
+        .chain(status.queue.iter().map(|w| &w.run))
+        .chain(status.reservations.iter().map(|r| &r.waiter.run))
+        .collect();
+    let tag = lock.runs_tag();
+    let mut objects: Vec<AnyRun> = Vec::new();
+    if let Some(crs) = &ctx.custom_runs {
+        objects.extend(crs.get(&tag).into_iter().map(AnyRun::Custom));
+    }
+    if let Some(runs) = &ctx.runs {
+        objects.extend(runs.get(&tag).into_iter().map(AnyRun::Legacy));
+    }
+    objects.extend(missing(ctx, &lock.scope(), &named, &objects).await?);
+    let mut labels = NamespaceLabels::new();
+    let mut found = Vec::new();
+    for obj in objects {
+        if let Some(f) = fetched(ctx, lock, obj, &named, &mut labels).await? {
+            found.push(f);
+        }
+    }
+    Ok(found)
+}
+
+/// The run as a member, with its PipelineRun; None if it is not one of this
+/// lock's, or may not join it (intake fails it as InvalidParams or Forbidden).
+async fn fetched<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    obj: AnyRun,
+    named: &[&RunRef],
+    labels: &mut NamespaceLabels,
+) -> Result<Option<Fetched>, Error> {
+    let o = obj.observe();
+    let Ok(config) = o.config() else {
+        return Ok(None);
+    };
+    let known = named.iter().any(|r| r.uid == o.uid);
+    if o.deleting || !lock.claims(&o, &config, known) {
+        return Ok(None);
+    }
+    if !known && !lock.admits(ctx, &o.namespace, labels).await? {
+        return Ok(None);
+    }
+    let parent = match &o.parent {
+        Some((name, uid)) => Some(ParentFetched {
+            name: name.clone(),
+            uid: uid.clone(),
+            object: fetch_parent(ctx, &o.namespace, name, uid).await?,
+            pods_alive: false,
+            section_done: false,
+        }),
+        None => None,
+    };
+    let parent_object = parent.as_ref().map(|p| p.object.as_deref());
+    if !known && !obj.enrols(&config, parent_object) {
+        return Ok(None);
+    }
+    drop(o);
+    Ok(Some(Fetched {
+        run: obj,
+        config,
+        parent,
+    }))
+}
+
+/// The runs the status names that the caches do not show, read from the API.
+async fn missing(
+    ctx: &Context,
+    scope: &Scope,
+    named: &[&RunRef],
+    have: &[AnyRun],
+) -> Result<Vec<AnyRun>, Error> {
+    let mut found = Vec::new();
+    for r in named {
+        if have.iter().any(|o| o.observe().uid == r.uid) {
+            continue;
+        }
+        let Some((ns, name)) = scope.local(&r.name) else {
+            continue;
+        };
+        let same = |uid: Option<String>| uid.as_deref() == Some(r.uid.as_str());
+        match r.kind {
+            RunKind::CustomRun => {
+                let api: Api<CustomRun> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.push(AnyRun::Custom(Arc::new(o)));
+                }
+            }
+            RunKind::Run => {
+                let api: Api<Run> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.push(AnyRun::Legacy(Arc::new(o)));
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The run as the decision core sees it, named as the lock's status names it.
+fn view_of<L: LockObject>(lock: &L, f: &Fetched, now: DateTime<Utc>) -> Member {
+    let o = f.run.observe();
+    let parent = f.parent.as_ref().map(ParentFetched::as_view);
+    let mut facts = view::member_view(&o, &f.config, parent, now);
+    lock.qualify(&o.namespace, &mut facts.view);
+    Member {
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+        facts,
+        resource_version: o.resource_version.clone(),
+        multi: multi_key_commit::run_of(&f.config, &o.status),
+        status: o.status.clone(),
+    }
+}
+
+/// A holder's slot stays taken while a pod of its ended PipelineRun still runs:
+/// a cancelled or timed-out step gets SIGTERM and a grace period, and may still
+/// be deploying. Asked of the API (not a cache) since a release depends on it.
+async fn mark_draining_holders(
+    ctx: &Context,
+    status: &MutexStatus,
+    fetched: &mut [Fetched],
+) -> Result<(), Error> {
+    for f in fetched.iter_mut() {
+        let o = f.run.observe();
+        let (uid, ns) = (o.uid.clone(), o.namespace.clone());
+        // A grant the status does not know of (it was wiped or replaced) is
+        // rebuilt as a hold: it drains like one.
+        let unknown_grant =
+            run_status::acquired_token(&o.status).is_some_and(|t| t > status.last_token);
+        let holds = unknown_grant || status.holders.iter().any(|h| h.run.uid == uid);
+        if let Some(p) = f.parent.as_mut().filter(|p| holds && p.ended()) {
+            p.pods_alive = pods_alive(ctx, &ns, &p.name, &p.uid).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A run told Acquired with `release-after`, whose PipelineRun still runs:
+/// is its section over? Then it holds nothing more.
+async fn mark_done_sections(ctx: &Context, fetched: &mut [Fetched]) -> Result<(), Error> {
+    for f in fetched.iter_mut() {
+        let names = &f.config.release_after;
+        let o = f.run.observe();
+        let told = run_status::acquired_token(&o.status).is_some();
+        let ns = o.namespace.clone();
+        let parent = f.parent.as_mut().filter(|p| told && !p.ended());
+        if let Some(p) = parent.filter(|_| !names.is_empty()) {
+            let pr = p
+                .object
+                .clone()
+                .expect("a PipelineRun that has not ended is present");
+            p.section_done = release_after_progress::done(ctx, &ns, &pr, names).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Holders whose lock run was deleted while their PipelineRun still runs (or
+/// drains). The slot belongs to the PipelineRun, not to the run object.
+async fn deleted_holders(
+    ctx: &Context,
+    scope: &Scope,
+    status: &MutexStatus,
+    members: &[Member],
+) -> Result<Vec<Member>, Error> {
+    let mut ghosts = Vec::new();
+    for h in &status.holders {
+        if members.iter().any(|m| m.run().uid == h.run.uid) {
+            continue;
+        }
+        // A standalone run, or a record from before uids were kept: released as before.
+        let (Some(name), Some(uid)) = (&h.pipeline_run, &h.pipeline_run_uid) else {
+            continue;
+        };
+        let Some((ns, local)) = scope.local(name) else {
+            continue;
+        };
+        let object = fetch_parent(ctx, ns, local, uid).await?;
+        let ended = object.as_ref().is_none_or(|p| p.is_done());
+        let parent = ParentFetched {
+            name: name.clone(),
+            uid: uid.clone(),
+            pods_alive: ended && pods_alive(ctx, ns, local, uid).await?,
+            section_done: false,
+            object,
+        };
+        let run_name = scope
+            .local(&h.run.name)
+            .map_or(h.run.name.as_str(), |(_, n)| n);
+        ghosts.push(Member {
+            namespace: ns.to_string(),
+            name: run_name.to_string(),
+            facts: view::deleted_holder_view(h, parent.as_view()),
+            resource_version: None,
+            status: RunStatus::default(),
+            multi: None,
+        });
+    }
+    Ok(ghosts)
+}
