@@ -2,13 +2,10 @@
 //! woken by their runs, those runs' PipelineRuns and the live pods of those.
 //! It runs only where ClusterMutexes can be read (the cluster-wide install).
 
-use crate::controller::backoff::backoff_key;
 use crate::controller::cache::index::{Indexed, Tag};
 use crate::controller::cache::shared::ChangeStream;
-use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::context::scoped;
-use crate::controller::reconcile::lock;
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::model::cluster_mutex::{ClusterMutex, qualify};
 use crate::model::tekton::customrun::CustomRun;
@@ -18,7 +15,7 @@ use crate::model::tekton::run::Run;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -132,20 +129,4 @@ pub fn controller(
             None => Vec::new(),
         }
     })
-}
-
-/// A standby keeps its caches warm but leaves every ClusterMutex alone.
-pub async fn reconcile_when_acting(
-    cm: Arc<ClusterMutex>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
-    if !ctx.acting() {
-        return Ok(Action::await_change());
-    }
-    let object = backoff_key(cm.as_ref());
-    let result = lock::reconcile(cm, ctx.clone()).await;
-    if result.is_ok() {
-        ctx.backoff.succeeded(&object);
-    }
-    result
 }

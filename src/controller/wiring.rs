@@ -7,13 +7,17 @@ use super::cache::shared::{self, ChangeStream, SharedWatch};
 use super::cache::triggers::{Triggers, mutex_of, mutex_tags, run_tags};
 use super::cache::{strip, tolerant};
 use super::cluster_wiring;
-use super::context::{Context, Error, Fault, scoped};
+#[cfg(feature = "fault-injection")]
+use super::context::Fault;
+use super::context::{Context, Error, scoped};
 use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
+use super::lock_object::LockObject;
 use super::reconcile::{intake, lock as sync};
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
+use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::PIPELINE_RUN_LABEL;
@@ -176,7 +180,7 @@ struct Controllers {
     sync: Controller<Mutex>,
     custom_runs: Option<Controller<CustomRun>>,
     runs: Option<Controller<Run>>,
-    cluster: Option<Controller<crate::model::cluster_mutex::ClusterMutex>>,
+    cluster: Option<Controller<ClusterMutex>>,
     caches: Caches,
 }
 
@@ -186,6 +190,45 @@ struct Caches {
     runs: Option<Indexed<Run>>,
     pipeline_runs: Store<PipelineRun>,
     listed: Vec<shared::Listed>,
+}
+
+/// The shared watches: PipelineRuns, and each run kind split between its consumers.
+struct Watches {
+    prs: SharedWatch<PipelineRun>,
+    crs: Option<Split<CustomRun>>,
+    runs: Option<Split<Run>>,
+}
+
+impl Watches {
+    fn new(
+        client: &Client,
+        namespace: &Option<String>,
+        wc: &watcher::Config,
+        kinds: &Served,
+        leading: &Option<watch::Receiver<bool>>,
+    ) -> Self {
+        // The ClusterMutex controller, when there is one, is one more consumer.
+        let cluster = usize::from(kinds.cluster_mutexes);
+        let prs = shared::watch(
+            scoped::<PipelineRun>(client, namespace),
+            wc.clone(),
+            strip::pipeline_run,
+            Index::new(|_| Vec::new()),
+            1 + cluster,
+        );
+        // Runs are watched once: intake and the key's sync share the watch, and
+        // the sync hears of a run only once the cache it reads has it.
+        let consumers = 2 + cluster;
+        let crs = kinds.custom_runs.then(|| {
+            let api = scoped(client, namespace);
+            split(run_watch(api, wc, strip::custom_run, consumers), leading)
+        });
+        let runs = kinds.runs.then(|| {
+            let api = scoped(client, namespace);
+            split(run_watch(api, wc, strip::run, consumers), leading)
+        });
+        Watches { prs, crs, runs }
+    }
 }
 
 /// Objects per page of a watch's list. Pages are decoded whole; at kube's
@@ -202,43 +245,7 @@ impl Controllers {
         leading: &Option<watch::Receiver<bool>>,
     ) -> Self {
         let wc = watcher::Config::default().page_size(LIST_PAGE);
-        // The ClusterMutex controller, when there is one, is one more consumer.
-        let cluster = usize::from(kinds.cluster_mutexes);
-        let prs = shared::watch(
-            scoped::<PipelineRun>(client, namespace),
-            wc.clone(),
-            strip::pipeline_run,
-            Index::new(|_| Vec::new()),
-            1 + cluster,
-        );
-        // Runs are watched once: intake and the key's sync share the watch, and
-        // the sync hears of a run only once the cache it reads has it.
-        let crs = kinds.custom_runs.then(|| {
-            let index = Index::new(run_tags::<CustomRun>);
-            split(
-                shared::watch(
-                    scoped(client, namespace),
-                    wc.clone(),
-                    strip::custom_run,
-                    index,
-                    2 + cluster,
-                ),
-                leading,
-            )
-        });
-        let runs = kinds.runs.then(|| {
-            let index = Index::new(run_tags::<Run>);
-            split(
-                shared::watch(
-                    scoped(client, namespace),
-                    wc.clone(),
-                    strip::run,
-                    index,
-                    2 + cluster,
-                ),
-                leading,
-            )
-        });
+        let Watches { prs, crs, runs } = Watches::new(client, namespace, &wc, kinds, leading);
         let (cr_cache, run_cache) = (
             crs.as_ref().map(|s| s.cache.clone()),
             runs.as_ref().map(|s| s.cache.clone()),
@@ -249,14 +256,6 @@ impl Controllers {
         let (crs, intake_crs, cluster_crs) = Split::parts(crs);
         let (runs, intake_runs, cluster_runs) = Split::parts(runs);
 
-        let (mutexes, mutex_cache, mutexes_listed) = tolerant_mutexes(client, namespace, &wc);
-        listed.push(mutexes_listed);
-        let sync = Controller::for_stream(mutexes, mutex_cache.store.clone());
-        let triggers = Triggers {
-            custom_runs: cr_cache.clone(),
-            runs: run_cache.clone(),
-            mutexes: mutex_cache,
-        };
         let SharedWatch {
             cache: pr_cache,
             changes: mut pr_changes,
@@ -267,7 +266,16 @@ impl Controllers {
             custom_runs: crs,
             runs,
         };
-        let sync = watch_related(sync, client, namespace, triggers, related, metrics.clone());
+        let caches = (cr_cache.clone(), run_cache.clone());
+        let sync = mutex_controller(
+            client,
+            namespace,
+            &wc,
+            caches,
+            related,
+            metrics,
+            &mut listed,
+        );
         let cluster = kinds.cluster_mutexes.then(|| {
             let feeds = cluster_wiring::Feeds {
                 custom_runs: cr_cache.clone().zip(cluster_crs),
@@ -299,7 +307,13 @@ impl Controllers {
         ctx: Arc<Context>,
         leading: Option<watch::Receiver<bool>>,
     ) -> BoxFuture<'static, ()> {
-        let mut loops = vec![drive("mutex", self.sync, sync_when_acting, &ctx, &leading)];
+        let mut loops = vec![drive(
+            "mutex",
+            self.sync,
+            sync_when_acting::<Mutex>,
+            &ctx,
+            &leading,
+        )];
         if let Some(c) = self.custom_runs {
             loops.push(drive(
                 "customrun",
@@ -313,11 +327,47 @@ impl Controllers {
             loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &None));
         }
         if let Some(c) = self.cluster {
-            let reconcile = cluster_wiring::reconcile_when_acting;
+            let reconcile = sync_when_acting::<ClusterMutex>;
             loops.push(drive("clustermutex", c, reconcile, &ctx, &leading));
         }
         futures::future::join_all(loops).map(|_| ()).boxed()
     }
+}
+
+/// A run kind's shared watch, indexed by key, ClusterMutex and PipelineRun.
+fn run_watch<K>(
+    api: Api<K>,
+    wc: &watcher::Config,
+    strip: fn(&mut K),
+    consumers: usize,
+) -> SharedWatch<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Observe + Send + Sync + 'static,
+{
+    shared::watch(api, wc.clone(), strip, Index::new(run_tags::<K>), consumers)
+}
+
+/// The Mutex sync's controller: its Mutexes, woken by their runs, those runs'
+/// PipelineRuns and the live pods of those.
+fn mutex_controller(
+    client: &Client,
+    namespace: &Option<String>,
+    wc: &watcher::Config,
+    (custom_runs, runs): (Option<Indexed<CustomRun>>, Option<Indexed<Run>>),
+    related: Related,
+    metrics: &Arc<Metrics>,
+    listed: &mut Vec<shared::Listed>,
+) -> Controller<Mutex> {
+    let (mutexes, mutex_cache, mutexes_listed) = tolerant_mutexes(client, namespace, wc);
+    listed.push(mutexes_listed);
+    let sync = Controller::for_stream(mutexes, mutex_cache.store.clone());
+    let triggers = Triggers {
+        custom_runs,
+        runs,
+        mutexes: mutex_cache,
+    };
+    watch_related(sync, client, namespace, triggers, related, metrics.clone())
 }
 
 /// The Mutexes, read through [`tolerant`]: an object the types cannot read is
@@ -394,12 +444,12 @@ where
 
 /// A standby keeps its caches warm but leaves every object alone; it
 /// reconciles them all when it becomes the leader.
-async fn sync_when_acting(m: Arc<Mutex>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn sync_when_acting<L: LockObject>(lock: Arc<L>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.acting() {
         return Ok(Action::await_change());
     }
-    let object = backoff_key(m.as_ref());
-    let result = sync::reconcile(m, ctx.clone()).await;
+    let object = backoff_key(lock.as_ref());
+    let result = sync::reconcile(lock, ctx.clone()).await;
     if result.is_ok() {
         ctx.backoff.succeeded(&object);
     }
