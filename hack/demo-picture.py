@@ -203,20 +203,27 @@ def legend_handles(lanes):
     return handles
 
 
-def render(timeline, out):
+def draw(timeline):
+    """The picture of TIMELINE as a matplotlib figure, laid out (call it within
+    plt.rc_context(STYLE), as render does)."""
     lanes = timeline["lanes"]
+    fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.3 + 1.9 * len(lanes)), sharex=True,
+                             squeeze=False)
+    for ax, lane in zip(axes[:, 0], lanes):
+        draw_lane(ax, lane)
+    env, n = lanes[0]["environment_namespace"], len(lanes[0]["versions"])
+    axes[-1, 0].set_xlabel(f"seconds after the {count(n)} PipelineRuns were created (from each deploy step's log)")
+    axes[-1, 0].set_xlim(left=-0.5)
+    fig.suptitle(f"{count(n).capitalize()} promotions of {env} started at once", fontsize=13, fontweight="bold",
+                 x=0.01, ha="left")
+    fig.legend(handles=legend_handles(lanes), loc="lower center", ncol=4, frameon=False, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def render(timeline, out):
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.3 + 1.9 * len(lanes)), sharex=True,
-                                 squeeze=False)
-        for ax, lane in zip(axes[:, 0], lanes):
-            draw_lane(ax, lane)
-        env, n = lanes[0]["environment_namespace"], len(lanes[0]["versions"])
-        axes[-1, 0].set_xlabel(f"seconds after the {count(n)} PipelineRuns were created (from each deploy step's log)")
-        axes[-1, 0].set_xlim(left=-0.5)
-        fig.suptitle(f"{count(n).capitalize()} promotions of {env} started at once", fontsize=13, fontweight="bold",
-                     x=0.01, ha="left")
-        fig.legend(handles=legend_handles(lanes), loc="lower center", ncol=4, frameon=False, fontsize=9)
-        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig = draw(timeline)
         fig.savefig(out, format="svg", metadata={"Date": None})
         plt.close(fig)
 
