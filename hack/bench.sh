@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark (README "Performance"): handover latency, the Mutex side by side with a polling
+# The benchmark (docs/performance.md): handover latency, the Mutex side by side with a polling
 # Lease, API writes per grant against queue length, throughput over many keys, and memory/CPU
 # with a large history. Runs the release-built controller against the local control plane (it
 # starts one unless one is already up, and stops what it started). Prints a table and writes

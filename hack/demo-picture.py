@@ -4,14 +4,16 @@
 Usage: demo-picture.py TIMELINE.json OUT.svg
 
 TIMELINE.json is what hack/demo-report.py stores (`{"lanes": [<lane>, ...]}`, one lane per
-scenario, the same data the text report prints). OUT.svg gets one lane per scenario, on one time
-axis: each deploy that ran is a bar from its first to its last EVENT, with its apply and prune
-moments marked, a prune that deleted the whole chart marked in red as the wipe-out, and a run that
-never deployed (superseded, refused) as a short grey stub saying why.
+scenario, the same data the text report prints). OUT.svg gets one lane per scenario (any number),
+on one time axis, each under its title and, on a line of its own, its verdict. Each deploy that
+ran is a bar from its first to its last EVENT, with its apply and prune moments marked, a prune
+that deleted the whole chart marked in red as the wipe-out, and a run that never deployed
+(superseded, refused) as a short grey stub saying why.
 
 The SVG is self-contained (text drawn as paths, no fonts, no scripts) and byte-for-byte the same
 for the same input. Bars and markers carry ids a test can find:
   lane-<scenario>                   the lane (an axes group holding the rest)
+  verdict-<scenario>                what the environment held afterwards (under the lane's title)
   deploy-<scenario>-v<N>            a deploy's bar
   apply-<scenario>-v<N>, prune-<scenario>-v<N>, wipeout-<scenario>-v<N>   its moments
   wait-<scenario>-v<N>              the time it waited for the lock before deploying
@@ -43,6 +45,7 @@ WIPEOUT = "#d62728"
 STUB = "#9e9e9e"
 FAILED = "#b9c7e0"
 WAIT = "#7f7f7f"
+VERDICT_LINE_PT = 18  # room under a lane's title for its verdict line (10 pt text, and the title's descenders)
 MIN_STUB_S = 0.35  # a superseded run's lock may end within a second; keep the stub visible
 WORDS = "zero one two three four five six seven eight nine ten".split()
 TITLES = {
@@ -165,6 +168,16 @@ def draw_stub(ax, lane, run, y):
             gid=f"{kind}-{sc}-v{v}-label")
 
 
+def draw_heading(ax, lane):
+    """The lane's title and, on its own line below it, the verdict: two lines, left-aligned above
+    the lane, so neither can run into the other however long the names in them are."""
+    title = TITLES.get(lane["scenario"], lane["scenario"]).format(n=count(len(lane["versions"])))
+    ax.set_title(title, loc="left", fontweight="bold", pad=VERDICT_LINE_PT + 4)
+    text, colour = verdict(lane)
+    ax.annotate(text, (0, 1), xycoords="axes fraction", xytext=(0, 4), textcoords="offset points",
+                ha="left", va="bottom", color=colour, fontweight="bold", gid=f"verdict-{lane['scenario']}")
+
+
 def draw_lane(ax, lane):
     rows = {v: i for i, v in enumerate(lane["versions"])}
     for run in lane["runs"]:
@@ -176,10 +189,7 @@ def draw_lane(ax, lane):
     ax.set_yticks(range(len(rows)), [run["pipelinerun"] or f"v{run['version']}" for run in lane["runs"]],
                   fontsize=8, color="#555555")
     ax.set_ylim(len(rows) - 0.4, -0.6)
-    title = TITLES.get(lane["scenario"], lane["scenario"]).format(n=count(len(lane["versions"])))
-    ax.set_title(title, loc="left", fontweight="bold")
-    text, colour = verdict(lane)
-    ax.set_title(text, loc="right", color=colour, fontweight="bold")
+    draw_heading(ax, lane)
     ax.grid(axis="x", color="#e6e6e6")
     ax.set_axisbelow(True)
     for side in ("top", "right", "left"):
@@ -203,20 +213,27 @@ def legend_handles(lanes):
     return handles
 
 
-def render(timeline, out):
+def draw(timeline):
+    """The picture of TIMELINE as a matplotlib figure, laid out (call it within
+    plt.rc_context(STYLE), as render does)."""
     lanes = timeline["lanes"]
+    fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.3 + 2.15 * len(lanes)), sharex=True,
+                             squeeze=False)
+    for ax, lane in zip(axes[:, 0], lanes):
+        draw_lane(ax, lane)
+    env, n = lanes[0]["environment_namespace"], len(lanes[0]["versions"])
+    axes[-1, 0].set_xlabel(f"seconds after the {count(n)} PipelineRuns were created (from each deploy step's log)")
+    axes[-1, 0].set_xlim(left=-0.5)
+    fig.suptitle(f"{count(n).capitalize()} promotions of {env} started at once", fontsize=13, fontweight="bold",
+                 x=0.01, ha="left")
+    fig.legend(handles=legend_handles(lanes), loc="lower center", ncol=4, frameon=False, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def render(timeline, out):
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.3 + 1.9 * len(lanes)), sharex=True,
-                                 squeeze=False)
-        for ax, lane in zip(axes[:, 0], lanes):
-            draw_lane(ax, lane)
-        env, n = lanes[0]["environment_namespace"], len(lanes[0]["versions"])
-        axes[-1, 0].set_xlabel(f"seconds after the {count(n)} PipelineRuns were created (from each deploy step's log)")
-        axes[-1, 0].set_xlim(left=-0.5)
-        fig.suptitle(f"{count(n).capitalize()} promotions of {env} started at once", fontsize=13, fontweight="bold",
-                     x=0.01, ha="left")
-        fig.legend(handles=legend_handles(lanes), loc="lower center", ncol=4, frameon=False, fontsize=9)
-        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig = draw(timeline)
         fig.savefig(out, format="svg", metadata={"Date": None})
         plt.close(fig)
 

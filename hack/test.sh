@@ -54,6 +54,7 @@ fi
 phase "build"
 "$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed
 phase "picture tests"
+"$here/docs.sh" # every relative link in README.md and docs/ resolves (tests/docs/check_links.py)
 TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
 phase "cluster up"
 
