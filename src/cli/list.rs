@@ -68,8 +68,8 @@ pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> St
                 },
                 st.queue.len().to_string(),
                 st.last_token.to_string(),
-                m.spec.capacity.to_string(),
-                match m.spec.frozen {
+                m.spec.lock.capacity.to_string(),
+                match m.spec.lock.frozen {
                     true => "yes".into(),
                     false => "no".into(),
                 },
@@ -86,14 +86,19 @@ pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::mutex::{Age, Holder, MutexSpec, MutexStatus, RunKind, RunRef, Supersede};
+    use crate::model::mutex::{
+        Age, Holder, LockSpec, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
+    };
     use chrono::TimeDelta;
 
     fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Mutex {
         let mut m = Mutex::new(
             name,
             MutexSpec {
-                frozen,
+                lock: LockSpec {
+                    frozen,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         );

@@ -11,7 +11,7 @@ use crate::core::model::RunView;
 use crate::core::observe::ObservedRun;
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
-use crate::model::mutex::{MutexSpec, MutexStatus};
+use crate::model::mutex::{LockSpec, MutexStatus};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,7 +33,7 @@ pub trait LockObject:
     fn api(client: &Client, scope: &Scope) -> Api<Self>;
     fn scope(&self) -> Scope;
     /// The lock settings, for the decision core.
-    fn lock_spec(&self) -> MutexSpec;
+    fn lock_spec(&self) -> &LockSpec;
     fn lock_status(&self) -> Option<&MutexStatus>;
     fn set_lock_status(&mut self, status: MutexStatus);
     /// The statuses of this kind we wrote and the cache may not show yet.
@@ -53,10 +53,5 @@ pub trait LockObject:
     fn qualify(&self, ns: &str, view: &mut RunView);
     /// After an emptied object marked for deletion went: give the runs it kept
     /// out a new one, when runs may create one.
-    fn recreate_for_waiters(
-        ctx: &Context,
-        scope: &Scope,
-        name: &str,
-        spec: &MutexSpec,
-    ) -> impl Future<Output = ()> + Send;
+    fn recreate_for_waiters(ctx: &Context, gone: &Self) -> impl Future<Output = ()> + Send;
 }

@@ -54,11 +54,11 @@ pub(crate) mod test_entry {
     use super::decide as decide_input;
     use crate::core::model::{Decision, Input, MultiKeys, MutexFacts, RunView};
     use crate::core::requests::{Request, Unreadable};
-    use crate::model::mutex::{MutexSpec, MutexStatus};
+    use crate::model::mutex::{LockSpec, MutexStatus};
     use chrono::{DateTime, Utc};
 
     pub fn decide(
-        spec: &MutexSpec,
+        spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
         now: DateTime<Utc>,
@@ -67,7 +67,7 @@ pub(crate) mod test_entry {
     }
 
     pub fn decide_with(
-        spec: &MutexSpec,
+        spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
         now: DateTime<Utc>,
@@ -77,7 +77,7 @@ pub(crate) mod test_entry {
     }
 
     pub fn decide_requested(
-        spec: &MutexSpec,
+        spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
         now: DateTime<Utc>,
@@ -96,7 +96,7 @@ pub(crate) mod test_entry {
     }
 
     pub fn decide_multikey(
-        spec: &MutexSpec,
+        spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
         now: DateTime<Utc>,
@@ -107,7 +107,7 @@ pub(crate) mod test_entry {
     }
 
     pub fn decide_full(
-        spec: &MutexSpec,
+        spec: &LockSpec,
         status: &MutexStatus,
         runs: &[RunView],
         now: DateTime<Utc>,

@@ -3,7 +3,7 @@
 //! given ([`Input`]). Types only; the steps are in [`crate::core::decide`].
 
 use crate::core::requests::{Dismissal, Request, Unreadable};
-use crate::model::mutex::{Age, MutexSpec, MutexStatus, RunRef, Supersede};
+use crate::model::mutex::{Age, LockSpec, MutexStatus, RunRef, Supersede};
 use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, HashMap};
 
@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 /// and what runs of several keys say.
 #[derive(Clone, Copy, Debug)]
 pub struct Input<'a> {
-    pub spec: &'a MutexSpec,
+    pub spec: &'a LockSpec,
     pub status: &'a MutexStatus,
     pub runs: &'a [RunView],
     pub now: DateTime<Utc>,

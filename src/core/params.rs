@@ -120,18 +120,18 @@ impl RunConfig {
             return Some(m);
         }
         let f = &self.spec_fields;
-        if let Some(c) = f.capacity.filter(|c| *c != existing.capacity) {
+        if let Some(c) = f.capacity.filter(|c| *c != existing.lock.capacity) {
             return Some(differs(
                 "capacity",
                 c.to_string(),
-                existing.capacity.to_string(),
+                existing.lock.capacity.to_string(),
             ));
         }
-        if let Some(o) = f.order.filter(|o| *o != existing.order) {
+        if let Some(o) = f.order.filter(|o| *o != existing.lock.order) {
             return Some(differs(
                 "order",
                 o.as_str().into(),
-                existing.order.as_str().into(),
+                existing.lock.order.as_str().into(),
             ));
         }
         None
@@ -329,8 +329,8 @@ fn parse_embedded_spec(spec: &serde_json::Value) -> Result<SpecFields, String> {
 
 impl SpecFields {
     fn apply_to(self, mut spec: MutexSpec) -> MutexSpec {
-        spec.capacity = self.capacity.unwrap_or(spec.capacity);
-        spec.order = self.order.unwrap_or(spec.order);
+        spec.lock.capacity = self.capacity.unwrap_or(spec.lock.capacity);
+        spec.lock.order = self.order.unwrap_or(spec.lock.order);
         spec
     }
 }
@@ -383,6 +383,7 @@ fn settle_keys(cfg: &mut RunConfig, key_given: Option<String>) -> Result<(), Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::mutex::LockSpec;
     use serde_json::json;
 
     fn mutex_ref(name: Option<&str>) -> TaskRef {
@@ -525,7 +526,7 @@ mod tests {
             retries: Some(2),
         };
         let cfg = parse(&input).unwrap();
-        assert_eq!(cfg.spec.capacity, 2);
+        assert_eq!(cfg.spec.lock.capacity, 2);
         assert_eq!(cfg.timeout, WaitLimit::Never);
         assert_eq!(cfg.retries, 2);
 
@@ -586,8 +587,11 @@ mod tests {
             parse(&input).unwrap()
         };
         let existing = MutexSpec {
-            capacity: 2,
-            order: Order::OldestFirst,
+            lock: LockSpec {
+                capacity: 2,
+                order: Order::OldestFirst,
+                ..LockSpec::default()
+            },
             ..MutexSpec::default()
         };
         let err = embedded(json!({"capacity": 3}))

@@ -8,7 +8,7 @@
 //! qualified by namespace (`ns/name`; names never contain a '/'), and supersede
 //! groups are too unless `spec.crossNamespaceSupersede` is set.
 
-use crate::model::mutex::{MAX_CAPACITY, MutexSpec, MutexStatus, Order};
+use crate::model::mutex::{LockSpec, MutexStatus};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -33,21 +33,8 @@ use std::collections::BTreeMap;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterMutexSpec {
-    /// How many PipelineRuns may hold the slot at once (1 to 10000).
-    #[serde(default = "default_capacity")]
-    #[schemars(range(min = 1, max = MAX_CAPACITY))]
-    pub capacity: u32,
-    /// Which waiter goes first among equal priorities.
-    #[serde(default)]
-    pub order: Order,
-    /// How many runs may wait at once; one more fails with reason `QueueFull`.
-    #[serde(default = "default_max_queue")]
-    #[schemars(range(min = 1, max = 100000))]
-    pub max_queue: u32,
-    /// Days after its last grant that a group's supersede mark is forgotten.
-    #[serde(default = "default_mark_idle_days")]
-    #[schemars(range(min = 1, max = 3650))]
-    pub mark_idle_days: u32,
+    #[serde(flatten)]
+    pub lock: LockSpec,
     /// Namespaces whose runs may use it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
@@ -58,18 +45,6 @@ pub struct ClusterMutexSpec {
     /// too; by default supersede stays within a namespace.
     #[serde(default)]
     pub cross_namespace_supersede: bool,
-}
-
-fn default_capacity() -> u32 {
-    MutexSpec::default().capacity
-}
-
-fn default_max_queue() -> u32 {
-    MutexSpec::default().max_queue
-}
-
-fn default_mark_idle_days() -> u32 {
-    MutexSpec::default().mark_idle_days
 }
 
 /// A label selector over namespaces, as Kubernetes writes them.
@@ -119,18 +94,6 @@ impl NamespaceSelector {
 }
 
 impl ClusterMutexSpec {
-    /// The lock settings, for the decision core.
-    pub fn lock_spec(&self) -> MutexSpec {
-        MutexSpec {
-            capacity: self.capacity,
-            order: self.order,
-            max_queue: self.max_queue,
-            mark_idle_days: self.mark_idle_days,
-            // Queue control (freeze, requests) is the Mutex's alone for now.
-            ..MutexSpec::default()
-        }
-    }
-
     /// Must the namespace's labels be read to know whether it is allowed?
     pub fn needs_labels(&self, namespace: &str) -> bool {
         !self.namespaces.iter().any(|n| n == namespace) && self.namespace_selector.is_some()
@@ -194,7 +157,7 @@ mod tests {
     #[test]
     fn defaults_are_a_mutex_s() {
         let s = spec(json!({}));
-        assert_eq!(s.lock_spec(), MutexSpec::default());
+        assert_eq!(s.lock, LockSpec::default());
         assert!(!s.cross_namespace_supersede);
         assert!(
             !s.allows("any", &labels(&[])),

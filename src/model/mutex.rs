@@ -29,6 +29,21 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MutexSpec {
+    #[serde(flatten)]
+    pub lock: LockSpec,
+    /// The key as the runs wrote it, when it is not the object's name itself
+    /// (see src/core/key_name.rs). Runs with another key never use this Mutex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub key: Option<String>,
+}
+
+// The lock settings a Mutex and a ClusterMutex share (flattened into each
+// spec): what the decision core reads. (A plain comment: a doc comment would
+// become the description of every spec it is flattened into.)
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockSpec {
     /// How many PipelineRuns may hold the slot at once (1 to 10000).
     #[serde(default = "default_capacity")]
     #[schemars(range(min = 1, max = MAX_CAPACITY))]
@@ -52,22 +67,25 @@ pub struct MutexSpec {
     /// Why it is frozen: shown in every waiter's message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_reason: Option<String>,
-    /// The key as the runs wrote it, when it is not the object's name itself
-    /// (see src/key_name.rs). Runs with another key never use this Mutex.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 1024))]
-    pub key: Option<String>,
 }
 
-impl Default for MutexSpec {
+impl Default for LockSpec {
     fn default() -> Self {
-        MutexSpec {
+        LockSpec {
             capacity: default_capacity(),
             order: Order::default(),
             max_queue: default_max_queue(),
             mark_idle_days: default_mark_idle_days(),
             frozen: false,
             frozen_reason: None,
+        }
+    }
+}
+
+impl Default for MutexSpec {
+    fn default() -> Self {
+        MutexSpec {
+            lock: LockSpec::default(),
             key: None,
         }
     }

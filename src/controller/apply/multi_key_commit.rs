@@ -263,12 +263,12 @@ pub async fn mutexes_for(
         specs.push((k.clone(), spec));
     }
     let (first, spec) = &specs[0];
-    if let Some((k, other)) = specs.iter().find(|(_, s)| s.order != spec.order) {
+    if let Some((k, other)) = specs.iter().find(|(_, s)| s.lock.order != spec.lock.order) {
         return Ok(Some(format!(
             "the keys of param \"keys\" must share one order: Mutex {first} has order {}, but Mutex {k} has order {}; \
              set the same spec.order on both",
-            spec.order.as_str(),
-            other.order.as_str()
+            spec.lock.order.as_str(),
+            other.lock.order.as_str()
         )));
     }
     Ok(None)

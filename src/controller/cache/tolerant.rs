@@ -122,7 +122,7 @@ mod tests {
         let r = recorder();
         let good = typed(&r, watcher::Event::InitApply(dynamic(json!(2))));
         assert!(
-            matches!(&good, Some(watcher::Event::InitApply(m)) if m.spec.capacity == 2),
+            matches!(&good, Some(watcher::Event::InitApply(m)) if m.spec.lock.capacity == 2),
             "{good:?}"
         );
         let poison = dynamic(json!(5_000_000_000u64));

@@ -69,26 +69,38 @@ async fn sync_lock<L: LockObject>(
     {
         return Err(Error::Conflict);
     }
-    let spec = lock.lock_spec();
-    // Only a lock with requests on it is needed again after the write.
+    // Only a lock with requests on it, or one being deleted, is needed again after the write.
     let asked = (!requests.is_empty()).then(|| lock.clone());
+    let going = facts.deleting.then(|| lock.clone());
     apply(ctx, lock, &current, &decision, &members, now).await?;
     if let Some(asked) = asked {
         acknowledge::acknowledge(ctx, &asked, &current, &decision, &requests).await?;
     }
-    if facts.deleting
-        && !finalizer::in_use(&decision)
-        && finalizer::release::<L>(ctx, scope, name).await?
-    {
-        let kept_out = decision
-            .outcomes
-            .iter()
-            .any(|(_, o)| *o == Outcome::MutexDeleting);
-        if kept_out {
-            L::recreate_for_waiters(ctx, scope, name, &spec).await;
-        }
+    if let Some(gone) = going.filter(|_| !finalizer::in_use(&decision)) {
+        hand_over(ctx, &gone, &decision).await?;
     }
     Ok(next_wake(&members, &decision, now))
+}
+
+/// An emptied lock object marked for deletion goes; the runs it kept out (told
+/// it is being deleted) get a new one where runs may create one, whose lock
+/// state is rebuilt from the runs and whose tokens continue above the floor.
+async fn hand_over<L: LockObject>(
+    ctx: &Context,
+    gone: &L,
+    decision: &Decision,
+) -> Result<(), Error> {
+    if !finalizer::release::<L>(ctx, &gone.scope(), &gone.name_any()).await? {
+        return Ok(());
+    }
+    let kept_out = decision
+        .outcomes
+        .iter()
+        .any(|(_, o)| *o == Outcome::MutexDeleting);
+    if kept_out {
+        L::recreate_for_waiters(ctx, gone).await;
+    }
+    Ok(())
 }
 
 /// The lock object to decide on: the cached one if given, else the API
@@ -141,9 +153,8 @@ fn decide_on<L: LockObject>(
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let multi =
         multi_key_commit::keys_of(&name, members.iter().map(|m| (m.run(), m.multi.as_ref())));
-    let spec = lock.lock_spec();
     let decision = decide::decide(&Input {
-        spec: &spec,
+        spec: lock.lock_spec(),
         status: current,
         runs: &views,
         now,

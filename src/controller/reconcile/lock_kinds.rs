@@ -13,7 +13,7 @@ use crate::core::observe::{ObservedRun, cluster_mutex_target};
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::{Mutex, MutexSpec, MutexStatus};
+use crate::model::mutex::{LockSpec, Mutex, MutexStatus};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
@@ -28,8 +28,8 @@ impl LockObject for Mutex {
         Scope::Namespace(self.namespace().unwrap_or_default())
     }
 
-    fn lock_spec(&self) -> MutexSpec {
-        self.spec.clone()
+    fn lock_spec(&self) -> &LockSpec {
+        &self.spec.lock
     }
 
     fn lock_status(&self) -> Option<&MutexStatus> {
@@ -64,9 +64,9 @@ impl LockObject for Mutex {
 
     fn qualify(&self, _: &str, _: &mut RunView) {}
 
-    async fn recreate_for_waiters(ctx: &Context, scope: &Scope, key: &str, spec: &MutexSpec) {
-        let ns = scope.label();
-        match writes::ensure_mutex(ctx, ns, key, spec).await {
+    async fn recreate_for_waiters(ctx: &Context, gone: &Self) {
+        let (ns, key) = (&gone.namespace().unwrap_or_default(), &gone.name_any());
+        match writes::ensure_mutex(ctx, ns, key, &gone.spec).await {
             Ok(writes::Ensured::Created) => {
                 info!(
                     key,
@@ -92,8 +92,8 @@ impl LockObject for ClusterMutex {
         Scope::Cluster
     }
 
-    fn lock_spec(&self) -> MutexSpec {
-        self.spec.lock_spec()
+    fn lock_spec(&self) -> &LockSpec {
+        &self.spec.lock
     }
 
     fn lock_status(&self) -> Option<&MutexStatus> {
@@ -137,5 +137,5 @@ impl LockObject for ClusterMutex {
     }
 
     /// Runs never create a ClusterMutex: an administrator does.
-    async fn recreate_for_waiters(_: &Context, _: &Scope, _: &str, _: &MutexSpec) {}
+    async fn recreate_for_waiters(_: &Context, _: &Self) {}
 }

@@ -7,7 +7,7 @@ use crate::core::model::{
     Revoke, RunView, Timeout,
 };
 use crate::model::mutex::{
-    Age, GroupMark, Holder, MAX_GROUP_MARKS, MutexSpec, MutexStatus, Order, RunRef, Supersede,
+    Age, GroupMark, Holder, LockSpec, MAX_GROUP_MARKS, MutexStatus, Order, RunRef, Supersede,
     Waiter,
 };
 use chrono::{DateTime, Utc};
@@ -24,7 +24,7 @@ pub(super) enum Leaving {
 }
 
 pub(super) struct Decider<'a> {
-    pub(super) spec: &'a MutexSpec,
+    pub(super) spec: &'a LockSpec,
     pub(super) facts: MutexFacts,
     pub(super) st: MutexStatus,
     pub(super) outcomes: Vec<(RunRef, Outcome)>,
@@ -39,7 +39,7 @@ pub(super) struct Decider<'a> {
 
 impl<'a> Decider<'a> {
     pub(super) fn new(
-        spec: &'a MutexSpec,
+        spec: &'a LockSpec,
         prev: &MutexStatus,
         all: &'a [RunView],
         now: DateTime<Utc>,

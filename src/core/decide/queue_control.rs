@@ -10,7 +10,7 @@ use crate::core::requests::{
     Action, Dismissal, Dismissed, MAX_OBSERVED_REQUESTS, ObservedRequest, Request, Unreadable,
     Verdict,
 };
-use crate::model::mutex::MutexSpec;
+use crate::model::mutex::LockSpec;
 
 impl Dismissed {
     /// Is this status entry (by its PipelineRun uid, else its run uid) the one let go?
@@ -247,7 +247,7 @@ fn names_or_nobody(names: Vec<String>) -> String {
 impl Decision {
     /// A promotion is forgotten once its waiter left the queue; on a frozen key
     /// a waiter's status says so, with the reason.
-    pub(super) fn finish_controls(mut self, spec: &MutexSpec) -> Decision {
+    pub(super) fn finish_controls(mut self, spec: &LockSpec) -> Decision {
         let queue = &self.status.queue;
         self.status
             .promoted

@@ -106,7 +106,7 @@ fn finish(runs: &mut [RunView], i: usize) {
 
 #[test]
 fn first_run_acquires_token_one_and_others_wait_fifo() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = vec![run(2), run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
     assert_eq!(holders(&d), ["pr0"]);
@@ -140,7 +140,7 @@ fn first_run_acquires_token_one_and_others_wait_fifo() {
 
 #[test]
 fn holder_released_when_parent_done_gone_or_run_deleted() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     for how in ["done", "gone", "deleted"] {
         let mut runs = vec![run(0), run(1)];
         let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
@@ -160,7 +160,7 @@ fn holder_released_when_parent_done_gone_or_run_deleted() {
 
 #[test]
 fn holder_stays_while_parent_runs_finally_even_if_run_cancelled() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     apply(&mut runs, &d);
@@ -175,7 +175,7 @@ fn holder_stays_while_parent_runs_finally_even_if_run_cancelled() {
 
 #[test]
 fn standalone_run_holds_until_deleted() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let lone = with(run(0), |r| r.parent = None);
     let mut runs = vec![lone, run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
@@ -190,7 +190,7 @@ fn standalone_run_holds_until_deleted() {
 
 #[test]
 fn cancelled_and_timed_out_waiters_leave_the_queue() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1), run(2), run(3)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     apply(&mut runs, &d);
@@ -222,7 +222,7 @@ fn cancelled_and_timed_out_waiters_leave_the_queue() {
 
 #[test]
 fn supersede_pending_keeps_holder_and_newest_waiter() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs: Vec<RunView> = (0..5)
         .map(|i| with(run(i), |r| r.supersede = Supersede::Pending))
         .collect();
@@ -250,7 +250,7 @@ fn supersede_pending_keeps_holder_and_newest_waiter() {
 
 #[test]
 fn supersede_running_cancels_older_holder_but_waits_for_it() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs: Vec<RunView> = (0..2)
         .map(|i| with(run(i), |r| r.supersede = Supersede::Running))
         .collect();
@@ -275,7 +275,7 @@ fn supersede_running_cancels_older_holder_but_waits_for_it() {
 
 #[test]
 fn stale_arrival_is_superseded_and_cancelled() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let seq = |i: usize, s: i64| {
         with(run(i), |r| {
             r.supersede = Supersede::Pending;
@@ -312,7 +312,7 @@ fn stale_arrival_is_superseded_and_cancelled() {
 
 #[test]
 fn restart_between_supersede_writes_redoes_the_cancel() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![with(run(0), |r| {
         r.supersede = Supersede::Pending;
         r.phase = Phase::Done { superseded: true }
@@ -340,7 +340,7 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
 
 #[test]
 fn groups_do_not_supersede_each_other() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = vec![
         with(run(0), |r| r.supersede = Supersede::Pending),
         with(run(1), |r| r.supersede = Supersede::Pending),
@@ -357,7 +357,7 @@ fn groups_do_not_supersede_each_other() {
 
 #[test]
 fn priority_then_order() {
-    let mut spec = MutexSpec::default();
+    let mut spec = LockSpec::default();
     let runs = vec![run(0), run(1), run(2), with(run(3), |r| r.priority = 5)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(queue(&d), ["pr3", "pr1", "pr2"]);
@@ -369,7 +369,7 @@ fn priority_then_order() {
 
 #[test]
 fn wait_false_takes_a_free_slot_or_gives_up() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = vec![
         with(run(0), |r| r.wait = false),
         with(run(1), |r| r.wait = false),
@@ -393,7 +393,7 @@ fn wait_false_takes_a_free_slot_or_gives_up() {
 
 #[test]
 fn capacity_two_grants_two() {
-    let spec = MutexSpec {
+    let spec = LockSpec {
         capacity: 2,
         ..Default::default()
     };
@@ -409,7 +409,7 @@ fn capacity_two_grants_two() {
 
 #[test]
 fn decision_is_a_fixed_point() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs: Vec<RunView> = (0..4).map(run).collect();
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     apply(&mut runs, &d);
@@ -452,7 +452,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 struct World {
-    spec: MutexSpec,
+    spec: LockSpec,
     status: MutexStatus,
     /// Every run ever made; a deleted one stays with `Phase::Deleted` (its
     /// PipelineRun may still hold the key).
@@ -477,7 +477,7 @@ struct World {
 impl World {
     fn new(capacity: u32) -> Self {
         World {
-            spec: MutexSpec {
+            spec: LockSpec {
                 capacity,
                 ..Default::default()
             },
@@ -768,7 +768,7 @@ fn still_holds_in_world(r: &RunView) -> bool {
 fn superseded_wins_over_the_cancel_it_causes() {
     // The controller cancels a superseded run's PipelineRun before marking the run;
     // Tekton then cancels the run itself. It must still end Superseded.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
     let mut runs = vec![pending(0), pending(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
@@ -803,7 +803,7 @@ fn superseded_wins_over_the_cancel_it_causes() {
 
 #[test]
 fn a_stopping_pipelinerun_is_never_granted() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1), run(2)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -824,7 +824,7 @@ fn sibling(i: usize, n: usize) -> RunView {
 
 #[test]
 fn a_pipelinerun_that_holds_the_key_reenters_at_once() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -849,7 +849,7 @@ fn a_pipelinerun_that_holds_the_key_reenters_at_once() {
 
 #[test]
 fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1), sibling(1, 2)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -871,7 +871,7 @@ fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
 
 #[test]
 fn waited_seconds_count_from_when_the_run_started_waiting() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     // pr1's PipelineRun was created at 1, but its lock run only started waiting at 40.
     let mut runs = vec![run(0), with(run(1), |r| r.waiting_since = t(40))];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(41));
@@ -889,7 +889,7 @@ fn waited_seconds_count_from_when_the_run_started_waiting() {
 
 #[test]
 fn a_cancel_carries_tektons_reason_into_the_message() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -911,7 +911,7 @@ fn a_cancel_carries_tektons_reason_into_the_message() {
 #[test]
 fn wait_false_is_decided_after_a_release_in_the_same_sync() {
     // pr0 holds, pr1 waits; pr0's PipelineRun ends as pr2 (wait "false") arrives.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -941,7 +941,7 @@ fn wait_false_is_decided_after_a_release_in_the_same_sync() {
 
 #[test]
 fn a_pipelinerun_never_supersedes_itself() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let running = |r: RunView, seq: Option<i64>| {
         with(r, |r| {
             r.supersede = Supersede::Running;
@@ -978,7 +978,7 @@ fn a_pipelinerun_never_supersedes_itself() {
 
 #[test]
 fn holder_keeps_the_slot_while_a_pod_of_its_ended_pipelinerun_drains() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     apply(&mut runs, &d);
@@ -995,7 +995,7 @@ fn holder_keeps_the_slot_while_a_pod_of_its_ended_pipelinerun_drains() {
 
 #[test]
 fn a_deleted_lock_run_keeps_the_slot_until_its_pipelinerun_is_released() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     apply(&mut runs, &d);
@@ -1019,7 +1019,7 @@ fn a_deleted_lock_run_keeps_the_slot_until_its_pipelinerun_is_released() {
 
 #[test]
 fn tokens_never_wrap() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let status = MutexStatus {
         last_token: i64::MAX,
         ..Default::default()
@@ -1034,7 +1034,7 @@ fn tokens_never_wrap() {
 fn a_run_that_never_held_leaves_no_mark() {
     // Build 82 joins behind 80 and is cancelled by a person: a rerun of 81 (a rollback)
     // is not stale.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let seq = |i: usize, s: i64| {
         with(run(i), |r| {
             r.supersede = Supersede::Pending;
@@ -1065,7 +1065,7 @@ fn a_run_that_never_held_leaves_no_mark() {
 
 #[test]
 fn a_run_alone_in_its_group_leaves_no_mark() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let alone = |i: usize| {
         with(run(i), |r| {
             r.supersede = Supersede::Pending;
@@ -1083,7 +1083,7 @@ fn a_run_alone_in_its_group_leaves_no_mark() {
 
 #[test]
 fn an_older_arrival_behind_a_newer_waiter_is_stale() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
     let mut runs = vec![pending(0), pending(2)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
@@ -1096,7 +1096,7 @@ fn an_older_arrival_behind_a_newer_waiter_is_stale() {
 
 #[test]
 fn a_deleted_standalone_holder_is_released() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let lone = with(run(0), |r| r.parent = None);
     let mut runs = vec![lone, run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
@@ -1108,7 +1108,7 @@ fn a_deleted_standalone_holder_is_released() {
 
 #[test]
 fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     for state in [
         ParentState::Draining,
         ParentState::Done,
@@ -1132,7 +1132,7 @@ fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
 fn a_pipelinerun_is_known_by_its_uid_not_its_name() {
     // pr0 holds; it is deleted and re-created under the same name before the
     // controller sees the deletion. The new one is another PipelineRun.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -1173,7 +1173,7 @@ fn acquired(i: usize, token: i64) -> RunView {
 
 #[test]
 fn a_wiped_status_adopts_the_holder_and_keeps_tokens_rising() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = vec![acquired(0, 41), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(holders(&d), ["pr0"], "the run told Acquired holds again");
@@ -1195,7 +1195,7 @@ fn a_wiped_status_adopts_the_holder_and_keeps_tokens_rising() {
 #[test]
 fn last_token_never_below_a_token_a_run_shows() {
     // Ended runs hold nothing, but their tokens still count.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let done = |i, tok| {
         let mut r = acquired(i, tok);
         r.parent.as_mut().unwrap().state = ParentState::Done;
@@ -1215,7 +1215,7 @@ fn last_token_never_below_a_token_a_run_shows() {
 fn an_old_copy_of_the_status_is_corrected_from_the_runs() {
     // The copy still shows pr0 holding and pr1 waiting; since then pr0 ended
     // and pr1 was granted token 2.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1), run(2)];
     let d0 = decide(&spec, &MutexStatus::default(), &runs[..2], t(1));
     apply(&mut runs, &d0);
@@ -1231,7 +1231,7 @@ fn an_old_copy_of_the_status_is_corrected_from_the_runs() {
 
 #[test]
 fn siblings_of_an_adopted_holder_are_one_holder() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let a = with(acquired(0, 3), |r| {
         r.run.uid = "uid-0a".into();
         r.run.name = "pr0-lock-a".into();
@@ -1243,7 +1243,7 @@ fn siblings_of_an_adopted_holder_are_one_holder() {
 
 #[test]
 fn a_released_run_is_not_adopted() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     for state in [ParentState::Done, ParentState::Gone] {
         let mut r = acquired(0, 3);
         r.parent.as_mut().unwrap().state = state;
@@ -1260,7 +1260,7 @@ fn a_released_run_is_not_adopted() {
 
 #[test]
 fn a_lost_status_rebuilds_the_supersede_mark_of_a_granted_run() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
     let holder = with(acquired(5, 3), |r| r.supersede = Supersede::Pending);
     let mut stale = pending(2);
@@ -1273,7 +1273,7 @@ fn a_lost_status_rebuilds_the_supersede_mark_of_a_granted_run() {
 
 #[test]
 fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -1312,7 +1312,7 @@ fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
 /// from the deleted Mutex's last token, which the controller passes on as the token floor.
 #[test]
 fn a_new_mutex_continues_above_the_deleted_ones_last_token() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = vec![run(0)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     assert_eq!(
@@ -1341,7 +1341,7 @@ fn a_new_mutex_continues_above_the_deleted_ones_last_token() {
 
 #[test]
 fn an_arrival_beyond_max_queue_fails_queue_full() {
-    let spec = MutexSpec {
+    let spec = LockSpec {
         max_queue: 2,
         ..Default::default()
     };
@@ -1356,7 +1356,7 @@ fn an_arrival_beyond_max_queue_fails_queue_full() {
     let nowait = with(run(6), |r| r.wait = false);
     let d = decide(&spec, &d.status, &[&runs[..3], &[nowait]].concat(), t(10));
     assert!(matches!(outcome(&d, 6), Some(Outcome::NotAcquired { .. })));
-    assert_eq!(MutexSpec::default().max_queue, 1000);
+    assert_eq!(LockSpec::default().max_queue, 1000);
 }
 
 // ---- a bounded status (issue 10, item 3) ----
@@ -1367,7 +1367,7 @@ fn status_bytes(st: &MutexStatus) -> usize {
 
 /// Push `n` runs through one key, one at a time: each arrives, is granted, ends.
 fn through_one_key(n: usize, f: impl Fn(RunView, usize) -> RunView) -> MutexStatus {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut st = MutexStatus::default();
     for i in 0..n {
         let mut runs = vec![f(run(i), i)];
@@ -1413,7 +1413,7 @@ fn two_thousand_groups_keep_only_the_most_recent_marks() {
 
 #[test]
 fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
-    let spec = MutexSpec {
+    let spec = LockSpec {
         mark_idle_days: 2,
         ..Default::default()
     };
@@ -1435,7 +1435,7 @@ fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
 
 #[test]
 fn a_group_that_still_holds_keeps_its_mark_however_long() {
-    let spec = MutexSpec {
+    let spec = LockSpec {
         mark_idle_days: 1,
         ..Default::default()
     };
@@ -1463,7 +1463,7 @@ fn forged(i: usize, victim: usize) -> RunView {
 
 #[test]
 fn an_unlisted_run_is_not_enrolled_and_cancels_nobody() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let pending = |r: RunView| with(r, |r| r.supersede = Supersede::Pending);
     // pr1 holds, pr2 waits; a forged run "of" pr2 with a huge sequence arrives.
     let mut runs = vec![pending(run(1)), pending(run(2))];
@@ -1488,7 +1488,7 @@ fn an_unlisted_run_is_not_enrolled_and_cancels_nobody() {
 
 #[test]
 fn an_unlisted_run_never_reenters_a_held_slot() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let mut runs = vec![run(0)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     apply(&mut runs, &d);
@@ -1499,7 +1499,7 @@ fn an_unlisted_run_never_reenters_a_held_slot() {
 
 #[test]
 fn an_unlisted_run_marked_superseded_recancels_nothing() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = vec![forged(3, 0)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
     assert!(d.cancels.is_empty());
@@ -1518,7 +1518,7 @@ fn tell(d: &Decision, said: &mut std::collections::HashMap<String, Outcome>) -> 
 #[test]
 fn a_grant_or_an_arrival_changes_as_many_run_statuses_whatever_the_queue_length() {
     for waiters in [10, 1000] {
-        let spec = MutexSpec {
+        let spec = LockSpec {
             max_queue: 100_000,
             ..Default::default()
         };

@@ -4,7 +4,7 @@
 use super::*;
 use crate::core::model::{Outcome, Parent, Phase, RunView, Timeout};
 use crate::core::params::CancelMode;
-use crate::model::mutex::{Age, MutexSpec, MutexStatus, RunKind, RunRef, Supersede};
+use crate::model::mutex::{Age, LockSpec, MutexStatus, RunKind, RunRef, Supersede};
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::{Value, json};
 
@@ -144,7 +144,7 @@ fn run(i: i64, state: ParentState) -> RunView {
 
 #[test]
 fn a_done_section_hands_the_slot_over_and_is_not_rebuilt() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = [run(1, ParentState::Running), run(2, ParentState::Running)];
     let d = crate::core::decide::test_entry::decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(d.status.holders.len(), 1);

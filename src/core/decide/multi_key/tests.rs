@@ -65,7 +65,7 @@ impl SimRun {
 }
 
 struct World {
-    spec: BTreeMap<String, MutexSpec>,
+    spec: BTreeMap<String, LockSpec>,
     ledgers: BTreeMap<String, MutexStatus>,
     /// The ledgers as a commit reads them (a cache that may lag).
     ledger_cache: BTreeMap<String, MutexStatus>,
@@ -80,9 +80,9 @@ impl World {
         let mut spec = BTreeMap::new();
         let mut ledgers = BTreeMap::new();
         for (k, c) in KEYS.iter().zip(capacities) {
-            let s = MutexSpec {
+            let s = LockSpec {
                 capacity: c,
-                ..MutexSpec::default()
+                ..LockSpec::default()
             };
             spec.insert(k.to_string(), s);
             ledgers.insert(k.to_string(), MutexStatus::default());
@@ -626,7 +626,7 @@ fn pending(i: usize, acquired: Option<i64>) -> RunView {
 
 #[test]
 fn a_reserved_run_superseded_on_one_key_is_cancelled_and_gives_its_slot_back() {
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let facts = MutexFacts::default();
     let two_keys = |epoch| MultiKeys {
         key: "a".into(),
@@ -684,7 +684,7 @@ fn a_reserved_run_superseded_on_one_key_is_cancelled_and_gives_its_slot_back() {
 #[test]
 fn one_key_alone_decides_as_before() {
     // No run of several keys: the same decision with or without the hook.
-    let spec = MutexSpec::default();
+    let spec = LockSpec::default();
     let runs = [pending(1, None), pending(2, None), pending(3, None)];
     let plain =
         crate::core::decide::test_entry::decide(&spec, &MutexStatus::default(), &runs, t(5));

@@ -23,7 +23,7 @@ fn request(id: &str, action: Action, pr: Option<&str>) -> Result<Request, Unread
 
 /// One key's world: its status and runs, moved on by each decision as the applier would.
 struct World {
-    spec: MutexSpec,
+    spec: LockSpec,
     status: MutexStatus,
     runs: Vec<RunView>,
     clock: i64,
@@ -32,7 +32,7 @@ struct World {
 impl World {
     fn new(n: usize) -> World {
         let mut w = World {
-            spec: MutexSpec::default(),
+            spec: LockSpec::default(),
             status: MutexStatus::default(),
             runs: (0..n).map(run).collect(),
             clock: 100,
