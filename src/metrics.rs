@@ -5,6 +5,7 @@
 //! Mutex, never per key or run), `verb`/`resource` (a fixed set of writes),
 //! `kind`/`controller` (a fixed set of errors), `param` (the Mutex params).
 
+use crate::core::params;
 use crate::model::mutex::{Mutex, MutexStatus};
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
@@ -283,23 +284,14 @@ impl Metrics {
 /// A bounded reason for an InvalidParams message: the known param it names
 /// (messages start with it), else the kind of mistake.
 fn reason_of(message: &str) -> &'static str {
-    const PARAMS: [&str; 9] = [
-        "key",
-        "supersede",
-        "group",
-        "cancel-mode",
-        "sequence",
-        "priority",
-        "wait",
-        "timeout",
-        "retries",
-    ];
+    let mut fields =
+        (params::PARAMS.iter().map(|p| p.name)).chain(params::RUN_SPEC_FIELDS.iter().copied());
     let named = message
         .strip_prefix("param \"")
         .or_else(|| message.strip_prefix("spec."))
         .or_else(|| message.starts_with("key ").then_some("key"));
     if let Some(rest) = named
-        && let Some(p) = PARAMS.into_iter().find(|p| {
+        && let Some(p) = fields.find(|p| {
             rest.strip_prefix(p)
                 .is_some_and(|r| r.is_empty() || r.starts_with(['"', ' ']))
         })
@@ -437,6 +429,19 @@ mod tests {
         m.status_written("ns", "k", &a_holds, &MutexStatus::default(), Utc::now());
         m.status_written("ns", "k", &MutexStatus::default(), &a_holds, Utc::now());
         assert!(!m.render().contains("tekton_mutex_handover_seconds_count{"));
+    }
+
+    /// Every param of the one table is a reason of its own.
+    #[test]
+    fn every_param_is_a_reason() {
+        for name in params::PARAMS
+            .iter()
+            .map(|d| d.name)
+            .chain(params::RUN_SPEC_FIELDS.iter().copied())
+        {
+            let message = format!("param \"{name}\" has invalid value \"x\"");
+            assert_eq!(reason_of(&message), name);
+        }
     }
 
     #[test]

@@ -12,18 +12,62 @@ use std::time::Duration;
 
 pub mod keys;
 
-/// Params a Mutex task accepts.
-pub const PARAMS: &[&str] = &[
-    "key",
-    "supersede",
-    "group",
-    "cancel-mode",
-    "sequence",
-    "priority",
-    "wait",
-    crate::core::release_after::PARAM,
-    "keys",
+/// One param a lock task accepts, and how its value is read.
+pub struct ParamDef {
+    pub name: &'static str,
+    read: fn(&mut Reading, &str) -> Result<(), String>,
+}
+
+/// Every param a lock task accepts, in the order the README lists them: the one
+/// definition the parser, its "unknown param" message and the metrics read.
+pub const PARAMS: &[ParamDef] = &[
+    ParamDef {
+        name: "key",
+        read: |r, v| Ok(r.key = Some(v.to_string())),
+    },
+    ParamDef {
+        name: "supersede",
+        read: read_supersede,
+    },
+    ParamDef {
+        name: "group",
+        read: read_group,
+    },
+    ParamDef {
+        name: "cancel-mode",
+        read: read_cancel_mode,
+    },
+    ParamDef {
+        name: "sequence",
+        read: |r, v| Ok(r.cfg.sequence = Some(parse_int("sequence", v)?)),
+    },
+    ParamDef {
+        name: "priority",
+        read: |r, v| Ok(r.cfg.priority = parse_int("priority", v)?),
+    },
+    ParamDef {
+        name: "wait",
+        read: read_wait,
+    },
+    ParamDef {
+        name: crate::core::release_after::PARAM,
+        read: |r, v| Ok(r.cfg.release_after = crate::core::release_after::parse(v)?),
+    },
+    ParamDef {
+        name: "keys",
+        read: |r, v| Ok(r.cfg.keys = keys::parse(v)?),
+    },
 ];
+
+/// The fields of a run's own spec that an `InvalidParams` message may name.
+pub const RUN_SPEC_FIELDS: &[&str] = &["timeout", "retries"];
+
+/// The params being read into a run's config, and the `key` param if given
+/// (it is settled against the target once every param is read).
+pub struct Reading<'a> {
+    cfg: &'a mut RunConfig,
+    key: Option<String>,
+}
 
 /// The wait limit of a standalone run that sets no timeout: what Tekton's own
 /// `CustomRun.GetTimeout()` answers then (`apisconfig.DefaultTimeoutMinutes`).
@@ -174,7 +218,7 @@ pub fn parse(input: &RunInput) -> Result<RunConfig, String> {
 
 /// Every param, each at most once and a string. Returns the `key` param, if given.
 fn read_params(cfg: &mut RunConfig, params: &[Param]) -> Result<Option<String>, String> {
-    let mut key_param = None;
+    let mut reading = Reading { cfg, key: None };
     let mut seen = Vec::new();
     for p in params {
         if seen.contains(&p.name.as_str()) {
@@ -191,64 +235,64 @@ fn read_params(cfg: &mut RunConfig, params: &[Param]) -> Result<Option<String>, 
                 ));
             }
         };
-        if p.name == "key" {
-            key_param = Some(value.to_string());
-        } else {
-            read_policy_param(cfg, &p.name, value)?;
-        }
+        let Some(def) = PARAMS.iter().find(|d| d.name == p.name) else {
+            let names: Vec<&str> = PARAMS.iter().map(|d| d.name).collect();
+            return Err(format!(
+                "unknown param {:?}: allowed params are {}",
+                p.name,
+                names.join(", ")
+            ));
+        };
+        (def.read)(&mut reading, value)?;
     }
-    Ok(key_param)
+    Ok(reading.key)
 }
 
-fn read_policy_param(cfg: &mut RunConfig, name: &str, value: &str) -> Result<(), String> {
-    match name {
-        "supersede" => {
-            cfg.supersede = match value {
-                "pending" => Supersede::Pending,
-                "none" => Supersede::None,
-                "running" => Supersede::Running,
-                _ => return Err(invalid_choice(name, value, &["pending", "none", "running"])),
-            }
-        }
-        "group" => {
-            if value.is_empty() || value.len() > 253 {
-                return Err(format!(
-                    "param \"group\" must be 1 to 253 characters, got {value:?}"
-                ));
-            }
-            cfg.group = Some(value.to_string());
-        }
-        "cancel-mode" => {
-            cfg.cancel_mode = match value {
-                "CancelledRunFinally" => CancelMode::CancelledRunFinally,
-                "Cancelled" => CancelMode::Cancelled,
-                "StoppedRunFinally" => CancelMode::StoppedRunFinally,
-                _ => {
-                    let allowed = ["CancelledRunFinally", "Cancelled", "StoppedRunFinally"];
-                    return Err(invalid_choice(name, value, &allowed));
-                }
-            }
-        }
-        "keys" => cfg.keys = keys::parse(value)?,
-        "sequence" => cfg.sequence = Some(parse_int(name, value)?),
-        "priority" => cfg.priority = parse_int(name, value)?,
-        "wait" => {
-            cfg.wait = match value {
-                "true" => true,
-                "false" => false,
-                _ => return Err(invalid_choice(name, value, &["true", "false"])),
-            }
-        }
-        crate::core::release_after::PARAM => {
-            cfg.release_after = crate::core::release_after::parse(value)?
-        }
-        other => {
-            return Err(format!(
-                "unknown param {other:?}: allowed params are {}",
-                PARAMS.join(", ")
+fn read_supersede(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.supersede = match value {
+        "pending" => Supersede::Pending,
+        "none" => Supersede::None,
+        "running" => Supersede::Running,
+        _ => {
+            return Err(invalid_choice(
+                "supersede",
+                value,
+                &["pending", "none", "running"],
             ));
         }
+    };
+    Ok(())
+}
+
+fn read_group(r: &mut Reading, value: &str) -> Result<(), String> {
+    if value.is_empty() || value.len() > 253 {
+        return Err(format!(
+            "param \"group\" must be 1 to 253 characters, got {value:?}"
+        ));
     }
+    r.cfg.group = Some(value.to_string());
+    Ok(())
+}
+
+fn read_cancel_mode(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.cancel_mode = match value {
+        "CancelledRunFinally" => CancelMode::CancelledRunFinally,
+        "Cancelled" => CancelMode::Cancelled,
+        "StoppedRunFinally" => CancelMode::StoppedRunFinally,
+        _ => {
+            let allowed = ["CancelledRunFinally", "Cancelled", "StoppedRunFinally"];
+            return Err(invalid_choice("cancel-mode", value, &allowed));
+        }
+    };
+    Ok(())
+}
+
+fn read_wait(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.wait = match value {
+        "true" => true,
+        "false" => false,
+        _ => return Err(invalid_choice("wait", value, &["true", "false"])),
+    };
     Ok(())
 }
 
@@ -409,6 +453,42 @@ mod tests {
             timeout: None,
             retries: None,
         })
+    }
+
+    /// A bad value of each param, and the param its message must name.
+    const BAD_VALUES: &[(&str, &str)] = &[
+        ("key", ""),
+        ("supersede", "sometimes"),
+        ("group", ""),
+        ("cancel-mode", "Stop"),
+        ("sequence", "seven"),
+        ("priority", "high"),
+        ("wait", "maybe"),
+        ("release-after", ""),
+        ("keys", "a,,b"),
+    ];
+
+    /// The param table is the one list: every param has a bad-value case here,
+    /// its message starts with its name (what the metrics count by), and the
+    /// README's Params table documents it.
+    #[test]
+    fn every_param_is_parsed_named_in_its_errors_and_documented() {
+        let names: Vec<&str> = PARAMS.iter().map(|d| d.name).collect();
+        let cased: Vec<&str> = BAD_VALUES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names, cased,
+            "a param without a bad-value case (or one too many)"
+        );
+        let readme = include_str!("../../README.md");
+        for (name, bad) in BAD_VALUES {
+            let err = parse_with(&[(name, json!(bad))], &mutex_ref(None)).unwrap_err();
+            let named = err.starts_with(&format!("param \"{name}\"")) || err.starts_with("key ");
+            assert!(named, "{name}: {err}");
+            assert!(
+                readme.contains(&format!("| `{name}` |")),
+                "README lists no param {name}"
+            );
+        }
     }
 
     #[test]
