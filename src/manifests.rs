@@ -4,7 +4,7 @@
 //! them to release.yaml (cluster-wide) and release-namespaced.yaml.
 
 use serde::Deserialize;
-use serde_yaml::{Mapping, Value};
+use serde_yaml_ng::{Mapping, Value};
 
 const RBAC: &str = include_str!("../config/rbac.yaml");
 const DEPLOYMENT: &str = include_str!("../config/deployment.yaml");
@@ -26,7 +26,7 @@ pub enum Install {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the built-in manifests do not parse: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_yaml_ng::Error),
     #[error("image {0:?} is not pinned by digest (expected NAME@sha256:...)")]
     NotPinned(String),
 }
@@ -49,7 +49,7 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
     );
     let mut seen = Vec::new();
     for source in &sources {
-        for doc in serde_yaml::Deserializer::from_str(source) {
+        for doc in serde_yaml_ng::Deserializer::from_str(source) {
             let mut obj = Value::deserialize(doc)?;
             if obj.is_null() {
                 continue;
@@ -65,7 +65,7 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
                 pin(&mut obj["spec"]["template"], image, version);
             }
             out.push_str("---\n");
-            out.push_str(&serde_yaml::to_string(&obj)?);
+            out.push_str(&serde_yaml_ng::to_string(&obj)?);
         }
     }
     Ok(out)
@@ -101,7 +101,7 @@ mod tests {
     const IMAGE: &str = "127.0.0.1:5000/tekton-mutex:1.2.3@sha256:0123";
 
     fn docs(text: &str) -> Vec<Value> {
-        serde_yaml::Deserializer::from_str(text)
+        serde_yaml_ng::Deserializer::from_str(text)
             .map(|d| Value::deserialize(d).unwrap())
             .collect()
     }

@@ -71,8 +71,8 @@ impl Drop for Registry {
 
 fn images_in(release_yaml: &str) -> Result<Vec<String>> {
     let mut images = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(release_yaml) {
-        let obj = serde_yaml::Value::deserialize(doc)?;
+    for doc in serde_yaml_ng::Deserializer::from_str(release_yaml) {
+        let obj = serde_yaml_ng::Value::deserialize(doc)?;
         if obj["kind"] == "Deployment" {
             for c in obj["spec"]["template"]["spec"]["containers"]
                 .as_sequence()

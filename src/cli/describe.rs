@@ -103,7 +103,7 @@ pub async fn run(target: &Target, args: DescribeArgs) -> Result<()> {
     let d = gather(target, &m).await?;
     let text = match args.output {
         Some(Format::Json) => serde_json::to_string_pretty(&d).map(|s| s + "\n").ok(),
-        Some(Format::Yaml) => serde_yaml::to_string(&d).ok(),
+        Some(Format::Yaml) => serde_yaml_ng::to_string(&d).ok(),
         None => Some(render(&d, Utc::now())),
     };
     print!(

@@ -165,7 +165,7 @@ pub async fn apply_yaml(
     yaml: &str,
 ) -> Result<Vec<DynamicObject>> {
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
+    for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
         let mut value = Value::deserialize(doc).context("parsing YAML")?;
         if value.is_null() {
             continue;
