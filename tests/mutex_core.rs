@@ -8,6 +8,7 @@ use futures::future::try_join_all;
 use kube::api::DeleteParams;
 use serde_json::json;
 use support::controller::ControllerProcess;
+use support::locks::{self, Kind, Lock};
 use support::pipelines::*;
 use support::timeline::{Timeline, report_latencies};
 use support::*;
@@ -15,20 +16,54 @@ use tekton_mutex::model::mutex::Mutex;
 use tekton_mutex::model::tekton::customrun::CustomRun;
 use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result<()> {
+/// The tests of lock behaviour that hold for both kinds, once against a Mutex
+/// and once against a ClusterMutex: one engine serves both.
+macro_rules! for_both_kinds {
+    ($($name:ident => $body:expr;)*) => {
+        mod mutex {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs hack/cluster.sh up"]
+                async fn $name() -> Result<()> {
+                    ($body)(Kind::Mutex).await
+                }
+            )*
+        }
+        mod cluster_mutex {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs hack/cluster.sh up"]
+                async fn $name() -> Result<()> {
+                    ($body)(Kind::ClusterMutex).await
+                }
+            )*
+        }
+    };
+}
+
+for_both_kinds! {
+    mutual_exclusion_of_eight_concurrent_runs_with_two_replicas => exclusion_case;
+    released_when_holder_fails => |k| release_case(k, Ending::Fails);
+    released_when_holder_is_cancelled => |k| release_case(k, Ending::Cancelled);
+    released_only_after_finally_when_cancelled_gracefully => |k| release_case(k, Ending::CancelledRunFinally);
+    released_when_holder_pipelinerun_is_deleted => |k| release_case(k, Ending::PipelineRunDeleted);
+    released_when_holder_whose_customrun_was_deleted_ends => |k| release_case(k, Ending::CustomRunDeleted);
+}
+
+async fn exclusion_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("exclusion").await?;
     // Two replicas at once: every grant is a compare-and-swap, so they cannot double-grant.
-    let _a = ControllerProcess::start(ns.name()).await?;
-    let _b = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
+    let _b = lock.second_replica().await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     ns.apply(&pipeline(
         "deploy",
-        &Opts {
+        &lock.opts(Opts {
             lock_params: &[("supersede", "none")],
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     let prs: Vec<String> = (0..8).map(|i| format!("run-{i}")).collect();
@@ -57,7 +92,7 @@ async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result
     );
     // The controller learns of the last completion from its own watch: wait for it.
     let status = wait_until("the lock to be free at the end", slow(), || async {
-        let s = mutex_status(&ns, ns.name()).await?;
+        let s = lock.status(&ns).await?;
         Ok((s.holders.is_empty() && s.queue.is_empty()).then_some(s))
     })
     .await?;
@@ -81,6 +116,7 @@ async fn mutual_exclusion_of_eight_concurrent_runs_with_two_replicas() -> Result
 #[ignore = "needs hack/cluster.sh up"]
 async fn waiters_are_served_in_creation_order() -> Result<()> {
     let ns = TestNamespace::create("fifo").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     ns.apply(&pipeline(
         "deploy",
@@ -145,18 +181,18 @@ enum Ending {
 }
 
 /// A holder `a` and a waiter `b`; ending `a` in the given way hands the slot to `b`.
-async fn release_case(ending: Ending) -> Result<()> {
+async fn release_case(kind: Kind, ending: Ending) -> Result<()> {
     let ns = TestNamespace::create(&format!("release-{ending:?}")).await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     let finally = matches!(ending, Ending::CancelledRunFinally);
     ns.apply(&pipeline(
         "deploy",
-        &Opts {
+        &lock.opts(Opts {
             lock_params: &[("supersede", "none")],
             finally,
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     let exit = if matches!(ending, Ending::Fails) {
@@ -191,7 +227,7 @@ async fn release_case(ending: Ending) -> Result<()> {
                 "b must wait while a's finally runs"
             );
             ensure!(
-                mutex_status(&ns, ns.name()).await?.holding == "a",
+                lock.status(&ns).await?.holding == lock.name_of("a"),
                 "a keeps the slot during finally"
             );
             release_finally(&ns, "a").await?;
@@ -208,7 +244,7 @@ async fn release_case(ending: Ending) -> Result<()> {
                 .delete(&lock_run("a"), &DeleteParams::default())
                 .await?;
             ensure!(
-                mutex_status(&ns, ns.name()).await?.holding == "a",
+                lock.status(&ns).await?.holding == lock.name_of("a"),
                 "a keeps the slot without its lock run"
             );
             release(&ns, "a").await?;
@@ -225,8 +261,11 @@ async fn release_case(ending: Ending) -> Result<()> {
     if !matches!(ending, Ending::CustomRunDeleted) {
         timeline.check_exclusion(1)?;
     }
-    let status = mutex_status(&ns, ns.name()).await?;
-    ensure!(status.holding == "b", "b holds now: {status:?}");
+    let status = lock.status(&ns).await?;
+    ensure!(
+        status.holding == lock.name_of("b"),
+        "b holds now: {status:?}"
+    );
     release(&ns, "b").await?;
     if finally {
         release_finally(&ns, "b").await?;
@@ -238,38 +277,9 @@ async fn release_case(ending: Ending) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
-async fn released_when_holder_fails() -> Result<()> {
-    release_case(Ending::Fails).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn released_when_holder_is_cancelled() -> Result<()> {
-    release_case(Ending::Cancelled).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn released_only_after_finally_when_cancelled_gracefully() -> Result<()> {
-    release_case(Ending::CancelledRunFinally).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn released_when_holder_pipelinerun_is_deleted() -> Result<()> {
-    release_case(Ending::PipelineRunDeleted).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn released_when_holder_whose_customrun_was_deleted_ends() -> Result<()> {
-    release_case(Ending::CustomRunDeleted).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
 async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<()> {
     let ns = TestNamespace::create("cancel-waiter").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     ns.apply(&pipeline(
         "deploy",
@@ -330,6 +340,7 @@ async fn cancelled_waiter_leaves_the_queue_and_tkn_shows_each_state() -> Result<
 #[ignore = "needs hack/cluster.sh up"]
 async fn waiting_times_out_after_its_retries() -> Result<()> {
     let ns = TestNamespace::create("timeout").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     ns.apply(&pipeline(
         "hold",
@@ -375,6 +386,7 @@ async fn waiting_times_out_after_its_retries() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     let ns = TestNamespace::create("restart").await?;
+    let _shared = locks::shared().await;
     let mut c = ControllerProcess::start(ns.name()).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     ns.apply(&pipeline(
@@ -448,6 +460,7 @@ fn standalone(name: &str, target: serde_json::Value, params: serde_json::Value) 
 #[ignore = "needs hack/cluster.sh up"]
 async fn bad_input_fails_with_invalid_params() -> Result<()> {
     let ns = TestNamespace::create("bad-input").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
     // Not ours: must never be touched.
@@ -533,6 +546,7 @@ async fn bad_input_fails_with_invalid_params() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
     let ns = TestNamespace::create("standalone").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let by_name =
         json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "name": "prod"});
@@ -569,6 +583,7 @@ async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_pipelinerun_holding_the_key_passes_its_second_lock() -> Result<()> {
     let ns = TestNamespace::create("reentry").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
     let pipeline = json!({

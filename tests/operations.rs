@@ -17,6 +17,7 @@ const ONE_AT_A_TIME: Opts = Opts {
     lock_retries: None,
     finally: false,
     mutex_name: None,
+    cluster_mutex: None,
     when_acquired: false,
 };
 

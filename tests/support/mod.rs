@@ -22,6 +22,7 @@
 
 pub mod cli;
 pub mod controller;
+pub mod locks;
 pub mod ops;
 pub mod pipelines;
 pub mod timeline;

@@ -27,6 +27,8 @@ pub struct Opts<'a> {
     pub finally: bool,
     /// Reference a Mutex object by name.
     pub mutex_name: Option<&'a str>,
+    /// Reference this ClusterMutex instead of a Mutex.
+    pub cluster_mutex: Option<&'a str>,
     /// Skip deploy unless the lock result `acquired` is "true" (for `wait: "false"`).
     pub when_acquired: bool,
 }
@@ -42,6 +44,10 @@ pub fn pipeline(name: &str, o: &Opts) -> String {
     let mut task_ref = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
     if let Some(m) = o.mutex_name {
         task_ref["name"] = json!(m);
+    }
+    if let Some(c) = o.cluster_mutex {
+        task_ref =
+            json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": c});
     }
     let mut lock = json!({"name": "lock", "taskRef": task_ref, "params": lock_params});
     if let Some(t) = o.lock_timeout {
