@@ -12,6 +12,7 @@ use super::reconcile::finalizer;
 use super::reconcile::{intake, lock as sync};
 use super::wiring::{error_policy, intake_when_acting};
 use crate::metrics::Metrics;
+use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
@@ -34,6 +35,7 @@ const NS: &str = "ns";
 const MUTEXES: &str = "/apis/tekton-mutex.dev/v1alpha1/namespaces/ns/mutexes";
 const CUSTOM_RUNS: &str = "/apis/tekton.dev/v1beta1/namespaces/ns/customruns";
 const PIPELINE_RUNS: &str = "/apis/tekton.dev/v1/namespaces/ns/pipelineruns";
+const CLUSTER_MUTEXES: &str = "/apis/tekton-mutex.dev/v1alpha1/clustermutexes";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
 /// One request the controller made: "METHOD /path", and its JSON body (Null if none).
@@ -158,6 +160,13 @@ fn ok(line: &str, body: &Value) -> (u16, Value) {
             m["metadata"]["finalizers"] = body["metadata"]["finalizers"].clone();
             (200, m)
         }
+        l if l.starts_with(&format!("PATCH {CLUSTER_MUTEXES}")) => (
+            200,
+            json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
+                   "metadata": {"name": "prod", "resourceVersion": "2",
+                                "finalizers": body["metadata"]["finalizers"].clone()},
+                   "spec": {"namespaces": [NS]}}),
+        ),
         l if l.starts_with("POST") => (201, body.clone()),
         _ => (200, body.clone()),
     }
@@ -652,6 +661,52 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
         seen[1].1["metadata"]["resourceVersion"], "2",
         "the status write follows the finalizer's resourceVersion"
     );
+}
+
+/// The same engine serves a ClusterMutex: its finalizer goes on first too,
+/// then its status (a compare-and-swap on the version the finalizer patch
+/// returned), then the grant on the run, in the run's own namespace.
+#[tokio::test]
+async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
+    let run: CustomRun = serde_json::from_value({
+        let mut r = serde_json::to_value(lock_run("a", "none", json!({}))).unwrap();
+        r["spec"]["customRef"] =
+            json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": "prod"});
+        r["spec"]["params"] = json!([{"name": "supersede", "value": "none"}]);
+        r
+    })
+    .unwrap();
+    let (ctx, handle) = context(
+        vec![run],
+        vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let cm: ClusterMutex = serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
+        "metadata": {"name": "prod", "resourceVersion": "1"},
+        "spec": {"namespaces": [NS]}}))
+    .unwrap();
+    let (result, seen) = exchange(ctx, handle, ok, |ctx| sync::reconcile(Arc::new(cm), ctx)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("PATCH {CLUSTER_MUTEXES}/prod"),
+            format!("PUT {CLUSTER_MUTEXES}/prod/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ]
+    );
+    assert_eq!(
+        seen[0].1["metadata"]["finalizers"],
+        json!([finalizer::LOCK_STATE_FINALIZER])
+    );
+    let status = &seen[1].1["status"];
+    assert_eq!(
+        status["holders"][0]["run"]["name"],
+        format!("{NS}/a-lock"),
+        "names qualified by namespace"
+    );
+    assert_eq!(seen[1].1["metadata"]["resourceVersion"], "2");
 }
 
 #[tokio::test]
