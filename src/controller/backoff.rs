@@ -33,6 +33,16 @@ impl Backoff {
     }
 }
 
+/// Which object a failure counts against: kind, namespace and name.
+pub fn backoff_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,14 +60,4 @@ mod tests {
         b.succeeded("a");
         assert_eq!(b.failed("a".into()), FIRST);
     }
-}
-
-/// Which object a failure counts against: kind, namespace and name.
-pub fn backoff_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!(
-        "{}/{}/{}",
-        K::kind(&()),
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    )
 }

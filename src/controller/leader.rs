@@ -163,6 +163,18 @@ fn holder(lease: &Lease) -> Option<&str> {
         .filter(|h| !h.is_empty())
 }
 
+/// Yields each time the value turns true.
+pub fn became_leader(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,16 +207,4 @@ mod tests {
         let expected = LeaseParams::new("pod-a", 15, 5).with_field_manager("tekton-mutex-pod-a");
         assert_eq!(p, expected);
     }
-}
-
-/// Yields each time the value turns true.
-pub fn became_leader(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            if *rx.borrow_and_update() {
-                return Some(((), rx));
-            }
-        }
-    })
 }

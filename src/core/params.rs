@@ -23,7 +23,7 @@ pub struct ParamDef {
 pub const PARAMS: &[ParamDef] = &[
     ParamDef {
         name: "key",
-        read: |r, v| Ok(r.key = Some(v.to_string())),
+        read: read_key,
     },
     ParamDef {
         name: "supersede",
@@ -39,11 +39,11 @@ pub const PARAMS: &[ParamDef] = &[
     },
     ParamDef {
         name: "sequence",
-        read: |r, v| Ok(r.cfg.sequence = Some(parse_int("sequence", v)?)),
+        read: read_sequence,
     },
     ParamDef {
         name: "priority",
-        read: |r, v| Ok(r.cfg.priority = parse_int("priority", v)?),
+        read: read_priority,
     },
     ParamDef {
         name: "wait",
@@ -51,11 +51,11 @@ pub const PARAMS: &[ParamDef] = &[
     },
     ParamDef {
         name: crate::core::release_after::PARAM,
-        read: |r, v| Ok(r.cfg.release_after = crate::core::release_after::parse(v)?),
+        read: read_release_after,
     },
     ParamDef {
         name: "keys",
-        read: |r, v| Ok(r.cfg.keys = keys::parse(v)?),
+        read: read_keys,
     },
 ];
 
@@ -246,6 +246,31 @@ fn read_params(cfg: &mut RunConfig, params: &[Param]) -> Result<Option<String>, 
         (def.read)(&mut reading, value)?;
     }
     Ok(reading.key)
+}
+
+fn read_key(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.key = Some(value.to_string());
+    Ok(())
+}
+
+fn read_sequence(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.sequence = Some(parse_int("sequence", value)?);
+    Ok(())
+}
+
+fn read_priority(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.priority = parse_int("priority", value)?;
+    Ok(())
+}
+
+fn read_release_after(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.release_after = crate::core::release_after::parse(value)?;
+    Ok(())
+}
+
+fn read_keys(r: &mut Reading, value: &str) -> Result<(), String> {
+    r.cfg.keys = keys::parse(value)?;
+    Ok(())
 }
 
 fn read_supersede(r: &mut Reading, value: &str) -> Result<(), String> {

@@ -9,7 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "tekton-mutex.dev",
     version = "v1alpha1",
@@ -78,15 +78,6 @@ impl Default for LockSpec {
             mark_idle_days: default_mark_idle_days(),
             frozen: false,
             frozen_reason: None,
-        }
-    }
-}
-
-impl Default for MutexSpec {
-    fn default() -> Self {
-        MutexSpec {
-            lock: LockSpec::default(),
-            key: None,
         }
     }
 }

@@ -150,6 +150,32 @@ pub fn applied_once_stored<K: Send + 'static>(
 }
 
 #[cfg(test)]
+mod applied_tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_listed_object_is_applied_once_the_list_is_complete() {
+        let events = futures::stream::iter(vec![
+            Ok(watcher::Event::Apply(1)),
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(2)),
+            Ok(watcher::Event::InitApply(3)),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Delete(3)),
+            Ok(watcher::Event::Apply(4)),
+        ]);
+        let got: Vec<i32> = applied_once_stored(events)
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(got, [1, 2, 3, 4]);
+    }
+}
+
+/// The changes a shared watch hands to one of its consumers.
+pub type ChangeStream<K> = futures::channel::mpsc::UnboundedReceiver<Arc<K>>;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::tekton::customrun::CustomRun;
@@ -275,29 +301,3 @@ mod tests {
         task.await.unwrap();
     }
 }
-
-#[cfg(test)]
-mod applied_tests {
-    use super::*;
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_listed_object_is_applied_once_the_list_is_complete() {
-        let events = futures::stream::iter(vec![
-            Ok(watcher::Event::Apply(1)),
-            Ok(watcher::Event::Init),
-            Ok(watcher::Event::InitApply(2)),
-            Ok(watcher::Event::InitApply(3)),
-            Ok(watcher::Event::InitDone),
-            Ok(watcher::Event::Delete(3)),
-            Ok(watcher::Event::Apply(4)),
-        ]);
-        let got: Vec<i32> = applied_once_stored(events)
-            .map(|r| r.unwrap())
-            .collect()
-            .await;
-        assert_eq!(got, [1, 2, 3, 4]);
-    }
-}
-
-/// The changes a shared watch hands to one of its consumers.
-pub type ChangeStream<K> = futures::channel::mpsc::UnboundedReceiver<Arc<K>>;
