@@ -248,13 +248,27 @@ fn read_params(cfg: &mut RunConfig, params: &[Param]) -> Result<Option<String>, 
     Ok(reading.key)
 }
 
+/// Keys are exact bytes once surrounding whitespace is trimmed: a key read
+/// from a task result written with `echo` ends in a newline, and must name
+/// the same lock as the key typed by hand.
 fn read_key(r: &mut Reading, value: &str) -> Result<(), String> {
-    r.key = Some(value.to_string());
+    r.key = Some(value.trim().to_string());
     Ok(())
 }
 
+/// The largest `sequence`: build numbers never get near it, and a larger one
+/// would mark its supersede group so high that every later run were stale.
+pub const MAX_SEQUENCE: i64 = 1 << 53;
+
 fn read_sequence(r: &mut Reading, value: &str) -> Result<(), String> {
-    r.cfg.sequence = Some(parse_int("sequence", value)?);
+    let sequence = parse_int("sequence", value)?;
+    if sequence > MAX_SEQUENCE {
+        return Err(format!(
+            "param \"sequence\" is {sequence}: a sequence is a build number, at most 2^53 \
+             ({MAX_SEQUENCE}); a larger one would make every later run of its group stale"
+        ));
+    }
+    r.cfg.sequence = Some(sequence);
     Ok(())
 }
 
@@ -478,6 +492,36 @@ mod tests {
             timeout: None,
             retries: None,
         })
+    }
+
+    #[test]
+    fn a_key_is_trimmed_so_echoed_results_name_the_same_lock() {
+        let by_hand = parse_with(&[("key", json!("jx-staging"))], &mutex_ref(None)).unwrap();
+        for echoed in ["jx-staging\n", "  jx-staging\t"] {
+            let cfg = parse_with(&[("key", json!(echoed))], &mutex_ref(None)).unwrap();
+            assert_eq!(
+                (&cfg.key, &cfg.spec.key),
+                (&by_hand.key, &by_hand.spec.key),
+                "{echoed:?}"
+            );
+        }
+        let blank = parse_with(&[("key", json!(" \n"))], &mutex_ref(None)).unwrap_err();
+        assert!(blank.contains("key is empty"), "{blank}");
+    }
+
+    #[test]
+    fn a_sequence_above_2_pow_53_is_invalid() {
+        let ok = parse_with(&[("sequence", json!("9007199254740992"))], &mutex_ref(None));
+        assert_eq!(ok.unwrap().sequence, Some(MAX_SEQUENCE));
+        let err = parse_with(
+            &[("sequence", json!("9223372036854775807"))],
+            &mutex_ref(None),
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("param \"sequence\"") && err.contains("2^53"),
+            "{err}"
+        );
     }
 
     /// A bad value of each param, and the param its message must name.
