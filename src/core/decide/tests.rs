@@ -1,4 +1,9 @@
 //! Table tests and property tests of the decision core.
+//!
+//! A table test is a [`Case`]: the runs, the spec and the status going in, and what
+//! the decision must show (holders, queue, cancels, last token, and what each run
+//! is told, as [`Told`] cells). Scenarios of more steps use the same cells through
+//! [`expect`].
 
 use crate::core::decide::test_entry::*;
 use crate::core::model::*;
@@ -8,6 +13,7 @@ use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 #[allow(unused_imports)]
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::mem::discriminant;
 
 pub(super) fn t(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
@@ -51,11 +57,27 @@ fn with(mut r: RunView, f: impl FnOnce(&mut RunView)) -> RunView {
     r
 }
 
-fn outcome(d: &Decision, i: usize) -> Option<&Outcome> {
-    d.outcomes
-        .iter()
-        .find(|(r, _)| r.uid == format!("uid-{i}"))
-        .map(|(_, o)| o)
+/// `run(i)` with `supersede: pending`.
+fn pending(i: usize) -> RunView {
+    with(run(i), |r| r.supersede = Supersede::Pending)
+}
+
+/// `run(i)` with `wait: "false"`.
+fn nowait(i: usize) -> RunView {
+    with(run(i), |r| r.wait = false)
+}
+
+/// A live run's phase.
+fn live(cancel_requested: bool, timeout: Timeout) -> Phase {
+    Phase::Live {
+        cancel_requested,
+        timeout,
+    }
+}
+
+/// The PipelineRun of `runs[i]` moves to `state`.
+fn set_parent(runs: &mut [RunView], i: usize, state: ParentState) {
+    runs[i].parent.as_mut().unwrap().state = state;
 }
 
 fn holders(d: &Decision) -> Vec<String> {
@@ -72,6 +94,10 @@ fn queue(d: &Decision) -> Vec<String> {
         .iter()
         .map(|w| w.pipeline_run.clone().unwrap())
         .collect()
+}
+
+fn cancels(d: &Decision) -> Vec<&str> {
+    d.cancels.iter().map(|c| c.pipeline_run.as_str()).collect()
 }
 
 /// Mark the runs the decision acquired as done, as the applier would.
@@ -101,74 +127,270 @@ fn apply(runs: &mut [RunView], d: &Decision) {
 }
 
 fn finish(runs: &mut [RunView], i: usize) {
-    runs[i].parent.as_mut().unwrap().state = ParentState::Done;
+    set_parent(runs, i, ParentState::Done);
+}
+
+// ---- table cells: what a run is told ----
+
+/// What a case expects one run to be told.
+#[derive(Debug)]
+pub(super) enum Told {
+    /// Exactly this outcome.
+    Is(Outcome),
+    /// An outcome of this kind, whatever its fields.
+    Like(Outcome),
+    /// `Acquired` with this token, however long it waited.
+    Token(i64),
+    /// Nothing: the decision has no outcome for the run.
+    Nothing,
+}
+
+fn names(holders: &[&str]) -> Vec<String> {
+    holders.iter().map(|h| h.to_string()).collect()
+}
+
+fn acquired(token: i64, waited_seconds: i64) -> Told {
+    Told::Is(Outcome::Acquired {
+        token,
+        waited_seconds,
+    })
+}
+
+fn any_acquired() -> Told {
+    Told::Like(Outcome::Acquired {
+        token: 0,
+        waited_seconds: 0,
+    })
+}
+
+/// Waiting at the head of the queue, told who holds.
+fn next_behind(holders: &[&str]) -> Told {
+    Told::Is(Outcome::Waiting {
+        next: true,
+        holders: names(holders),
+        retry: false,
+    })
+}
+
+/// As [`next_behind`], after its timeout asked for a retry.
+fn retrying_behind(holders: &[&str]) -> Told {
+    Told::Is(Outcome::Waiting {
+        next: true,
+        holders: names(holders),
+        retry: true,
+    })
+}
+
+/// Waiting further back: told only that it waits.
+fn queued() -> Told {
+    Told::Is(Outcome::Waiting {
+        next: false,
+        holders: vec![],
+        retry: false,
+    })
+}
+
+fn any_waiting() -> Told {
+    Told::Like(Outcome::Waiting {
+        next: false,
+        holders: vec![],
+        retry: false,
+    })
+}
+
+fn not_acquired(holders: &[&str]) -> Told {
+    Told::Is(Outcome::NotAcquired {
+        holders: names(holders),
+    })
+}
+
+fn any_not_acquired() -> Told {
+    Told::Like(Outcome::NotAcquired { holders: vec![] })
+}
+
+/// Superseded in group `deploy` by PipelineRun `by`.
+fn superseded_by(by: &str) -> Told {
+    Told::Is(Outcome::Superseded {
+        by: by.into(),
+        group: "deploy".into(),
+    })
+}
+
+pub(super) fn any_superseded() -> Told {
+    Told::Like(Outcome::Superseded {
+        by: String::new(),
+        group: String::new(),
+    })
+}
+
+fn cancelled(why: &str) -> Told {
+    Told::Is(Outcome::Cancelled { why: why.into() })
+}
+
+fn any_cancelled() -> Told {
+    Told::Like(Outcome::Cancelled { why: String::new() })
+}
+
+/// Check that the run of `uid` is told `want` by `d`; `case` names the row in a failure.
+#[track_caller]
+fn told_is(case: &str, d: &Decision, uid: &str, want: &Told) {
+    let got = d
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == uid)
+        .map(|(_, o)| o);
+    let ok = match want {
+        Told::Is(o) => got == Some(o),
+        Told::Like(o) => got.is_some_and(|g| discriminant(g) == discriminant(o)),
+        Told::Token(t) => matches!(got, Some(Outcome::Acquired { token, .. }) if token == t),
+        Told::Nothing => got.is_none(),
+    };
+    assert!(
+        ok,
+        "{case}: {uid} told {got:?}, want {want:?}; all told: {:?}",
+        d.outcomes
+    );
+}
+
+/// Check what each `run(i)` of `rows` is told by `d`.
+#[track_caller]
+pub(super) fn expect(d: &Decision, rows: &[(usize, Told)]) {
+    for (i, want) in rows {
+        told_is("", d, &format!("uid-{i}"), want);
+    }
+}
+
+/// Check what the run of `uid` (a sibling, say) is told by `d`.
+#[track_caller]
+fn expect_uid(d: &Decision, uid: &str, want: Told) {
+    told_is("", d, uid, &want);
+}
+
+// ---- table rows ----
+
+/// What happens between a case's two decisions: the second's time, and the change.
+type Then = Option<(i64, Box<dyn Fn(&mut Vec<RunView>)>)>;
+
+/// After the first decision (applied), `change` happens; the runs are decided again at `later`.
+fn then(later: i64, change: impl Fn(&mut Vec<RunView>) + 'static) -> Then {
+    Some((later, Box::new(change)))
+}
+
+/// A table row. `runs` are decided under `spec` from `status` at `at`. With a
+/// `then`, that decision is applied as the applier would, the change happens, and
+/// the runs are decided again from the new status. The expectations (each checked
+/// when given) are on the last decision.
+#[derive(Default)]
+struct Case {
+    name: String,
+    spec: LockSpec,
+    status: MutexStatus,
+    runs: Vec<RunView>,
+    at: i64,
+    then: Then,
+    holders: Option<&'static [&'static str]>,
+    queue: Option<&'static [&'static str]>,
+    /// The PipelineRuns to cancel, in order.
+    cancels: Option<&'static [&'static str]>,
+    last_token: Option<i64>,
+    told: Vec<(usize, Told)>,
+}
+
+/// A case's decisions, and its runs as the last decision saw them (not applied).
+struct Decided {
+    first: Decision,
+    last: Decision,
+    runs: Vec<RunView>,
+}
+
+impl Case {
+    #[track_caller]
+    fn check(self) -> Decided {
+        let name = self.name.as_str();
+        let mut runs = self.runs;
+        let first = decide(&self.spec, &self.status, &runs, t(self.at));
+        let last = match &self.then {
+            None => first.clone(),
+            Some((later, change)) => {
+                apply(&mut runs, &first);
+                change(&mut runs);
+                decide(&self.spec, &first.status, &runs, t(*later))
+            }
+        };
+        if let Some(want) = self.holders {
+            assert_eq!(holders(&last), want, "{name}: holders");
+        }
+        if let Some(want) = self.queue {
+            assert_eq!(queue(&last), want, "{name}: queue");
+        }
+        if let Some(want) = self.cancels {
+            assert_eq!(cancels(&last), want, "{name}: cancels");
+        }
+        if let Some(want) = self.last_token {
+            assert_eq!(last.status.last_token, want, "{name}: last token");
+        }
+        for (i, want) in &self.told {
+            told_is(name, &last, &format!("uid-{i}"), want);
+        }
+        Decided { first, last, runs }
+    }
 }
 
 #[test]
 fn first_run_acquires_token_one_and_others_wait_fifo() {
-    let spec = LockSpec::default();
-    let runs = vec![run(2), run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
-    assert_eq!(holders(&d), ["pr0"]);
-    assert_eq!(queue(&d), ["pr1", "pr2"]);
-    assert_eq!(
-        outcome(&d, 0),
-        Some(&Outcome::Acquired {
-            token: 1,
-            waited_seconds: 10
-        })
-    );
-    assert_eq!(
-        outcome(&d, 1),
-        Some(&Outcome::Waiting {
-            next: true,
-            holders: vec!["pr0".into()],
-            retry: false
-        })
-    );
-    assert_eq!(
-        outcome(&d, 2),
-        Some(&Outcome::Waiting {
-            next: false,
-            holders: vec![],
-            retry: false
-        })
-    );
-    assert_eq!(d.status.holding, "pr0");
-    assert_eq!(d.status.waiting, 2);
+    let d = Case {
+        runs: vec![run(2), run(0), run(1)],
+        at: 10,
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr1", "pr2"]),
+        told: vec![
+            (0, acquired(1, 10)),
+            (1, next_behind(&["pr0"])),
+            (2, queued()),
+        ],
+        ..Case::default()
+    }
+    .check();
+    assert_eq!(d.last.status.holding, "pr0");
+    assert_eq!(d.last.status.waiting, 2);
 }
 
 #[test]
 fn holder_released_when_parent_done_gone_or_run_deleted() {
-    let spec = LockSpec::default();
-    for how in ["done", "gone", "deleted"] {
-        let mut runs = vec![run(0), run(1)];
-        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-        apply(&mut runs, &d);
-        match how {
-            "done" => finish(&mut runs, 0),
-            "gone" => runs[0].parent.as_mut().unwrap().state = ParentState::Gone,
-            _ => {
-                runs.remove(0);
-            }
+    type Release = fn(&mut Vec<RunView>);
+    let rows: [(&str, Release); 3] = [
+        ("done", |runs| finish(runs, 0)),
+        ("gone", |runs| set_parent(runs, 0, ParentState::Gone)),
+        ("deleted", |runs| {
+            runs.remove(0);
+        }),
+    ];
+    for (how, change) in rows {
+        Case {
+            name: how.into(),
+            runs: vec![run(0), run(1)],
+            at: 5,
+            then: then(6, change),
+            holders: Some(&["pr1"]),
+            last_token: Some(2),
+            ..Case::default()
         }
-        let d2 = decide(&spec, &d.status, &runs, t(6));
-        assert_eq!(holders(&d2), ["pr1"], "{how}");
-        assert_eq!(d2.status.last_token, 2, "{how}");
+        .check();
     }
 }
 
 #[test]
 fn holder_stays_while_parent_runs_finally_even_if_run_cancelled() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    apply(&mut runs, &d);
-    runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
-    let d2 = decide(&spec, &d.status, &runs, t(6));
-    assert_eq!(holders(&d2), ["pr0"]);
+    let d = Case {
+        runs: vec![run(0), run(1)],
+        at: 5,
+        then: then(6, |runs| set_parent(runs, 0, ParentState::StopRequested)),
+        holders: Some(&["pr0"]),
+        ..Case::default()
+    }
+    .check();
     assert_eq!(
-        d2.status, d.status,
+        d.last.status, d.first.status,
         "nothing changes while the holder winds down"
     );
 }
@@ -190,59 +412,45 @@ fn standalone_run_holds_until_deleted() {
 
 #[test]
 fn cancelled_and_timed_out_waiters_leave_the_queue() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1), run(2), run(3)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    apply(&mut runs, &d);
-    runs[1].phase = Phase::Live {
-        cancel_requested: true,
-        timeout: Timeout::NotYet,
-    };
-    runs[2].phase = Phase::Live {
-        cancel_requested: false,
-        timeout: Timeout::Final,
-    };
-    runs[3].phase = Phase::Live {
-        cancel_requested: false,
-        timeout: Timeout::Retry,
-    };
-    let d2 = decide(&spec, &d.status, &runs, t(6));
-    assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
-    assert_eq!(outcome(&d2, 2), Some(&Outcome::TimedOut));
-    assert_eq!(
-        outcome(&d2, 3),
-        Some(&Outcome::Waiting {
-            next: true,
-            holders: vec!["pr0".into()],
-            retry: true
-        })
-    );
-    assert_eq!(queue(&d2), ["pr3"]);
+    Case {
+        runs: (0..4).map(run).collect(),
+        at: 5,
+        then: then(6, |runs| {
+            runs[1].phase = live(true, Timeout::NotYet);
+            runs[2].phase = live(false, Timeout::Final);
+            runs[3].phase = live(false, Timeout::Retry);
+        }),
+        queue: Some(&["pr3"]),
+        told: vec![
+            (1, any_cancelled()),
+            (2, Told::Is(Outcome::TimedOut)),
+            (3, retrying_behind(&["pr0"])),
+        ],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn supersede_pending_keeps_holder_and_newest_waiter() {
-    let spec = LockSpec::default();
-    let runs: Vec<RunView> = (0..5)
-        .map(|i| with(run(i), |r| r.supersede = Supersede::Pending))
-        .collect();
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(holders(&d), ["pr0"]);
-    assert_eq!(queue(&d), ["pr4"]);
     // One batch decides as if they arrived one by one: each is superseded by the next.
-    for i in 1..4 {
-        assert_eq!(
-            outcome(&d, i),
-            Some(&Outcome::Superseded {
-                by: format!("pr{}", i + 1),
-                group: "deploy".into()
-            })
-        );
+    let d = Case {
+        runs: (0..5).map(pending).collect(),
+        at: 5,
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr4"]),
+        cancels: Some(&["pr1", "pr2", "pr3"]),
+        told: vec![
+            (1, superseded_by("pr2")),
+            (2, superseded_by("pr3")),
+            (3, superseded_by("pr4")),
+        ],
+        ..Case::default()
     }
-    let cancelled: Vec<_> = d.cancels.iter().map(|c| c.pipeline_run.as_str()).collect();
-    assert_eq!(cancelled, ["pr1", "pr2", "pr3"]);
+    .check();
     assert!(
-        d.cancels
+        d.last
+            .cancels
             .iter()
             .all(|c| c.mode == CancelMode::CancelledRunFinally)
     );
@@ -258,8 +466,7 @@ fn supersede_running_cancels_older_holder_but_waits_for_it() {
     apply(&mut runs, &d);
     let d2 = decide(&spec, &d.status, &runs, t(2));
     assert_eq!(holders(&d2), ["pr0"]);
-    assert_eq!(d2.cancels.len(), 1);
-    assert_eq!(d2.cancels[0].pipeline_run, "pr0");
+    assert_eq!(cancels(&d2), ["pr0"]);
     apply(&mut runs, &d2);
     let d3 = decide(&spec, &d2.status, &runs, t(3));
     assert!(d3.cancels.is_empty(), "no second cancel while it stops");
@@ -273,48 +480,35 @@ fn supersede_running_cancels_older_holder_but_waits_for_it() {
     assert_eq!(holders(&d4), ["pr1"]);
 }
 
+/// `pending(i)` with sequence `s`.
+fn sequenced(i: usize, s: i64) -> RunView {
+    with(pending(i), |r| r.age.sequence = Some(s))
+}
+
 #[test]
 fn stale_arrival_is_superseded_and_cancelled() {
-    let spec = LockSpec::default();
-    let seq = |i: usize, s: i64| {
-        with(run(i), |r| {
-            r.supersede = Supersede::Pending;
-            r.age.sequence = Some(s);
-        })
-    };
     // pr0 (seq 80) is granted first; pr1 (seq 79) arrives later but is older.
-    let mut runs = vec![seq(0, 80)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs.push(seq(1, 79));
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(
-        outcome(&d2, 1),
-        Some(&Outcome::Superseded {
-            by: "pr0".into(),
-            group: "deploy".into()
-        })
-    );
-    assert_eq!(d2.cancels[0].pipeline_run, "pr1");
+    let mut d = Case {
+        runs: vec![sequenced(0, 80)],
+        at: 1,
+        then: then(2, |runs| runs.push(sequenced(1, 79))),
+        told: vec![(1, superseded_by("pr0"))],
+        ..Case::default()
+    }
+    .check();
+    assert_eq!(d.last.cancels[0].pipeline_run, "pr1");
     // Even after pr0 finished: the group remembers it.
-    apply(&mut runs, &d2);
-    finish(&mut runs, 0);
-    runs.push(seq(2, 78));
-    let d3 = decide(&spec, &d2.status, &runs, t(3));
-    assert_eq!(
-        outcome(&d3, 2),
-        Some(&Outcome::Superseded {
-            by: "pr0".into(),
-            group: "deploy".into()
-        })
-    );
+    apply(&mut d.runs, &d.last);
+    finish(&mut d.runs, 0);
+    d.runs.push(sequenced(2, 78));
+    let d3 = decide(&LockSpec::default(), &d.last.status, &d.runs, t(3));
+    expect(&d3, &[(2, superseded_by("pr0"))]);
 }
 
 #[test]
 fn restart_between_supersede_writes_redoes_the_cancel() {
     let spec = LockSpec::default();
-    let mut runs = vec![with(run(0), |r| {
-        r.supersede = Supersede::Pending;
+    let mut runs = vec![with(pending(0), |r| {
         r.phase = Phase::Done { superseded: true }
     })];
     let status = MutexStatus {
@@ -334,87 +528,95 @@ fn restart_between_supersede_writes_redoes_the_cancel() {
     let d = decide(&spec, &status, &runs, t(10));
     assert_eq!(d.cancels.len(), 1);
     assert_eq!(d.cancels[0].superseded_by, "pr9");
-    runs[0].parent.as_mut().unwrap().state = ParentState::StopRequested;
+    set_parent(&mut runs, 0, ParentState::StopRequested);
     assert!(decide(&spec, &status, &runs, t(10)).cancels.is_empty());
 }
 
 #[test]
 fn groups_do_not_supersede_each_other() {
-    let spec = LockSpec::default();
-    let runs = vec![
-        with(run(0), |r| r.supersede = Supersede::Pending),
-        with(run(1), |r| r.supersede = Supersede::Pending),
-        with(run(2), |r| {
-            r.supersede = Supersede::Pending;
-            r.group = "other".into()
-        }),
-    ];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(holders(&d), ["pr0"]);
-    assert_eq!(queue(&d), ["pr1", "pr2"]);
-    assert!(d.cancels.is_empty());
+    Case {
+        runs: vec![
+            pending(0),
+            pending(1),
+            with(pending(2), |r| r.group = "other".into()),
+        ],
+        at: 5,
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr1", "pr2"]),
+        cancels: Some(&[]),
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn priority_then_order() {
-    let mut spec = LockSpec::default();
     let runs = vec![run(0), run(1), run(2), with(run(3), |r| r.priority = 5)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(queue(&d), ["pr3", "pr1", "pr2"]);
-    spec.order = Order::NewestFirst;
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(holders(&d), ["pr0"], "the first arrival took the free slot");
-    assert_eq!(queue(&d), ["pr3", "pr2", "pr1"]);
+    Case {
+        name: "oldest first".into(),
+        runs: runs.clone(),
+        at: 5,
+        queue: Some(&["pr3", "pr1", "pr2"]),
+        ..Case::default()
+    }
+    .check();
+    Case {
+        name: "newest first".into(),
+        spec: LockSpec {
+            order: Order::NewestFirst,
+            ..Default::default()
+        },
+        runs,
+        at: 5,
+        // The first arrival took the free slot.
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr3", "pr2", "pr1"]),
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn wait_false_takes_a_free_slot_or_gives_up() {
-    let spec = LockSpec::default();
-    let runs = vec![
-        with(run(0), |r| r.wait = false),
-        with(run(1), |r| r.wait = false),
-    ];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(
-        outcome(&d, 0),
-        Some(&Outcome::Acquired {
-            token: 1,
-            waited_seconds: 5
-        })
-    );
-    assert_eq!(
-        outcome(&d, 1),
-        Some(&Outcome::NotAcquired {
-            holders: vec!["pr0".into()]
-        })
-    );
-    assert!(d.status.queue.is_empty());
+    Case {
+        runs: vec![nowait(0), nowait(1)],
+        at: 5,
+        queue: Some(&[]),
+        told: vec![(0, acquired(1, 5)), (1, not_acquired(&["pr0"]))],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn capacity_two_grants_two() {
-    let spec = LockSpec {
-        capacity: 2,
-        ..Default::default()
-    };
-    let d = decide(
-        &spec,
-        &MutexStatus::default(),
-        &[run(0), run(1), run(2)],
-        t(5),
-    );
-    assert_eq!(holders(&d), ["pr0", "pr1"]);
-    assert_eq!(d.status.holding, "pr0,pr1");
+    let d = Case {
+        spec: LockSpec {
+            capacity: 2,
+            ..Default::default()
+        },
+        runs: vec![run(0), run(1), run(2)],
+        at: 5,
+        holders: Some(&["pr0", "pr1"]),
+        ..Case::default()
+    }
+    .check();
+    assert_eq!(d.last.status.holding, "pr0,pr1");
 }
 
 #[test]
 fn decision_is_a_fixed_point() {
-    let spec = LockSpec::default();
-    let mut runs: Vec<RunView> = (0..4).map(run).collect();
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    apply(&mut runs, &d);
-    let d2 = decide(&spec, &d.status, &runs, t(50));
-    assert_eq!(d2.status, d.status, "re-deciding later writes nothing new");
+    let d = Case {
+        runs: (0..4).map(run).collect(),
+        at: 5,
+        then: then(50, |_| {}),
+        ..Case::default()
+    }
+    .check();
+    assert_eq!(
+        d.last.status, d.first.status,
+        "re-deciding later writes nothing new"
+    );
 }
 
 // ---- property tests: a simulated world driven by random events ----
@@ -768,50 +970,35 @@ fn still_holds_in_world(r: &RunView) -> bool {
 fn superseded_wins_over_the_cancel_it_causes() {
     // The controller cancels a superseded run's PipelineRun before marking the run;
     // Tekton then cancels the run itself. It must still end Superseded.
-    let spec = LockSpec::default();
-    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
-    let mut runs = vec![pending(0), pending(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs.push(pending(2));
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(
-        outcome(&d2, 1),
-        Some(&Outcome::Superseded {
-            by: "pr2".into(),
-            group: "deploy".into()
-        })
-    );
+    let mut d = Case {
+        runs: vec![pending(0), pending(1)],
+        at: 1,
+        then: then(2, |runs| runs.push(pending(2))),
+        told: vec![(1, superseded_by("pr2"))],
+        ..Case::default()
+    }
+    .check();
     // The mark was lost (status write conflicted); Tekton's cancel arrives first.
-    runs[1].phase = Phase::Live {
-        cancel_requested: true,
-        timeout: Timeout::NotYet,
-    };
-    runs[2].phase = Phase::Live {
-        cancel_requested: false,
-        timeout: Timeout::NotYet,
-    };
-    let d3 = decide(&spec, &d2.status, &runs, t(3));
-    assert_eq!(
-        outcome(&d3, 1),
-        Some(&Outcome::Superseded {
-            by: "pr2".into(),
-            group: "deploy".into()
-        })
-    );
+    d.runs[1].phase = live(true, Timeout::NotYet);
+    d.runs[2].phase = live(false, Timeout::NotYet);
+    let d3 = decide(&LockSpec::default(), &d.last.status, &d.runs, t(3));
+    expect(&d3, &[(1, superseded_by("pr2"))]);
 }
 
 #[test]
 fn a_stopping_pipelinerun_is_never_granted() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1), run(2)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs[1].parent.as_mut().unwrap().state = ParentState::StopRequested;
-    finish(&mut runs, 0);
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert!(matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })));
-    assert_eq!(holders(&d2), ["pr2"]);
+    Case {
+        runs: vec![run(0), run(1), run(2)],
+        at: 1,
+        then: then(2, |runs| {
+            set_parent(runs, 1, ParentState::StopRequested);
+            finish(runs, 0);
+        }),
+        holders: Some(&["pr2"]),
+        told: vec![(1, any_cancelled())],
+        ..Case::default()
+    }
+    .check();
 }
 
 /// A second lock run of the same PipelineRun (a matrix, or two lock tasks).
@@ -824,41 +1011,35 @@ fn sibling(i: usize, n: usize) -> RunView {
 
 #[test]
 fn a_pipelinerun_that_holds_the_key_reenters_at_once() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs.push(with(sibling(0, 2), |r| r.supersede = Supersede::Pending));
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    let got = d2
-        .outcomes
-        .iter()
-        .find(|(r, _)| r.uid == "uid-0-2")
-        .map(|(_, o)| o);
-    assert!(
-        matches!(got, Some(Outcome::Acquired { token: 1, .. })),
-        "{got:?}"
-    );
-    assert_eq!(
-        holders(&d2),
-        ["pr0"],
-        "one holder entry, capacity unchanged"
-    );
-    assert_eq!(queue(&d2), ["pr1"]);
+    let d = Case {
+        runs: vec![run(0), run(1)],
+        at: 1,
+        then: then(2, |runs| {
+            runs.push(with(sibling(0, 2), |r| r.supersede = Supersede::Pending))
+        }),
+        // One holder entry, capacity unchanged.
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr1"]),
+        ..Case::default()
+    }
+    .check();
+    expect_uid(&d.last, "uid-0-2", Told::Token(1));
 }
 
 #[test]
 fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1), sibling(1, 2)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    assert_eq!(d.status.queue.len(), 2, "both of pr1's runs wait");
-    finish(&mut runs, 0);
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(holders(&d2), ["pr1"]);
-    assert!(d2.status.queue.is_empty());
-    let tokens: Vec<_> = d2
+    let d = Case {
+        runs: vec![run(0), run(1), sibling(1, 2)],
+        at: 1,
+        then: then(2, |runs| finish(runs, 0)),
+        holders: Some(&["pr1"]),
+        queue: Some(&[]),
+        ..Case::default()
+    }
+    .check();
+    assert_eq!(d.first.status.queue.len(), 2, "both of pr1's runs wait");
+    let tokens: Vec<_> = d
+        .last
         .outcomes
         .iter()
         .filter_map(|(_, o)| match o {
@@ -871,72 +1052,66 @@ fn lock_runs_of_one_waiting_pipelinerun_are_granted_together() {
 
 #[test]
 fn waited_seconds_count_from_when_the_run_started_waiting() {
-    let spec = LockSpec::default();
     // pr1's PipelineRun was created at 1, but its lock run only started waiting at 40.
-    let mut runs = vec![run(0), with(run(1), |r| r.waiting_since = t(40))];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(41));
-    apply(&mut runs, &d);
-    finish(&mut runs, 0);
-    let d2 = decide(&spec, &d.status, &runs, t(100));
-    assert_eq!(
-        outcome(&d2, 1),
-        Some(&Outcome::Acquired {
-            token: 2,
-            waited_seconds: 60
-        })
-    );
+    Case {
+        runs: vec![run(0), with(run(1), |r| r.waiting_since = t(40))],
+        at: 41,
+        then: then(100, |runs| finish(runs, 0)),
+        told: vec![(1, acquired(2, 60))],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn a_cancel_carries_tektons_reason_into_the_message() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs[1].phase = Phase::Live {
-        cancel_requested: true,
-        timeout: Timeout::NotYet,
-    };
-    runs[1].cancel_message =
-        Some("CustomRun cancelled as the PipelineRun it belongs to has timed out.".into());
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(
-        outcome(&d2, 1),
-        Some(&Outcome::Cancelled {
-            why: "the run was cancelled while waiting: CustomRun cancelled as the PipelineRun it belongs to has timed out.".into()
-        })
-    );
+    Case {
+        runs: vec![run(0), run(1)],
+        at: 1,
+        then: then(2, |runs| {
+            runs[1].phase = live(true, Timeout::NotYet);
+            runs[1].cancel_message =
+                Some("CustomRun cancelled as the PipelineRun it belongs to has timed out.".into());
+        }),
+        told: vec![(
+            1,
+            cancelled(
+                "the run was cancelled while waiting: CustomRun cancelled as the PipelineRun it belongs to has timed out.",
+            ),
+        )],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn wait_false_is_decided_after_a_release_in_the_same_sync() {
-    // pr0 holds, pr1 waits; pr0's PipelineRun ends as pr2 (wait "false") arrives.
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    finish(&mut runs, 0);
-    runs.push(with(run(2), |r| r.wait = false));
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(holders(&d2), ["pr1"], "the freed slot goes to the waiter");
-    assert_eq!(
-        outcome(&d2, 2),
-        Some(&Outcome::NotAcquired {
-            holders: vec!["pr1".into()]
-        })
-    );
-    assert!(d2.status.queue.is_empty(), "wait \"false\" never queues");
-    // Alone, a freed slot is its own.
-    let mut runs = vec![run(0)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    finish(&mut runs, 0);
-    runs.push(with(run(2), |r| r.wait = false));
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert!(matches!(
-        outcome(&d2, 2),
-        Some(Outcome::Acquired { token: 2, .. })
-    ));
+    // The holder pr0's PipelineRun ends as pr2 (wait "false") arrives.
+    let release_as_pr2_arrives = |runs: &mut Vec<RunView>| {
+        finish(runs, 0);
+        runs.push(nowait(2));
+    };
+    Case {
+        name: "behind a waiter".into(),
+        runs: vec![run(0), run(1)],
+        at: 1,
+        then: then(2, release_as_pr2_arrives),
+        // The freed slot goes to the waiter; wait "false" never queues.
+        holders: Some(&["pr1"]),
+        queue: Some(&[]),
+        told: vec![(2, not_acquired(&["pr1"]))],
+        ..Case::default()
+    }
+    .check();
+    Case {
+        name: "alone: a freed slot is its own".into(),
+        runs: vec![run(0)],
+        at: 1,
+        then: then(2, release_as_pr2_arrives),
+        told: vec![(2, Told::Token(2))],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
@@ -978,85 +1153,86 @@ fn a_pipelinerun_never_supersedes_itself() {
 
 #[test]
 fn holder_keeps_the_slot_while_a_pod_of_its_ended_pipelinerun_drains() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    apply(&mut runs, &d);
     // Cancelled: Tekton marks it done at once, its step is in its grace period.
-    runs[0].parent.as_mut().unwrap().state = ParentState::Draining;
-    let d2 = decide(&spec, &d.status, &runs, t(6));
-    assert_eq!(holders(&d2), ["pr0"]);
-    assert_eq!(queue(&d2), ["pr1"]);
-    finish(&mut runs, 0);
-    let d3 = decide(&spec, &d2.status, &runs, t(7));
+    let mut d = Case {
+        runs: vec![run(0), run(1)],
+        at: 5,
+        then: then(6, |runs| set_parent(runs, 0, ParentState::Draining)),
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr1"]),
+        ..Case::default()
+    }
+    .check();
+    finish(&mut d.runs, 0);
+    let d3 = decide(&LockSpec::default(), &d.last.status, &d.runs, t(7));
     assert_eq!(holders(&d3), ["pr1"]);
     assert_eq!(d3.status.last_token, 2);
 }
 
 #[test]
 fn a_deleted_lock_run_keeps_the_slot_until_its_pipelinerun_is_released() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0), run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    apply(&mut runs, &d);
-    runs[0].phase = Phase::Deleted;
-    for state in [
-        ParentState::Running,
-        ParentState::StopRequested,
-        ParentState::Draining,
-    ] {
-        runs[0].parent.as_mut().unwrap().state = state;
-        let d2 = decide(&spec, &d.status, &runs, t(6));
-        assert_eq!(holders(&d2), ["pr0"], "{state:?}");
-        assert!(outcome(&d2, 0).is_none(), "a deleted run is told nothing");
-    }
-    for state in [ParentState::Done, ParentState::Gone] {
-        runs[0].parent.as_mut().unwrap().state = state;
-        let d2 = decide(&spec, &d.status, &runs, t(7));
-        assert_eq!(holders(&d2), ["pr1"], "{state:?}");
+    use ParentState::*;
+    // The PipelineRun's state, when it is decided, and who then holds.
+    let rows = [
+        (Running, 6, "pr0"),
+        (StopRequested, 6, "pr0"),
+        (Draining, 6, "pr0"),
+        (Done, 7, "pr1"),
+        (Gone, 7, "pr1"),
+    ];
+    for (state, later, holder) in rows {
+        let d = Case {
+            name: format!("{state:?}"),
+            runs: vec![run(0), run(1)],
+            at: 5,
+            then: then(later, move |runs| {
+                runs[0].phase = Phase::Deleted;
+                set_parent(runs, 0, state);
+            }),
+            ..Case::default()
+        }
+        .check();
+        assert_eq!(holders(&d.last), [holder], "{state:?}");
+        if holder == "pr0" {
+            // A deleted run is told nothing.
+            expect(&d.last, &[(0, Told::Nothing)]);
+        }
     }
 }
 
 #[test]
 fn tokens_never_wrap() {
-    let spec = LockSpec::default();
-    let status = MutexStatus {
-        last_token: i64::MAX,
-        ..Default::default()
-    };
-    let d = decide(&spec, &status, &[run(0)], t(1));
-    assert!(d.status.holders.is_empty(), "no grant past i64::MAX");
-    assert_eq!(d.status.last_token, i64::MAX);
-    assert!(matches!(outcome(&d, 0), Some(Outcome::Waiting { .. })));
+    Case {
+        status: MutexStatus {
+            last_token: i64::MAX,
+            ..Default::default()
+        },
+        runs: vec![run(0)],
+        at: 1,
+        // No grant past i64::MAX.
+        holders: Some(&[]),
+        last_token: Some(i64::MAX),
+        told: vec![(0, any_waiting())],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn a_run_that_never_held_leaves_no_mark() {
     // Build 82 joins behind 80 and is cancelled by a person: a rerun of 81 (a rollback)
     // is not stale.
-    let spec = LockSpec::default();
-    let seq = |i: usize, s: i64| {
-        with(run(i), |r| {
-            r.supersede = Supersede::Pending;
-            r.age.sequence = Some(s);
-        })
-    };
-    let mut runs = vec![seq(0, 80), seq(1, 82)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs[1].phase = Phase::Live {
-        cancel_requested: true,
-        timeout: Timeout::NotYet,
-    };
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    apply(&mut runs, &d2);
-    runs.push(seq(2, 81));
-    let d3 = decide(&spec, &d2.status, &runs, t(3));
-    assert!(
-        matches!(outcome(&d3, 2), Some(Outcome::Waiting { .. })),
-        "{:?}",
-        outcome(&d3, 2)
-    );
+    let mut d = Case {
+        runs: vec![sequenced(0, 80), sequenced(1, 82)],
+        at: 1,
+        then: then(2, |runs| runs[1].phase = live(true, Timeout::NotYet)),
+        ..Case::default()
+    }
+    .check();
+    apply(&mut d.runs, &d.last);
+    d.runs.push(sequenced(2, 81));
+    let d3 = decide(&LockSpec::default(), &d.last.status, &d.runs, t(3));
+    expect(&d3, &[(2, any_waiting())]);
     assert!(d3.cancels.is_empty());
     // The granted build marks its group.
     let marks: Vec<_> = d3.status.groups.iter().map(|m| m.newest.sequence).collect();
@@ -1065,66 +1241,58 @@ fn a_run_that_never_held_leaves_no_mark() {
 
 #[test]
 fn a_run_alone_in_its_group_leaves_no_mark() {
-    let spec = LockSpec::default();
-    let alone = |i: usize| {
-        with(run(i), |r| {
-            r.supersede = Supersede::Pending;
-            r.group = r.age.name.clone();
-        })
-    };
-    let mut runs = vec![alone(0), with(alone(1), |r| r.parent = None)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    finish(&mut runs, 0);
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(d2.status.holders.len(), 1, "the standalone run was granted");
-    assert!(d2.status.groups.is_empty(), "{:?}", d2.status.groups);
+    let alone = |i: usize| with(pending(i), |r| r.group = r.age.name.clone());
+    let d = Case {
+        runs: vec![alone(0), with(alone(1), |r| r.parent = None)],
+        at: 1,
+        then: then(2, |runs| finish(runs, 0)),
+        ..Case::default()
+    }
+    .check();
+    let st = &d.last.status;
+    assert_eq!(st.holders.len(), 1, "the standalone run was granted");
+    assert!(st.groups.is_empty(), "{:?}", st.groups);
 }
 
 #[test]
 fn an_older_arrival_behind_a_newer_waiter_is_stale() {
-    let spec = LockSpec::default();
-    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
-    let mut runs = vec![pending(0), pending(2)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
-    apply(&mut runs, &d);
-    runs.push(pending(1));
-    let d2 = decide(&spec, &d.status, &runs, t(4));
-    assert!(matches!(outcome(&d2, 1), Some(Outcome::Superseded { by, .. }) if by == "pr2"));
-    assert_eq!(queue(&d2), ["pr2"]);
+    Case {
+        runs: vec![pending(0), pending(2)],
+        at: 3,
+        then: then(4, |runs| runs.push(pending(1))),
+        queue: Some(&["pr2"]),
+        told: vec![(1, superseded_by("pr2"))],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn a_deleted_standalone_holder_is_released() {
-    let spec = LockSpec::default();
-    let lone = with(run(0), |r| r.parent = None);
-    let mut runs = vec![lone, run(1)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    apply(&mut runs, &d);
-    runs[0].phase = Phase::Deleted;
-    let d2 = decide(&spec, &d.status, &runs, t(6));
-    assert_eq!(holders(&d2), ["pr1"]);
+    Case {
+        runs: vec![with(run(0), |r| r.parent = None), run(1)],
+        at: 5,
+        then: then(6, |runs| runs[0].phase = Phase::Deleted),
+        holders: Some(&["pr1"]),
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
-    let spec = LockSpec::default();
-    for state in [
-        ParentState::Draining,
-        ParentState::Done,
-        ParentState::StopRequested,
-    ] {
-        let mut runs = vec![run(0), run(1)];
-        let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-        apply(&mut runs, &d);
-        runs[1].parent.as_mut().unwrap().state = state;
-        let d2 = decide(&spec, &d.status, &runs, t(6));
-        assert!(queue(&d2).is_empty(), "{state:?}");
-        assert!(
-            matches!(outcome(&d2, 1), Some(Outcome::Cancelled { .. })),
-            "{state:?}: {:?}",
-            outcome(&d2, 1)
-        );
+    use ParentState::*;
+    for state in [Draining, Done, StopRequested] {
+        Case {
+            name: format!("{state:?}"),
+            runs: vec![run(0), run(1)],
+            at: 5,
+            then: then(6, move |runs| set_parent(runs, 1, state)),
+            queue: Some(&[]),
+            told: vec![(1, any_cancelled())],
+            ..Case::default()
+        }
+        .check();
     }
 }
 
@@ -1132,39 +1300,37 @@ fn a_waiter_whose_pipelinerun_ended_or_drains_leaves_cancelled() {
 fn a_pipelinerun_is_known_by_its_uid_not_its_name() {
     // pr0 holds; it is deleted and re-created under the same name before the
     // controller sees the deletion. The new one is another PipelineRun.
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    let again = with(sibling(0, 2), |r| {
-        r.parent.as_mut().unwrap().uid = "pr0-uid-2".into()
-    });
-    runs.push(again);
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    let got = d2
-        .outcomes
-        .iter()
-        .find(|(r, _)| r.uid == "uid-0-2")
-        .map(|(_, o)| o);
-    assert!(
-        matches!(got, Some(Outcome::Waiting { .. })),
-        "no pass with the old token: {got:?}"
-    );
+    let d = Case {
+        runs: vec![run(0)],
+        at: 1,
+        then: then(2, |runs| {
+            runs.push(with(sibling(0, 2), |r| {
+                r.parent.as_mut().unwrap().uid = "pr0-uid-2".into()
+            }))
+        }),
+        ..Case::default()
+    }
+    .check();
+    // No pass with the old token.
+    expect_uid(&d.last, "uid-0-2", any_waiting());
     assert_eq!(
-        d2.status.holders[0].pipeline_run_uid.as_deref(),
+        d.last.status.holders[0].pipeline_run_uid.as_deref(),
         Some("pr0-uid")
     );
     // A cancel names the uid it is for.
-    let pending = |i: usize| with(run(i), |r| r.supersede = Supersede::Pending);
-    let runs = vec![pending(1), pending(2), pending(3)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(d.cancels[0].pipeline_run_uid, "pr2-uid");
+    let d = Case {
+        runs: vec![pending(1), pending(2), pending(3)],
+        at: 5,
+        ..Case::default()
+    }
+    .check();
+    assert_eq!(d.last.cancels[0].pipeline_run_uid, "pr2-uid");
 }
 
 // ---- state is rebuilt from the runs, never reset (issue 10, item 1) ----
 
 /// A run that was told `Acquired` with `token`, as it shows after the grant.
-fn acquired(i: usize, token: i64) -> RunView {
+fn granted(i: usize, token: i64) -> RunView {
     with(run(i), |r| {
         r.phase = Phase::Done { superseded: false };
         r.acquired_token = Some(token);
@@ -1174,41 +1340,37 @@ fn acquired(i: usize, token: i64) -> RunView {
 #[test]
 fn a_wiped_status_adopts_the_holder_and_keeps_tokens_rising() {
     let spec = LockSpec::default();
-    let runs = vec![acquired(0, 41), run(1)];
+    let mut runs = vec![granted(0, 41), run(1)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
     assert_eq!(holders(&d), ["pr0"], "the run told Acquired holds again");
     assert_eq!(d.status.holders[0].token, 41);
     assert_eq!(queue(&d), ["pr1"], "no double grant");
     assert_eq!(d.status.last_token, 41);
-    let mut runs = runs;
     finish(&mut runs, 0);
     let d2 = decide(&spec, &d.status, &runs, t(6));
-    assert_eq!(
-        outcome(&d2, 1),
-        Some(&Outcome::Acquired {
-            token: 42,
-            waited_seconds: 5
-        })
-    );
+    expect(&d2, &[(1, acquired(42, 5))]);
 }
 
 #[test]
 fn last_token_never_below_a_token_a_run_shows() {
     // Ended runs hold nothing, but their tokens still count.
-    let spec = LockSpec::default();
     let done = |i, tok| {
-        let mut r = acquired(i, tok);
-        r.parent.as_mut().unwrap().state = ParentState::Done;
-        r
+        with(granted(i, tok), |r| {
+            r.parent.as_mut().unwrap().state = ParentState::Done
+        })
     };
-    let runs = vec![done(0, 7), done(1, 90), run(2)];
-    let old = MutexStatus {
-        last_token: 12,
-        ..Default::default()
-    };
-    let d = decide(&spec, &old, &runs, t(5));
-    assert!(d.status.holders.iter().all(|h| h.token == 91));
-    assert_eq!(d.status.last_token, 91);
+    let d = Case {
+        status: MutexStatus {
+            last_token: 12,
+            ..Default::default()
+        },
+        runs: vec![done(0, 7), done(1, 90), run(2)],
+        at: 5,
+        last_token: Some(91),
+        ..Case::default()
+    }
+    .check();
+    assert!(d.last.status.holders.iter().all(|h| h.token == 91));
 }
 
 #[test]
@@ -1231,42 +1393,52 @@ fn an_old_copy_of_the_status_is_corrected_from_the_runs() {
 
 #[test]
 fn siblings_of_an_adopted_holder_are_one_holder() {
-    let spec = LockSpec::default();
-    let a = with(acquired(0, 3), |r| {
+    let a = with(granted(0, 3), |r| {
         r.run.uid = "uid-0a".into();
         r.run.name = "pr0-lock-a".into();
     });
-    let runs = vec![a, acquired(0, 3)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(holders(&d), ["pr0"]);
+    Case {
+        runs: vec![a, granted(0, 3)],
+        at: 5,
+        holders: Some(&["pr0"]),
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn a_released_run_is_not_adopted() {
-    let spec = LockSpec::default();
-    for state in [ParentState::Done, ParentState::Gone] {
-        let mut r = acquired(0, 3);
-        r.parent.as_mut().unwrap().state = state;
-        let d = decide(&spec, &MutexStatus::default(), &[r, run(1)], t(5));
-        assert_eq!(holders(&d), ["pr1"], "{state:?}");
-        assert_eq!(d.status.holders[0].token, 4);
+    use ParentState::*;
+    // The state of the PipelineRun told Acquired with token 3, who then holds and
+    // with what token. A draining PipelineRun still holds.
+    let rows = [(Done, "pr1", 4), (Gone, "pr1", 4), (Draining, "pr0", 3)];
+    for (state, holder, token) in rows {
+        let d = Case {
+            name: format!("{state:?}"),
+            runs: vec![
+                with(granted(0, 3), |r| r.parent.as_mut().unwrap().state = state),
+                run(1),
+            ],
+            at: 5,
+            ..Case::default()
+        }
+        .check();
+        assert_eq!(holders(&d.last), [holder], "{state:?}");
+        assert_eq!(d.last.status.holders[0].token, token, "{state:?}");
     }
-    // A draining PipelineRun still holds.
-    let mut r = acquired(0, 3);
-    r.parent.as_mut().unwrap().state = ParentState::Draining;
-    let d = decide(&spec, &MutexStatus::default(), &[r, run(1)], t(5));
-    assert_eq!(holders(&d), ["pr0"]);
 }
 
 #[test]
 fn a_lost_status_rebuilds_the_supersede_mark_of_a_granted_run() {
-    let spec = LockSpec::default();
-    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
-    let holder = with(acquired(5, 3), |r| r.supersede = Supersede::Pending);
-    let mut stale = pending(2);
-    stale.age.created = t(2);
-    let d = decide(&spec, &MutexStatus::default(), &[holder, stale], t(9));
-    assert!(matches!(outcome(&d, 2), Some(Outcome::Superseded { .. })));
+    let holder = with(granted(5, 3), |r| r.supersede = Supersede::Pending);
+    let stale = with(pending(2), |r| r.age.created = t(2));
+    Case {
+        runs: vec![holder, stale],
+        at: 9,
+        told: vec![(2, any_superseded())],
+        ..Case::default()
+    }
+    .check();
 }
 
 // ---- a Mutex marked for deletion ----
@@ -1285,26 +1457,20 @@ fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
     let d2 = decide_with(&spec, &d.status, &runs, t(2), deleting);
     assert_eq!(holders(&d2), ["pr0"], "the holder keeps the slot");
     assert_eq!(queue(&d2), ["pr1"], "the waiter keeps its place");
-    assert_eq!(outcome(&d2, 2), Some(&Outcome::MutexDeleting));
+    expect(&d2, &[(2, Told::Is(Outcome::MutexDeleting))]);
     // The waiter is still served; the newcomer still kept out.
     finish(&mut runs, 0);
     let d3 = decide_with(&spec, &d2.status, &runs, t(3), deleting);
     assert_eq!(holders(&d3), ["pr1"]);
     assert_eq!(d3.status.holders[0].token, 2);
-    assert_eq!(outcome(&d3, 2), Some(&Outcome::MutexDeleting));
+    expect(&d3, &[(2, Told::Is(Outcome::MutexDeleting))]);
     apply(&mut runs, &d3);
     finish(&mut runs, 1);
     let d4 = decide_with(&spec, &d3.status, &runs, t(4), deleting);
     assert!(d4.status.holders.is_empty() && d4.status.queue.is_empty());
     // The new Mutex (empty status) picks up from the runs' tokens.
     let d5 = decide(&spec, &MutexStatus::default(), &runs, t(5));
-    assert_eq!(
-        outcome(&d5, 2),
-        Some(&Outcome::Acquired {
-            token: 3,
-            waited_seconds: 3
-        })
-    );
+    expect(&d5, &[(2, acquired(3, 3))]);
 }
 
 /// Chaos seed 303: a Mutex in use was deleted, its holder's PipelineRun too (and with it the
@@ -1346,16 +1512,21 @@ fn an_arrival_beyond_max_queue_fails_queue_full() {
         ..Default::default()
     };
     let runs: Vec<RunView> = (0..5).map(run).collect();
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(9));
-    assert_eq!(holders(&d), ["pr0"]);
-    assert_eq!(queue(&d), ["pr1", "pr2"]);
-    for i in [3, 4] {
-        assert_eq!(outcome(&d, i), Some(&Outcome::QueueFull { limit: 2 }));
+    let full = || Told::Is(Outcome::QueueFull { limit: 2 });
+    let d = Case {
+        spec: spec.clone(),
+        runs: runs.clone(),
+        at: 9,
+        holders: Some(&["pr0"]),
+        queue: Some(&["pr1", "pr2"]),
+        told: vec![(3, full()), (4, full())],
+        ..Case::default()
     }
+    .check();
     // wait: "false" never queues, so it is not refused for a full queue.
-    let nowait = with(run(6), |r| r.wait = false);
-    let d = decide(&spec, &d.status, &[&runs[..3], &[nowait]].concat(), t(10));
-    assert!(matches!(outcome(&d, 6), Some(Outcome::NotAcquired { .. })));
+    let runs = [&runs[..3], &[nowait(6)]].concat();
+    let d = decide(&spec, &d.last.status, &runs, t(10));
+    expect(&d, &[(6, any_not_acquired())]);
     assert_eq!(LockSpec::default().max_queue, 1000);
 }
 
@@ -1417,7 +1588,6 @@ fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
         mark_idle_days: 2,
         ..Default::default()
     };
-    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
     let mut runs = vec![pending(5)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
     apply(&mut runs, &d);
@@ -1430,7 +1600,7 @@ fn a_mark_of_a_group_idle_past_mark_idle_days_is_forgotten() {
     assert!(d.status.groups.is_empty(), "{:?}", d.status.groups);
     // An older run of the group is no longer stale.
     let d = decide(&spec, &d.status, &[pending(1)], t(2 * day + 12));
-    assert!(matches!(outcome(&d, 1), Some(Outcome::Acquired { .. })));
+    expect(&d, &[(1, any_acquired())]);
 }
 
 #[test]
@@ -1439,7 +1609,6 @@ fn a_group_that_still_holds_keeps_its_mark_however_long() {
         mark_idle_days: 1,
         ..Default::default()
     };
-    let pending = |i| with(run(i), |r| r.supersede = Supersede::Pending);
     let mut runs = vec![pending(5)];
     let d = decide(&spec, &MutexStatus::default(), &runs, t(10));
     apply(&mut runs, &d);
@@ -1447,7 +1616,7 @@ fn a_group_that_still_holds_keeps_its_mark_however_long() {
     assert_eq!(d.status.groups.len(), 1);
     runs.push(pending(1));
     let d = decide(&spec, &d.status, &runs, t(30 * 24 * 3600 + 1));
-    assert!(matches!(outcome(&d, 1), Some(Outcome::Superseded { .. })));
+    expect(&d, &[(1, any_superseded())]);
 }
 
 /// A run that claims PipelineRun `pr<victim>` as its owner, which does not list it.
@@ -1463,22 +1632,25 @@ fn forged(i: usize, victim: usize) -> RunView {
 
 #[test]
 fn an_unlisted_run_is_not_enrolled_and_cancels_nobody() {
-    let spec = LockSpec::default();
-    let pending = |r: RunView| with(r, |r| r.supersede = Supersede::Pending);
-    // pr1 holds, pr2 waits; a forged run "of" pr2 with a huge sequence arrives.
-    let mut runs = vec![pending(run(1)), pending(run(2))];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
-    apply(&mut runs, &d);
-    runs.push(with(forged(9, 2), |r| r.age.sequence = Some(i64::MAX)));
-    // A forged stale-looking run "of" pr1 (the holder): it must not cancel it.
-    runs.push(with(forged(8, 1), |r| r.age.sequence = Some(-1)));
-    let d2 = decide(&spec, &d.status, &runs, t(4));
-    assert!(d2.cancels.is_empty(), "{:?}", d2.cancels);
-    assert_eq!(outcome(&d2, 9), None, "an unlisted run is told nothing");
-    assert_eq!(outcome(&d2, 8), None);
-    assert_eq!(holders(&d2), ["pr1"]);
-    assert_eq!(queue(&d2), ["pr2"], "not queued, and pr2 is not superseded");
-    let aged: Vec<_> = d2.status.queue.iter().map(|w| w.age.sequence).collect();
+    // pr1 holds, pr2 waits; a forged run "of" pr2 with a huge sequence arrives, and a
+    // forged stale-looking run "of" pr1 (the holder): it must not cancel it.
+    let d = Case {
+        runs: vec![pending(1), pending(2)],
+        at: 3,
+        then: then(4, |runs| {
+            runs.push(with(forged(9, 2), |r| r.age.sequence = Some(i64::MAX)));
+            runs.push(with(forged(8, 1), |r| r.age.sequence = Some(-1)));
+        }),
+        cancels: Some(&[]),
+        holders: Some(&["pr1"]),
+        // Not queued, and pr2 is not superseded.
+        queue: Some(&["pr2"]),
+        // An unlisted run is told nothing.
+        told: vec![(9, Told::Nothing), (8, Told::Nothing)],
+        ..Case::default()
+    }
+    .check();
+    let aged: Vec<_> = d.last.status.queue.iter().map(|w| w.age.sequence).collect();
     assert_eq!(
         aged,
         [None],
@@ -1488,21 +1660,26 @@ fn an_unlisted_run_is_not_enrolled_and_cancels_nobody() {
 
 #[test]
 fn an_unlisted_run_never_reenters_a_held_slot() {
-    let spec = LockSpec::default();
-    let mut runs = vec![run(0)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    apply(&mut runs, &d);
-    runs.push(forged(5, 0));
-    let d2 = decide(&spec, &d.status, &runs, t(2));
-    assert_eq!(outcome(&d2, 5), None, "no Acquired on behalf of pr0");
+    Case {
+        runs: vec![run(0)],
+        at: 1,
+        then: then(2, |runs| runs.push(forged(5, 0))),
+        // No Acquired on behalf of pr0.
+        told: vec![(5, Told::Nothing)],
+        ..Case::default()
+    }
+    .check();
 }
 
 #[test]
 fn an_unlisted_run_marked_superseded_recancels_nothing() {
-    let spec = LockSpec::default();
-    let runs = vec![forged(3, 0)];
-    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
-    assert!(d.cancels.is_empty());
+    Case {
+        runs: vec![forged(3, 0)],
+        at: 1,
+        cancels: Some(&[]),
+        ..Case::default()
+    }
+    .check();
 }
 
 /// Record what each run is told; returns how many runs' statuses change.

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::core::decide::test_entry::*;
-use crate::core::decide::tests::t;
+use crate::core::decide::tests::{any_superseded, expect, t};
 use crate::core::model::*;
 use crate::model::mutex::*;
 use proptest::prelude::*;
@@ -653,17 +653,7 @@ fn a_reserved_run_superseded_on_one_key_is_cancelled_and_gives_its_slot_back() {
     // cancelled, but its slot stays kept until its status says so.
     let runs = [pending(1, None), pending(2, None)];
     let d = decide_multikey(&spec, &d.status, &runs, t(11), facts, &two_keys(0));
-    let told = |d: &Decision, i| {
-        d.outcomes
-            .iter()
-            .find(|(r, _)| r.uid == SimRun::uid(i))
-            .map(|(_, o)| o.clone())
-    };
-    assert!(
-        matches!(told(&d, 1), Some(Outcome::Superseded { .. })),
-        "{:?}",
-        d.outcomes
-    );
+    expect(&d, &[(1, any_superseded())]);
     assert_eq!(d.cancels.len(), 1);
     assert_eq!(d.cancels[0].pipeline_run, "pr1");
     assert_eq!(
