@@ -1,0 +1,54 @@
+//! Running the checker on a configuration and reporting what it found.
+
+use crate::config::Config;
+use crate::model::LockModel;
+use crate::props;
+use crate::trace;
+use stateright::{Checker, HasDiscoveries, Model};
+use std::time::{Duration, Instant};
+
+pub struct Report {
+    pub config: &'static str,
+    /// Unique states explored.
+    pub states: usize,
+    pub depth: usize,
+    pub time: Duration,
+    /// Broken properties, each with its trace.
+    pub violations: Vec<(&'static str, String)>,
+}
+
+/// Breadth-first over every interleaving; with `stop_at_first`, until a property breaks.
+pub fn run(cfg: Config, threads: usize, stop_at_first: bool) -> Report {
+    let start = Instant::now();
+    let name = cfg.name;
+    let finish = if stop_at_first { HasDiscoveries::AnyFailures } else { HasDiscoveries::All };
+    let checker = LockModel::new(cfg).checker().threads(threads).finish_when(finish).spawn_bfs().join();
+    let model = checker.model();
+    let mut violations = Vec::new();
+    for p in props::ALL {
+        if let Some(path) = checker.discovery(p) {
+            violations.push((p, trace::render(&model.cfg, p, &path.into_vec())));
+        }
+    }
+    Report {
+        config: name,
+        states: checker.unique_state_count(),
+        depth: checker.max_depth(),
+        time: start.elapsed(),
+        violations,
+    }
+}
+
+impl Report {
+    pub fn line(&self) -> String {
+        format!(
+            "config {}: {} states, depth {}, {:.1} s, {} counterexample(s){}",
+            self.config,
+            self.states,
+            self.depth,
+            self.time.as_secs_f64(),
+            self.violations.len(),
+            self.violations.iter().map(|v| format!(" [{}]", v.0)).collect::<String>()
+        )
+    }
+}

@@ -1,0 +1,113 @@
+//! The bounds of a check and the guards it runs with.
+
+/// One PipelineRun and its lock run: which keys it takes and its supersede group.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub keys: Vec<u8>,
+    pub group: u8,
+    /// `supersede: pending` (the default) or `none`.
+    pub supersede: bool,
+}
+
+/// A guard of the real code, removed in the model's I/O layer (test-only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// The Mutex status write ignores the resourceVersion read (no 409).
+    StatusCas,
+    /// The pod check before release: a holder's ended PipelineRun counts as
+    /// having no live pod (sync.rs's mark_draining_holders skipped).
+    PodCheck,
+    /// The token floor: the API server's `lastToken >= oldSelf` rule (so a
+    /// status wipe resets it) and the floor kept after a Mutex goes.
+    TokenFloor,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub name: &'static str,
+    pub keys: u8,
+    pub capacity: u32,
+    pub replicas: u8,
+    pub runs: Vec<RunSpec>,
+    /// Disturbing user actions per trace (cancel, delete run/PipelineRun/Mutex,
+    /// wipe the status, a timeout).
+    pub disrupt: u8,
+    /// Controller crashes per trace.
+    pub crashes: u8,
+    /// Which user actions exist at all.
+    pub users: Users,
+    pub broken: Option<Broken>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Users {
+    pub cancel: bool,
+    pub delete_run: bool,
+    pub delete_pr: bool,
+    pub delete_mutex: bool,
+    pub wipe: bool,
+    pub timeout: bool,
+}
+
+impl Users {
+    pub const ALL: Users = Users {
+        cancel: true,
+        delete_run: true,
+        delete_pr: true,
+        delete_mutex: true,
+        wipe: true,
+        timeout: true,
+    };
+}
+
+impl Config {
+    /// Config A: 2 replicas, 1 key of capacity 1, 3 PipelineRuns of one
+    /// supersede group (run i is older than run i + 1).
+    pub fn a() -> Config {
+        let run = |group| RunSpec { keys: vec![0], group, supersede: true };
+        Config {
+            name: "A",
+            keys: 1,
+            capacity: 1,
+            replicas: 2,
+            runs: vec![run(0), run(0), run(0)],
+            disrupt: 1,
+            crashes: 1,
+            users: Users::ALL,
+            broken: None,
+        }
+    }
+
+    /// Config B: 2 replicas, 2 keys, a run of key 0, a run of key 1 and a run of both.
+    pub fn b() -> Config {
+        let run = |keys: Vec<u8>, group| RunSpec { keys, group, supersede: false };
+        Config {
+            name: "B",
+            keys: 2,
+            capacity: 1,
+            replicas: 2,
+            runs: vec![run(vec![0], 0), run(vec![0, 1], 1), run(vec![1], 2)],
+            disrupt: 1,
+            crashes: 1,
+            users: Users::ALL,
+            broken: None,
+        }
+    }
+
+    pub fn with_broken(mut self, b: Broken) -> Config {
+        self.broken = Some(b);
+        self
+    }
+
+    pub fn guarded(&self, b: Broken) -> bool {
+        self.broken != Some(b)
+    }
+
+    pub fn runs_of(&self, key: u8) -> impl Iterator<Item = usize> + '_ {
+        (0..self.runs.len()).filter(move |&i| self.runs[i].keys.contains(&key))
+    }
+
+    pub fn groups(&self) -> usize {
+        self.runs.iter().map(|r| r.group as usize + 1).max().unwrap_or(0)
+    }
+}

@@ -1,0 +1,46 @@
+//! `cargo run -p verify --release -- [A|B|all] [--broken status-cas|pod-check|token-floor] [--threads N]`
+//! Prints one `<N> states` line per configuration and every counterexample;
+//! exits 1 if any property is broken.
+
+use verify::check;
+use verify::config::{Broken, Config};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut configs = Vec::new();
+    let (mut broken, mut threads) = (None, 2);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "A" => configs.push(Config::a()),
+            "B" => configs.push(Config::b()),
+            "all" => configs.extend([Config::a(), Config::b()]),
+            "--broken" => broken = it.next().map(|g| guard(g)),
+            "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    if configs.is_empty() {
+        configs.extend([Config::a(), Config::b()]);
+    }
+    let mut failed = false;
+    for mut cfg in configs {
+        cfg.broken = broken;
+        let r = check::run(cfg, threads, broken.is_some());
+        println!("{}", r.line());
+        for (_, t) in &r.violations {
+            println!("{t}");
+        }
+        failed |= !r.violations.is_empty();
+    }
+    std::process::exit(i32::from(failed));
+}
+
+fn guard(name: &str) -> Broken {
+    match name {
+        "status-cas" => Broken::StatusCas,
+        "pod-check" => Broken::PodCheck,
+        "token-floor" => Broken::TokenFloor,
+        other => panic!("unknown guard {other}"),
+    }
+}

@@ -1,0 +1,154 @@
+//! The stateright model: initial state, the actions enabled in a state, and
+//! the step each takes.
+
+use crate::config::Config;
+use crate::controller::{self, Obj};
+use crate::env::{self, Env};
+use crate::props;
+use crate::world::{Api, Ghost, State};
+use stateright::{Model, Property};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Env(Env),
+    /// Replica r starts a sync of key k: fetch, view, decide.
+    Sync { rep: u8, key: u8 },
+    /// Replica r does the next write of its sync.
+    Write { rep: u8 },
+    Crash { rep: u8 },
+    /// A restarted replica's first list.
+    Relist { rep: u8 },
+    /// A watch event reaches replica r's cache.
+    Deliver { rep: u8, obj: Obj },
+    /// Replica r's intake creates a missing Mutex for a run it sees.
+    Ensure { rep: u8, key: u8 },
+}
+
+pub struct LockModel {
+    pub cfg: Config,
+}
+
+impl LockModel {
+    pub fn new(cfg: Config) -> Self {
+        LockModel { cfg }
+    }
+
+    pub fn init(&self) -> State {
+        let cfg = &self.cfg;
+        let n = cfg.runs.len();
+        let mut api = Api {
+            mutexes: vec![None; cfg.keys as usize],
+            next_uid: 0,
+            runs: vec![Default::default(); n],
+            prs: vec![Default::default(); n],
+            timed_out: vec![false; n],
+        };
+        for k in 0..cfg.keys as usize {
+            crate::exec::create_mutex(&mut api, k);
+        }
+        let mut s = State {
+            api,
+            replicas: (0..cfg.replicas).map(|_| controller::fresh_replica(cfg)).collect(),
+            ghost: Ghost { top_token: vec![0; cfg.keys as usize], newest_granted: vec![None; cfg.groups()], broken: None },
+            disrupt_left: cfg.disrupt,
+            crashes_left: cfg.crashes,
+        };
+        for r in 0..s.replicas.len() {
+            controller::relist(&mut s, r);
+        }
+        s
+    }
+
+    /// Apply `a` to a copy of `s`; None if it is not enabled or changes nothing.
+    pub fn apply(&self, s: &State, a: &Action) -> Option<State> {
+        let cfg = &self.cfg;
+        let mut n = s.clone();
+        let ok = match *a {
+            Action::Env(e) if e.disturbs() && n.disrupt_left == 0 => false,
+            Action::Env(e) => {
+                let ok = env::apply(cfg, &mut n, e);
+                if ok && e.disturbs() {
+                    n.disrupt_left -= 1;
+                }
+                ok
+            }
+            Action::Sync { rep, key } => {
+                let r = &n.replicas[rep as usize];
+                r.listed && r.sync.is_none() && controller::sync(cfg, &mut n, rep as usize, key)
+            }
+            Action::Write { rep } => {
+                crate::exec::step(cfg, &mut n, rep as usize);
+                true
+            }
+            Action::Crash { rep } if n.crashes_left > 0 => {
+                n.crashes_left -= 1;
+                controller::crash(cfg, &mut n, rep as usize);
+                true
+            }
+            Action::Crash { .. } => false,
+            Action::Relist { rep } => !n.replicas[rep as usize].listed && {
+                controller::relist(&mut n, rep as usize);
+                true
+            },
+            Action::Deliver { rep, obj } => n.replicas[rep as usize].listed && controller::stale(&n, rep as usize, obj) && {
+                controller::deliver(&mut n, rep as usize, obj);
+                true
+            },
+            Action::Ensure { rep, key } => n.replicas[rep as usize].listed && controller::ensure(cfg, &mut n, rep as usize, key),
+        };
+        (ok && n != *s).then_some(n)
+    }
+
+    pub fn candidates(&self, s: &State, out: &mut Vec<Action>) {
+        let cfg = &self.cfg;
+        let mut envs = Vec::new();
+        env::candidates(cfg, &mut envs);
+        out.extend(envs.into_iter().map(Action::Env));
+        for rep in 0..cfg.replicas {
+            let r = &s.replicas[rep as usize];
+            if !r.listed {
+                out.push(Action::Relist { rep });
+                continue;
+            }
+            if r.sync.is_some() {
+                out.push(Action::Write { rep });
+            } else {
+                out.extend((0..cfg.keys).map(|key| Action::Sync { rep, key }));
+            }
+            out.push(Action::Crash { rep });
+            for k in 0..cfg.keys {
+                out.push(Action::Deliver { rep, obj: Obj::Mutex(k) });
+                out.push(Action::Ensure { rep, key: k });
+            }
+            for i in 0..cfg.runs.len() as u8 {
+                out.push(Action::Deliver { rep, obj: Obj::Run(i) });
+                out.push(Action::Deliver { rep, obj: Obj::Pr(i) });
+            }
+        }
+    }
+}
+
+impl Model for LockModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.init()]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        self.candidates(s, actions);
+    }
+
+    fn next_state(&self, s: &State, a: Action) -> Option<State> {
+        self.apply(s, &a)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        props::all()
+    }
+
+    fn format_action(&self, a: &Action) -> String {
+        crate::trace::describe(a)
+    }
+}

@@ -1,0 +1,145 @@
+//! Counterexamples as readable traces: each step, then what the API server holds.
+
+use crate::config::Config;
+use crate::controller::Obj;
+use crate::env::Env;
+use crate::model::Action;
+use crate::world::{Life, MutexObj, Pod, PrPhase, State, Told, Write};
+use std::fmt::Write as _;
+
+pub fn describe(a: &Action) -> String {
+    match a {
+        Action::Env(e) => env(*e),
+        Action::Sync { rep, key } => format!("replica {rep}: sync k{key} (fetch, view, decide)"),
+        Action::Write { rep } => format!("replica {rep}: next write of its sync"),
+        Action::Crash { rep } => format!("replica {rep}: crashes (cache, sync and token floors lost)"),
+        Action::Relist { rep } => format!("replica {rep}: restarts and lists everything"),
+        Action::Deliver { rep, obj } => format!("replica {rep}: watch event for {}", obj_name(*obj)),
+        Action::Ensure { rep, key } => format!("replica {rep}: intake creates Mutex k{key} if missing"),
+    }
+}
+
+fn env(e: Env) -> String {
+    match e {
+        Env::Create(i) => format!("user: starts pr-{i} (Tekton creates run-{i})"),
+        Env::Finish(i) => format!("tekton: pr-{i}'s guarded task ends, pr-{i} done"),
+        Env::Fail(i) => format!("tekton: pr-{i} fails (its lock run ended without a grant)"),
+        Env::Stopped(i) => format!("tekton: stopping pr-{i} is marked done"),
+        Env::PodEnds(i) => format!("kubelet: pr-{i}'s pod ends (grace period over)"),
+        Env::Cancel(i) => format!("user: cancels pr-{i}"),
+        Env::DeletePr(i) => format!("user: deletes pr-{i} (and run-{i})"),
+        Env::DeleteRun(i) => format!("user: deletes run-{i}"),
+        Env::Timeout(i) => format!("clock: run-{i} times out"),
+        Env::DeleteMutex(k) => format!("user: deletes Mutex k{k}"),
+        Env::Wipe(k) => format!("user: wipes the status of Mutex k{k}"),
+    }
+}
+
+fn obj_name(o: Obj) -> String {
+    match o {
+        Obj::Mutex(k) => format!("Mutex k{k}"),
+        Obj::Run(i) => format!("run-{i}"),
+        Obj::Pr(i) => format!("pr-{i}"),
+    }
+}
+
+/// What a write is, for the trace.
+pub fn write_name(w: &Write) -> String {
+    match w {
+        Write::CheckCurrent { rv } => format!("check the Mutex is still at rv {rv}"),
+        Write::Protect { rv } => format!("add finalizer (CAS rv {rv})"),
+        Write::Status { rv, status } => format!("write status (CAS rv {rv}): {}", ledger(&status.0)),
+        Write::Commit { run, .. } => format!("commit run-{run} on all its keys"),
+        Write::Revoke { run, epoch, .. } => format!("revoke run-{run}'s slots of epoch {epoch}"),
+        Write::Tell { run, told, .. } => format!("tell run-{run} {}", told_name(told)),
+        Write::Cancel { pr } => format!("cancel pr-{pr}"),
+        Write::HandOver { kept_out } => format!("take the finalizer off (recreate: {kept_out})"),
+    }
+}
+
+fn told_name(t: &Told) -> String {
+    match t {
+        Told::Nothing => "-".into(),
+        Told::Acquired(t) => format!("Acquired{t:?}"),
+        Told::Ended { superseded: true } => "Superseded".into(),
+        Told::Ended { .. } => "Ended".into(),
+    }
+}
+
+fn ledger(st: &tekton_mutex::mutex::MutexStatus) -> String {
+    let holders: Vec<String> = st.holders.iter().map(|h| format!("{}#{}", h.run.name, h.token)).collect();
+    let queue: Vec<&str> = st.queue.iter().map(|w| w.run.name.as_str()).collect();
+    let kept: Vec<String> = st.reservations.iter().map(|r| format!("{}#{}@{}", r.waiter.run.name, r.token, r.epoch)).collect();
+    format!("holders {holders:?} queue {queue:?} reserved {kept:?} lastToken {}", st.last_token)
+}
+
+fn mutex(m: &Option<MutexObj>) -> String {
+    match m {
+        None => "absent".into(),
+        Some(m) => format!(
+            "uid {} rv {}{}{} {}",
+            m.uid,
+            m.rv,
+            if m.finalizer { " finalizer" } else { "" },
+            if m.deleting { " DELETING" } else { "" },
+            ledger(&m.status.0)
+        ),
+    }
+}
+
+/// The API server's state in a few lines.
+pub fn summary(cfg: &Config, s: &State) -> String {
+    let mut out = String::new();
+    for (k, m) in s.api.mutexes.iter().enumerate() {
+        let _ = writeln!(out, "      Mutex k{k}: {}", mutex(m));
+    }
+    for i in 0..cfg.runs.len() {
+        let (r, p) = (&s.api.runs[i], &s.api.prs[i]);
+        if r.life == Life::NotYet && p.phase == PrPhase::NotYet {
+            continue;
+        }
+        let pod = match p.pod {
+            Pod::None => "",
+            Pod::Live => " pod LIVE",
+            Pod::Ended => " pod ended",
+        };
+        let _ = writeln!(
+            out,
+            "      pr-{i} {:?}{pod}; run-{i} {:?} {}{}",
+            p.phase,
+            r.life,
+            told_name(&r.told),
+            if r.cancel { " cancel" } else { "" }
+        );
+    }
+    out
+}
+
+/// A whole counterexample: the steps from the initial state, each with the
+/// write it did where it was a controller write.
+pub fn render(cfg: &Config, property: &str, path: &[(State, Option<Action>)]) -> String {
+    let mut out = format!("Counterexample to {property} (config {}, guard removed: {:?})\n", cfg.name, cfg.broken);
+    for (n, (s, a)) in path.iter().enumerate() {
+        let Some(a) = a else {
+            let _ = writeln!(out, "  end state:\n{}", summary(cfg, s));
+            break;
+        };
+        let mut line = describe(a);
+        if let Action::Write { rep } = a
+            && let Some(w) = s.replicas[*rep as usize].sync.as_ref().and_then(|x| x.writes.first())
+        {
+            line = format!("replica {rep}: {}", write_name(w));
+        }
+        let _ = writeln!(out, "  {:>2}. {line}", n + 1);
+        if matters(a) {
+            let next = &path[n + 1].0;
+            out.push_str(&summary(cfg, next));
+        }
+    }
+    out
+}
+
+/// Steps after which the trace shows the API server's state.
+fn matters(a: &Action) -> bool {
+    !matches!(a, Action::Deliver { .. } | Action::Sync { .. } | Action::Relist { .. })
+}
