@@ -19,10 +19,19 @@ pub struct Report {
 
 /// Breadth-first over every interleaving; with `stop_at_first`, until a property breaks.
 pub fn run(cfg: Config, threads: usize, stop_at_first: bool) -> Report {
+    run_bounded(cfg, threads, stop_at_first, None)
+}
+
+/// As [`run`], stopping after about `max` states if given (for measuring).
+pub fn run_bounded(cfg: Config, threads: usize, stop_at_first: bool, max: Option<usize>) -> Report {
     let start = Instant::now();
     let name = cfg.name;
     let finish = if stop_at_first { HasDiscoveries::AnyFailures } else { HasDiscoveries::All };
-    let checker = LockModel::new(cfg).checker().threads(threads).finish_when(finish).spawn_bfs().join();
+    let mut builder = LockModel::new(cfg).checker().threads(threads).finish_when(finish);
+    if let Some(max) = max {
+        builder = builder.target_state_count(max);
+    }
+    let checker = builder.spawn_bfs().join();
     let model = checker.model();
     let mut violations = Vec::new();
     for p in props::ALL {

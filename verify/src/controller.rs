@@ -9,13 +9,16 @@ use crate::view::{self, now};
 use crate::world::{Api, Cache, MutexObj, Replica, State, Sync, Told};
 use tekton_mutex::mutex::MutexSpec;
 
-/// An object a watch event is about.
+/// A watch (one per kind): its pending events arrive together. Versions in
+/// between are skipped (events dropped until a relist), repeats change nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Obj {
-    Mutex(u8),
-    Run(u8),
-    Pr(u8),
+    Mutexes,
+    Runs,
+    Prs,
 }
+
+pub const KINDS: [Obj; 3] = [Obj::Mutexes, Obj::Runs, Obj::Prs];
 
 pub fn fresh_replica(cfg: &Config) -> Replica {
     Replica {
@@ -54,25 +57,23 @@ pub fn relist(s: &mut State, rep: usize) {
     r.listed = true;
 }
 
-/// The watch event that brings object `o` in the cache up to the API server's
-/// version. Versions in between are skipped (dropped events); a repeated
-/// event changes nothing.
+/// The watch events that bring kind `o` in the cache up to the API server's state.
 pub fn deliver(s: &mut State, rep: usize, o: Obj) {
     let api = &s.api;
     let c = &mut s.replicas[rep].cache;
     match o {
-        Obj::Mutex(k) => c.mutexes[k as usize] = api.mutexes[k as usize].clone(),
-        Obj::Run(i) => c.runs[i as usize] = api.runs[i as usize].clone(),
-        Obj::Pr(i) => c.prs[i as usize] = api.prs[i as usize].clone(),
+        Obj::Mutexes => c.mutexes.clone_from(&api.mutexes),
+        Obj::Runs => c.runs.clone_from(&api.runs),
+        Obj::Prs => c.prs.clone_from(&api.prs),
     }
 }
 
 pub fn stale(s: &State, rep: usize, o: Obj) -> bool {
     let (api, c) = (&s.api, &s.replicas[rep].cache);
     match o {
-        Obj::Mutex(k) => c.mutexes[k as usize] != api.mutexes[k as usize],
-        Obj::Run(i) => c.runs[i as usize] != api.runs[i as usize],
-        Obj::Pr(i) => c.prs[i as usize] != api.prs[i as usize],
+        Obj::Mutexes => c.mutexes != api.mutexes,
+        Obj::Runs => c.runs != api.runs,
+        Obj::Prs => c.prs != api.prs,
     }
 }
 

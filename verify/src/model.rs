@@ -2,7 +2,7 @@
 //! the step each takes.
 
 use crate::config::Config;
-use crate::controller::{self, Obj};
+use crate::controller;
 use crate::env::{self, Env};
 use crate::props;
 use crate::world::{Api, Ghost, State};
@@ -11,15 +11,15 @@ use stateright::{Model, Property};
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     Env(Env),
-    /// Replica r starts a sync of key k: fetch, view, decide.
-    Sync { rep: u8, key: u8 },
+    /// Replica r starts a sync of key k: fetch, view, decide. First the watch
+    /// events of the kinds in `fresh` (bit 0 Mutexes, 1 lock runs, 2
+    /// PipelineRuns) arrive; the other kinds' caches stay as they were.
+    Sync { rep: u8, key: u8, fresh: u8 },
     /// Replica r does the next write of its sync.
     Write { rep: u8 },
     Crash { rep: u8 },
     /// A restarted replica's first list.
     Relist { rep: u8 },
-    /// A watch event reaches replica r's cache.
-    Deliver { rep: u8, obj: Obj },
     /// Replica r's intake creates a missing Mutex for a run it sees.
     Ensure { rep: u8, key: u8 },
 }
@@ -72,9 +72,17 @@ impl LockModel {
                 }
                 ok
             }
-            Action::Sync { rep, key } => {
+            Action::Sync { rep, key, fresh } => {
                 let r = &n.replicas[rep as usize];
-                r.listed && r.sync.is_none() && controller::sync(cfg, &mut n, rep as usize, key)
+                let ready = r.listed && r.sync.is_none();
+                ready && {
+                    for (b, obj) in controller::KINDS.into_iter().enumerate() {
+                        if fresh & (1 << b) != 0 {
+                            controller::deliver(&mut n, rep as usize, obj);
+                        }
+                    }
+                    controller::sync(cfg, &mut n, rep as usize, key)
+                }
             }
             Action::Write { rep } => {
                 crate::exec::step(cfg, &mut n, rep as usize);
@@ -90,11 +98,12 @@ impl LockModel {
                 controller::relist(&mut n, rep as usize);
                 true
             },
-            Action::Deliver { rep, obj } => n.replicas[rep as usize].listed && controller::stale(&n, rep as usize, obj) && {
-                controller::deliver(&mut n, rep as usize, obj);
-                true
+            Action::Ensure { rep, key } => n.replicas[rep as usize].listed && {
+                for obj in controller::KINDS {
+                    controller::deliver(&mut n, rep as usize, obj);
+                }
+                controller::ensure(cfg, &mut n, rep as usize, key)
             },
-            Action::Ensure { rep, key } => n.replicas[rep as usize].listed && controller::ensure(cfg, &mut n, rep as usize, key),
         };
         (ok && n != *s).then_some(n)
     }
@@ -113,17 +122,18 @@ impl LockModel {
             if r.sync.is_some() {
                 out.push(Action::Write { rep });
             } else {
-                out.extend((0..cfg.keys).map(|key| Action::Sync { rep, key }));
+                for key in 0..cfg.keys {
+                    // Only kinds whose cache is behind make a different sync.
+                    let behind: Vec<u8> = (0..3).filter(|&b| controller::stale(s, rep as usize, controller::KINDS[b as usize])).collect();
+                    for mask in 0..8u8 {
+                        if (0..3).all(|b| mask & (1 << b) == 0 || behind.contains(&b)) {
+                            out.push(Action::Sync { rep, key, fresh: mask });
+                        }
+                    }
+                }
             }
             out.push(Action::Crash { rep });
-            for k in 0..cfg.keys {
-                out.push(Action::Deliver { rep, obj: Obj::Mutex(k) });
-                out.push(Action::Ensure { rep, key: k });
-            }
-            for i in 0..cfg.runs.len() as u8 {
-                out.push(Action::Deliver { rep, obj: Obj::Run(i) });
-                out.push(Action::Deliver { rep, obj: Obj::Pr(i) });
-            }
+            out.extend((0..cfg.keys).map(|key| Action::Ensure { rep, key }));
         }
     }
 }

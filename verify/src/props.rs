@@ -6,7 +6,7 @@
 //! grace period ends) must leave no live run waiting while its PipelineRun runs.
 
 use crate::config::Config;
-use crate::controller::{self, Obj};
+use crate::controller;
 use crate::env::{self, Env};
 use crate::exec;
 use crate::model::LockModel;
@@ -85,15 +85,11 @@ fn finish_sync(cfg: &Config, s: &mut State, rep: usize) {
     }
 }
 
-fn catch_up(cfg: &Config, s: &mut State, rep: usize) {
+fn catch_up(_cfg: &Config, s: &mut State, rep: usize) {
     if !s.replicas[rep].listed {
         controller::relist(s, rep);
     }
-    for k in 0..cfg.keys {
-        controller::deliver(s, rep, Obj::Mutex(k));
-    }
-    for i in 0..cfg.runs.len() as u8 {
-        controller::deliver(s, rep, Obj::Run(i));
-        controller::deliver(s, rep, Obj::Pr(i));
+    for o in controller::KINDS {
+        controller::deliver(s, rep, o);
     }
 }

@@ -10,13 +10,22 @@ use std::fmt::Write as _;
 pub fn describe(a: &Action) -> String {
     match a {
         Action::Env(e) => env(*e),
-        Action::Sync { rep, key } => format!("replica {rep}: sync k{key} (fetch, view, decide)"),
+        Action::Sync { rep, key, fresh } => format!("replica {rep}: sync k{key}, with fresh caches of [{}]", fresh_names(*fresh)),
         Action::Write { rep } => format!("replica {rep}: next write of its sync"),
         Action::Crash { rep } => format!("replica {rep}: crashes (cache, sync and token floors lost)"),
         Action::Relist { rep } => format!("replica {rep}: restarts and lists everything"),
-        Action::Deliver { rep, obj } => format!("replica {rep}: watch event for {}", obj_name(*obj)),
         Action::Ensure { rep, key } => format!("replica {rep}: intake creates Mutex k{key} if missing"),
     }
+}
+
+fn fresh_names(mask: u8) -> String {
+    let names: Vec<String> = crate::controller::KINDS
+        .into_iter()
+        .enumerate()
+        .filter(|(b, _)| mask & (1 << b) != 0)
+        .map(|(_, o)| obj_name(o))
+        .collect();
+    names.join(", ")
 }
 
 fn env(e: Env) -> String {
@@ -37,9 +46,9 @@ fn env(e: Env) -> String {
 
 fn obj_name(o: Obj) -> String {
     match o {
-        Obj::Mutex(k) => format!("Mutex k{k}"),
-        Obj::Run(i) => format!("run-{i}"),
-        Obj::Pr(i) => format!("pr-{i}"),
+        Obj::Mutexes => "Mutexes".into(),
+        Obj::Runs => "lock runs".into(),
+        Obj::Prs => "PipelineRuns".into(),
     }
 }
 
@@ -141,5 +150,5 @@ pub fn render(cfg: &Config, property: &str, path: &[(State, Option<Action>)]) ->
 
 /// Steps after which the trace shows the API server's state.
 fn matters(a: &Action) -> bool {
-    !matches!(a, Action::Deliver { .. } | Action::Sync { .. } | Action::Relist { .. })
+    !matches!(a, Action::Sync { .. } | Action::Relist { .. })
 }
