@@ -23,15 +23,27 @@ pub fn run(cfg: Config, threads: usize, stop_at_first: bool) -> Report {
 }
 
 /// As [`run`], stopping after about `max` states if given (for measuring).
+/// A full check is depth-first with the replicas' symmetry reduced; a search
+/// for a counterexample is breadth-first, for the shortest trace.
 pub fn run_bounded(cfg: Config, threads: usize, stop_at_first: bool, max: Option<usize>) -> Report {
     let start = Instant::now();
-    let name = cfg.name;
+    let (name, depth) = (cfg.name, cfg.max_depth);
     let finish = if stop_at_first { HasDiscoveries::AnyFailures } else { HasDiscoveries::All };
     let mut builder = LockModel::new(cfg).checker().threads(threads).finish_when(finish);
     if let Some(max) = max {
         builder = builder.target_state_count(max);
     }
-    let checker = builder.spawn_bfs().join();
+    if let Some(d) = depth {
+        builder = builder.target_max_depth(d);
+    }
+    if stop_at_first {
+        report(builder.spawn_bfs().join(), name, start)
+    } else {
+        report(builder.symmetry_fn(crate::model::representative).spawn_dfs().join(), name, start)
+    }
+}
+
+fn report(checker: impl Checker<LockModel>, name: &'static str, start: Instant) -> Report {
     let model = checker.model();
     let mut violations = Vec::new();
     for p in props::ALL {

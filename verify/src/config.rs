@@ -34,9 +34,15 @@ pub struct Config {
     pub disrupt: u8,
     /// Controller crashes per trace.
     pub crashes: u8,
+    /// Syncs on a lagging cache per trace.
+    pub lags: u8,
     /// Which user actions exist at all.
     pub users: Users,
     pub broken: Option<Broken>,
+    /// Check No lost waiter (its calm continuation costs a few decisions per state).
+    pub liveness: bool,
+    /// Explore traces of at most this many steps (None: all of them).
+    pub max_depth: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -73,8 +79,11 @@ impl Config {
             runs: vec![run(0), run(0), run(0)],
             disrupt: 1,
             crashes: 1,
+            lags: 2,
             users: Users::ALL,
             broken: None,
+            liveness: true,
+            max_depth: None,
         }
     }
 
@@ -89,8 +98,11 @@ impl Config {
             runs: vec![run(vec![0], 0), run(vec![0, 1], 1), run(vec![1], 2)],
             disrupt: 1,
             crashes: 1,
+            lags: 2,
             users: Users::ALL,
             broken: None,
+            liveness: true,
+            max_depth: None,
         }
     }
 

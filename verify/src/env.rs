@@ -110,7 +110,7 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             // The CRD defaults lastToken to 0 and its CEL rule refuses a lower one:
             // a wipe that the API server takes keeps it.
             let keep = if cfg.guarded(Broken::TokenFloor) { m.status.0.last_token } else { 0 };
-            let wiped = Ledger(MutexStatus { last_token: keep, ..MutexStatus::default() });
+            let wiped = Ledger::new(MutexStatus { last_token: keep, ..MutexStatus::default() });
             wiped != m.status && {
                 m.status = wiped;
                 m.rv += 1;

@@ -110,10 +110,10 @@ fn commit(cfg: &Config, s: &mut State, k: usize, i: usize, run_rv: u8, epoch: i6
         return;
     }
     let Some(m) = multi_run(cfg, r, i) else { return };
-    let mut ledgers = BTreeMap::from([(key_name(k as u8), ledger.0.clone())]);
+    let mut ledgers = BTreeMap::from([(key_name(k as u8), (*ledger.0).clone())]);
     for &o in cfg.runs[i].keys.iter().filter(|&&o| o as usize != k) {
         if let Some(x) = &s.api.mutexes[o as usize] {
-            ledgers.insert(key_name(o), x.status.0.clone());
+            ledgers.insert(key_name(o), (*x.status.0).clone());
         }
     }
     let Some(tokens) = commit_step(&run_ref(i).uid, &m, &ledgers) else { return };

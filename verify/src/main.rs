@@ -9,6 +9,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut configs = Vec::new();
     let (mut broken, mut threads, mut max) = (None, 2, None);
+    let (mut liveness, mut depth) = (true, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -17,6 +18,8 @@ fn main() {
             "all" => configs.extend([Config::a(), Config::b()]),
             "--broken" => broken = it.next().map(|g| guard(g)),
             "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
+            "--no-liveness" => liveness = false,
+            "--depth" => depth = it.next().and_then(|n| n.parse().ok()),
             "--max" => max = it.next().and_then(|n| n.parse().ok()),
             other => panic!("unknown argument {other}"),
         }
@@ -27,6 +30,8 @@ fn main() {
     let mut failed = false;
     for mut cfg in configs {
         cfg.broken = broken;
+        cfg.liveness = liveness;
+        cfg.max_depth = depth;
         let r = check::run_bounded(cfg, threads, broken.is_some(), max);
         println!("{}", r.line());
         for (_, t) in &r.violations {

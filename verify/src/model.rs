@@ -52,6 +52,7 @@ impl LockModel {
             ghost: Ghost { top_token: vec![0; cfg.keys as usize], newest_granted: vec![None; cfg.groups()], broken: None },
             disrupt_left: cfg.disrupt,
             crashes_left: cfg.crashes,
+            lags_left: cfg.lags,
         };
         for r in 0..s.replicas.len() {
             controller::relist(&mut s, r);
@@ -74,8 +75,11 @@ impl LockModel {
             }
             Action::Sync { rep, key, fresh } => {
                 let r = &n.replicas[rep as usize];
-                let ready = r.listed && r.sync.is_none();
+                let ready = r.listed && r.sync.is_none() && (fresh == 7 || n.lags_left > 0);
                 ready && {
+                    if fresh != 7 {
+                        n.lags_left -= 1;
+                    }
                     for (b, obj) in controller::KINDS.into_iter().enumerate() {
                         if fresh & (1 << b) != 0 {
                             controller::deliver(&mut n, rep as usize, obj);
@@ -124,9 +128,11 @@ impl LockModel {
             } else {
                 for key in 0..cfg.keys {
                     // Only kinds whose cache is behind make a different sync.
-                    let behind: Vec<u8> = (0..3).filter(|&b| controller::stale(s, rep as usize, controller::KINDS[b as usize])).collect();
-                    for mask in 0..8u8 {
-                        if (0..3).all(|b| mask & (1 << b) == 0 || behind.contains(&b)) {
+                    let behind: Vec<usize> = (0..3).filter(|&b| controller::stale(s, rep as usize, controller::KINDS[b])).collect();
+                    // Every cache fresh, or one kind lagging: a sync on caches that
+                    // all lag is a sync made earlier, except for its API reads.
+                    for (mask, lagging) in [(7u8, None), (6, Some(0)), (5, Some(1)), (3, Some(2))] {
+                        if lagging.is_none_or(|b| behind.contains(&b) && s.lags_left > 0) {
                             out.push(Action::Sync { rep, key, fresh: mask });
                         }
                     }
@@ -136,6 +142,16 @@ impl LockModel {
             out.extend((0..cfg.keys).map(|key| Action::Ensure { rep, key }));
         }
     }
+}
+
+/// Replicas are alike: a state and its replicas swapped are one (for the
+/// depth-first check with symmetry reduction).
+pub fn representative(s: &State) -> State {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+    let mut s = s.clone();
+    s.replicas.sort_by_cached_key(|r| h.hash_one(r));
+    s
 }
 
 impl Model for LockModel {
@@ -156,6 +172,12 @@ impl Model for LockModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         props::all()
+    }
+
+    /// A safety net against unbounded resourceVersions (a write loop): such
+    /// states are not explored further (and would show in the state count).
+    fn within_boundary(&self, s: &State) -> bool {
+        s.api.mutexes.iter().flatten().all(|m| m.rv < 60) && s.api.runs.iter().all(|r| r.rv < 60)
     }
 
     fn format_action(&self, a: &Action) -> String {

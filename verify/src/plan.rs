@@ -17,7 +17,7 @@ pub struct Read<'a> {
 
 pub fn writes(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
     let current = &r.mutex.status.0;
-    let unchanged = d.status == *current;
+    let unchanged = d.status == **current;
     let in_use = !d.status.holders.is_empty()
         || !d.status.queue.is_empty()
         || !d.status.reservations.is_empty();
@@ -31,7 +31,7 @@ pub fn writes(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
         w.push(Write::Protect { rv: r.mutex.rv });
     }
     if !unchanged {
-        w.push(Write::Status { rv: r.mutex.rv, status: Ledger(d.status.clone()) });
+        w.push(Write::Status { rv: r.mutex.rv, status: Ledger::new(d.status.clone()) });
     }
     w.extend(commits(cfg, r, d));
     w.extend(revokes(r, d));
@@ -91,7 +91,7 @@ fn commits(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
         let uid = run_ref(f.run).uid;
         let kept = d.status.reservations.iter().any(|x| x.waiter.run.uid == uid && x.epoch == m.epoch);
         if kept && m.acquired.is_none() {
-            w.push(Write::Commit { run: f.run as u8, run_rv: f.obj.rv, epoch: m.epoch, ledger: Ledger(d.status.clone()) });
+            w.push(Write::Commit { run: f.run as u8, run_rv: f.obj.rv, epoch: m.epoch, ledger: Ledger::new(d.status.clone()) });
         }
     }
     w

@@ -24,7 +24,7 @@ pub fn all() -> Vec<Property<LockModel>> {
         Property::always(EXCLUSION, |m, s| over_capacity(&m.cfg, s).is_none()),
         Property::always(FENCING, |_, s| !broke(s, FENCING)),
         Property::always(SUPERSEDE, |_, s| !broke(s, SUPERSEDE)),
-        Property::always(NO_LOST_WAITER, |m, s| lost_waiter(&m.cfg, s).is_none()),
+        Property::always(NO_LOST_WAITER, |m, s| !m.cfg.liveness || lost_waiter(&m.cfg, s).is_none()),
     ]
 }
 

@@ -3,19 +3,40 @@
 //! Everything is small and `Hash`: the checker fingerprints whole states.
 
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use tekton_mutex::mutex::MutexStatus;
 
-/// A Mutex status, hashed through its JSON (the product's type has no `Hash`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Ledger(pub MutexStatus);
+/// A Mutex status, shared and hashed once (through its JSON: the product's
+/// type has no `Hash`). States are cloned and fingerprinted far more often
+/// than statuses are made.
+#[derive(Clone, Debug)]
+pub struct Ledger(pub Arc<MutexStatus>, u64);
+
+impl Ledger {
+    pub fn new(st: MutexStatus) -> Ledger {
+        let json = serde_json::to_string(&st).expect("a status serializes");
+        let h = std::hash::BuildHasher::hash_one(&std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(), json);
+        Ledger(Arc::new(st), h)
+    }
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Ledger::new(MutexStatus::default())
+    }
+}
+
+impl PartialEq for Ledger {
+    fn eq(&self, o: &Self) -> bool {
+        self.1 == o.1 && (Arc::ptr_eq(&self.0, &o.0) || self.0 == o.0)
+    }
+}
 
 impl Eq for Ledger {}
 
 impl Hash for Ledger {
     fn hash<H: Hasher>(&self, h: &mut H) {
-        serde_json::to_string(&self.0)
-            .expect("a status serializes")
-            .hash(h);
+        self.1.hash(h);
     }
 }
 
@@ -206,4 +227,6 @@ pub struct State {
     /// User actions that disturb the lock left (cancel, deletes, wipe, timeout).
     pub disrupt_left: u8,
     pub crashes_left: u8,
+    /// Syncs on a lagging cache left (bounded, as watch events do arrive).
+    pub lags_left: u8,
 }
