@@ -36,6 +36,8 @@ pub struct Config {
     pub crashes: u8,
     /// Syncs on a lagging cache per trace.
     pub lags: u8,
+    /// Lease lapses per trace (both replicas act at once until one steps down).
+    pub lapses: u8,
     /// Which user actions exist at all.
     pub users: Users,
     pub broken: Option<Broken>,
@@ -79,7 +81,8 @@ impl Config {
             runs: vec![run(0), run(0), run(0)],
             disrupt: 1,
             crashes: 1,
-            lags: 2,
+            lags: 1,
+            lapses: 1,
             users: Users::ALL,
             broken: None,
             liveness: true,
@@ -98,7 +101,8 @@ impl Config {
             runs: vec![run(vec![0], 0), run(vec![0, 1], 1), run(vec![1], 2)],
             disrupt: 1,
             crashes: 1,
-            lags: 2,
+            lags: 1,
+            lapses: 1,
             users: Users::ALL,
             broken: None,
             liveness: true,

@@ -81,7 +81,7 @@ pub fn stale(s: &State, rep: usize, o: Obj) -> bool {
 pub fn ensure(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     let c = &s.replicas[rep].cache;
     let waiting = cfg.runs_of(k).any(|i| c.runs[i].live() && c.runs[i].told == Told::Nothing);
-    waiting && c.mutexes[k as usize].is_none() && crate::exec::create_mutex(&mut s.api, k as usize)
+    waiting && c.mutexes[k as usize].is_none() && crate::exec::create_mutex(s, k as usize)
 }
 
 /// sync_key up to the decision: read, view, decide; the writes are left to do.

@@ -2,7 +2,7 @@
 //! along, and users disturbing the lock.
 
 use crate::config::{Broken, Config};
-use crate::world::{Ledger, Life, Pod, PrPhase, State, Told};
+use crate::world::{Ledger, Life, Pod, PrPhase, State};
 use tekton_mutex::mutex::MutexStatus;
 
 /// What Tekton, a pod or a user does.
@@ -12,8 +12,6 @@ pub enum Env {
     Create(u8),
     /// The guarded task of PipelineRun i ends; the PipelineRun is done.
     Finish(u8),
-    /// The lock run ended without `Acquired` (or is gone): the PipelineRun fails.
-    Fail(u8),
     /// A stopping PipelineRun is marked done (its pods may still be in their grace period).
     Stopped(u8),
     /// The grace period of a stopped or deleted PipelineRun's pod is over.
@@ -35,14 +33,14 @@ pub enum Env {
 impl Env {
     /// Does it spend the trace's budget of disturbances?
     pub fn disturbs(self) -> bool {
-        !matches!(self, Env::Create(_) | Env::Finish(_) | Env::Fail(_) | Env::Stopped(_) | Env::PodEnds(_))
+        !matches!(self, Env::Create(_) | Env::Finish(_) | Env::Stopped(_) | Env::PodEnds(_))
     }
 }
 
 pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
     let u = cfg.users;
     for i in 0..cfg.runs.len() as u8 {
-        out.extend([Env::Create(i), Env::Finish(i), Env::Fail(i), Env::Stopped(i), Env::PodEnds(i)]);
+        out.extend([Env::Create(i), Env::Finish(i), Env::Stopped(i), Env::PodEnds(i)]);
         out.extend(u.cancel.then_some(Env::Cancel(i)));
         out.extend(u.delete_pr.then_some(Env::DeletePr(i)));
         out.extend(u.delete_run.then_some(Env::DeleteRun(i)));
@@ -58,7 +56,7 @@ pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
 pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
     let api = &mut s.api;
     match e {
-        Env::Create(i) | Env::Finish(i) | Env::Fail(i) | Env::Stopped(i) | Env::PodEnds(i) => tekton(api, e, i as usize),
+        Env::Create(i) | Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => tekton(api, e, i as usize),
         Env::Cancel(i) => {
             let running = api.prs[i as usize].phase == PrPhase::Running;
             running && {
@@ -83,6 +81,7 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             run.live() && {
                 run.life = Life::Deleted;
                 run.bump();
+                fail(api, i as usize);
                 true
             }
         }
@@ -133,16 +132,18 @@ fn tekton(api: &mut crate::world::Api, e: Env, i: usize) -> bool {
             pr.pod = Pod::Ended;
             pr.phase = PrPhase::Done;
         }
-        Env::Fail(_)
-            if pr.phase == PrPhase::Running
-                && pr.pod == Pod::None
-                && (matches!(run.told, Told::Ended { .. }) || run.life == Life::Deleted) =>
-        {
-            pr.phase = PrPhase::Done;
-        }
         Env::Stopped(_) if pr.phase == PrPhase::Stopping => pr.phase = PrPhase::Done,
         Env::PodEnds(_) if pr.pod == Pod::Live && pr.phase != PrPhase::Running => pr.pod = Pod::Ended,
         _ => return false,
     }
     true
+}
+
+/// Tekton fails a running PipelineRun whose lock run ended without a grant or
+/// was deleted while waiting (at once: the states in between change nothing).
+pub fn fail(api: &mut crate::world::Api, i: usize) {
+    let pr = &mut api.prs[i];
+    if pr.phase == PrPhase::Running && pr.pod == Pod::None {
+        pr.phase = PrPhase::Done;
+    }
 }

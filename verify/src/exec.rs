@@ -71,8 +71,9 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
             if r.live() && r.rv == *run_rv {
                 r.told = told.clone();
                 r.bump();
-                if let Told::Acquired(tokens) = told {
-                    grant(cfg, &mut s.api, &mut s.ghost, i, tokens);
+                match told {
+                    Told::Acquired(tokens) => grant(cfg, &mut s.api, &mut s.ghost, i, tokens),
+                    _ => crate::env::fail(&mut s.api, i),
                 }
             }
             Done::Next
@@ -176,18 +177,19 @@ fn hand_over(s: &mut State, rep: usize, k: usize, kept_out: bool) -> Done {
     *floor = Some((m.uid, top.max(m.status.0.last_token)));
     s.api.mutexes[k] = None;
     if kept_out {
-        create_mutex(&mut s.api, k);
+        create_mutex(s, k);
     }
     Done::End { conflict: false }
 }
 
 /// writes::ensure_mutex: a new, empty Mutex (AlreadyExists if there is one).
-pub fn create_mutex(api: &mut Api, k: usize) -> bool {
-    if api.mutexes[k].is_some() {
+pub fn create_mutex(s: &mut State, k: usize) -> bool {
+    if s.api.mutexes[k].is_some() {
         return false;
     }
-    let uid = api.next_uid;
-    api.next_uid += 1;
-    api.mutexes[k] = Some(MutexObj { uid, rv: 0, status: Ledger::default(), deleting: false, finalizer: false });
+    let rv = crate::canon::fresh_mutex_rv(s, k);
+    let uid = s.api.next_uid;
+    s.api.next_uid += 1;
+    s.api.mutexes[k] = Some(MutexObj { uid, rv, status: Ledger::default(), deleting: false, finalizer: false });
     true
 }

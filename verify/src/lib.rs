@@ -3,6 +3,7 @@
 //! between writes, Tekton, pods and users. See docs/model-counterexample.md.
 
 pub mod adapter;
+pub mod canon;
 pub mod check;
 pub mod config;
 pub mod controller;

@@ -10,6 +10,7 @@ fn main() {
     let mut configs = Vec::new();
     let (mut broken, mut threads, mut max) = (None, 2, None);
     let (mut liveness, mut depth) = (true, None);
+    let mut budgets: Vec<(String, u8)> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -19,6 +20,10 @@ fn main() {
             "--broken" => broken = it.next().map(|g| guard(g)),
             "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
             "--no-liveness" => liveness = false,
+            "--disrupt" | "--crashes" | "--lags" | "--lapses" => {
+                let n: u8 = it.next().and_then(|n| n.parse().ok()).expect("a number");
+                budgets.push((a.clone(), n));
+            }
             "--depth" => depth = it.next().and_then(|n| n.parse().ok()),
             "--max" => max = it.next().and_then(|n| n.parse().ok()),
             other => panic!("unknown argument {other}"),
@@ -32,6 +37,14 @@ fn main() {
         cfg.broken = broken;
         cfg.liveness = liveness;
         cfg.max_depth = depth;
+        for (b, n) in &budgets {
+            match b.as_str() {
+                "--disrupt" => cfg.disrupt = *n,
+                "--crashes" => cfg.crashes = *n,
+                "--lags" => cfg.lags = *n,
+                _ => cfg.lapses = *n,
+            }
+        }
         let r = check::run_bounded(cfg, threads, broken.is_some(), max);
         println!("{}", r.line());
         for (_, t) in &r.violations {

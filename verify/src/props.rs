@@ -2,7 +2,7 @@
 //! every reachable state. No lost waiter is liveness, checked as bounded
 //! liveness: from every reachable state, a fair calm continuation (no more
 //! user actions or crashes; every replica finishes its sync, every watch event
-//! arrives, replica 0 syncs every key, Tekton finishes every section and every
+//! arrives, a replica with the lease syncs every key, Tekton finishes every section and every
 //! grace period ends) must leave no live run waiting while its PipelineRun runs.
 
 use crate::config::Config;
@@ -60,16 +60,17 @@ pub fn settle(cfg: &Config, s: &State) -> State {
             catch_up(cfg, &mut s, rep);
         }
         for i in 0..cfg.runs.len() as u8 {
-            for e in [Env::Stopped(i), Env::PodEnds(i), Env::Fail(i), Env::Finish(i)] {
+            for e in [Env::Stopped(i), Env::PodEnds(i), Env::Finish(i)] {
                 env::apply(cfg, &mut s, e);
             }
         }
+        let leader = s.leaders.trailing_zeros() as usize;
         for k in 0..cfg.keys {
-            catch_up(cfg, &mut s, 0);
-            controller::ensure(cfg, &mut s, 0, k);
-            catch_up(cfg, &mut s, 0);
-            if controller::sync(cfg, &mut s, 0, k) {
-                finish_sync(cfg, &mut s, 0);
+            catch_up(cfg, &mut s, leader);
+            controller::ensure(cfg, &mut s, leader, k);
+            catch_up(cfg, &mut s, leader);
+            if controller::sync(cfg, &mut s, leader, k) {
+                finish_sync(cfg, &mut s, leader);
             }
         }
         if s == before {

@@ -11,8 +11,9 @@ pub fn describe(a: &Action) -> String {
     match a {
         Action::Env(e) => env(*e),
         Action::Sync { rep, key, fresh } => format!("replica {rep}: sync k{key}, with fresh caches of [{}]", fresh_names(*fresh)),
-        Action::Write { rep } => format!("replica {rep}: next write of its sync"),
+        Action::Write { rep, .. } => format!("replica {rep}: next write of its sync"),
         Action::Crash { rep } => format!("replica {rep}: crashes (cache, sync and token floors lost)"),
+        Action::Lapse { key } => format!("lease lapses: the other replica leads; the old leader, unaware, syncs k{key} (fetch, view, decide)"),
         Action::Relist { rep } => format!("replica {rep}: restarts and lists everything"),
         Action::Ensure { rep, key } => format!("replica {rep}: intake creates Mutex k{key} if missing"),
     }
@@ -32,7 +33,6 @@ fn env(e: Env) -> String {
     match e {
         Env::Create(i) => format!("user: starts pr-{i} (Tekton creates run-{i})"),
         Env::Finish(i) => format!("tekton: pr-{i}'s guarded task ends, pr-{i} done"),
-        Env::Fail(i) => format!("tekton: pr-{i} fails (its lock run ended without a grant)"),
         Env::Stopped(i) => format!("tekton: stopping pr-{i} is marked done"),
         Env::PodEnds(i) => format!("kubelet: pr-{i}'s pod ends (grace period over)"),
         Env::Cancel(i) => format!("user: cancels pr-{i}"),
@@ -134,10 +134,11 @@ pub fn render(cfg: &Config, property: &str, path: &[(State, Option<Action>)]) ->
             break;
         };
         let mut line = describe(a);
-        if let Action::Write { rep } = a
+        if let Action::Write { rep, then_crash } = a
             && let Some(w) = s.replicas[*rep as usize].sync.as_ref().and_then(|x| x.writes.first())
         {
-            line = format!("replica {rep}: {}", write_name(w));
+            let crash = if *then_crash { ", then crashes" } else { "" };
+            line = format!("replica {rep}: {}{crash}", write_name(w));
         }
         let _ = writeln!(out, "  {:>2}. {line}", n + 1);
         if matters(a) {

@@ -229,4 +229,8 @@ pub struct State {
     pub crashes_left: u8,
     /// Syncs on a lagging cache left (bounded, as watch events do arrive).
     pub lags_left: u8,
+    /// Bit r: replica r holds (or believes it holds) the lease, so it starts syncs.
+    pub leaders: u8,
+    /// Lease lapses left: each makes both replicas act at once.
+    pub lapses_left: u8,
 }
