@@ -48,7 +48,7 @@ fn report(checker: impl Checker<LockModel>, name: &'static str, start: Instant) 
     let mut violations = Vec::new();
     for p in props::ALL {
         if let Some(path) = checker.discovery(p) {
-            violations.push((p, trace::render(&model.cfg, p, &path.into_vec())));
+            violations.push((p, trace::render(model, p, &path.into_actions())));
         }
     }
     Report {

@@ -52,6 +52,8 @@ pub struct Users {
     pub cancel: bool,
     pub delete_run: bool,
     pub delete_pr: bool,
+    /// Delete only PipelineRuns that are done with every pod ended (a pruner).
+    pub prune_only: bool,
     pub delete_mutex: bool,
     pub wipe: bool,
     pub timeout: bool,
@@ -62,6 +64,7 @@ impl Users {
         cancel: true,
         delete_run: true,
         delete_pr: true,
+        prune_only: false,
         delete_mutex: true,
         wipe: true,
         timeout: true,
@@ -108,6 +111,20 @@ impl Config {
             liveness: true,
             max_depth: None,
         }
+    }
+
+    /// The token floor's own check: config A where users prune finished
+    /// PipelineRuns and wipe the status (two such acts), and nothing else.
+    pub fn a_floor() -> Config {
+        let users = Users { cancel: false, delete_run: false, delete_mutex: false, timeout: false, prune_only: true, ..Users::ALL };
+        Config { name: "A-floor", disrupt: 2, users, ..Config::a() }
+    }
+
+    /// Issue 23 item 6 (known): prune a finished PipelineRun and delete the
+    /// Mutex; the floor kept in one replica's memory is lost on failover.
+    pub fn a_floor_failover() -> Config {
+        let users = Users { wipe: false, ..Config::a_floor().users };
+        Config { name: "A-floor-failover", users: Users { delete_mutex: true, ..users }, ..Config::a_floor() }
     }
 
     pub fn with_broken(mut self, b: Broken) -> Config {

@@ -69,6 +69,9 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             if matches!(pr.phase, PrPhase::NotYet | PrPhase::Deleted) {
                 return false;
             }
+            if cfg.users.prune_only && (pr.phase != PrPhase::Done || pr.pod == Pod::Live) {
+                return false;
+            }
             pr.phase = PrPhase::Deleted;
             if run.live() {
                 run.life = Life::Deleted;

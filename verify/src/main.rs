@@ -1,4 +1,4 @@
-//! `cargo run -p verify --release -- [A|B|all] [--broken status-cas|pod-check|token-floor] [--threads N]`
+//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|all] [--broken status-cas|pod-check|token-floor] [--threads N]`
 //! Prints one `<N> states` line per configuration and every counterexample;
 //! exits 1 if any property is broken.
 
@@ -16,7 +16,9 @@ fn main() {
         match a.as_str() {
             "A" => configs.push(Config::a()),
             "B" => configs.push(Config::b()),
-            "all" => configs.extend([Config::a(), Config::b()]),
+            "A-floor" => configs.push(Config::a_floor()),
+            "A-floor-failover" => configs.push(Config::a_floor_failover()),
+            "all" => configs.extend([Config::a(), Config::b(), Config::a_floor()]),
             "--broken" => broken = it.next().map(|g| guard(g)),
             "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
             "--no-liveness" => liveness = false,

@@ -72,6 +72,13 @@ impl LockModel {
 
     /// Apply `a` to a copy of `s`; None if it is not enabled or changes nothing.
     pub fn apply(&self, s: &State, a: &Action) -> Option<State> {
+        let mut n = self.apply_raw(s, a)?;
+        crate::canon::canonical(&mut n);
+        Some(n)
+    }
+
+    /// As [`apply`](Self::apply), with the resourceVersions as they come (for traces).
+    pub fn apply_raw(&self, s: &State, a: &Action) -> Option<State> {
         let cfg = &self.cfg;
         let mut n = s.clone();
         let ok = match *a {
@@ -135,7 +142,6 @@ impl LockModel {
                 controller::ensure(cfg, &mut n, rep as usize, key)
             },
         };
-        crate::canon::canonical(&mut n);
         (ok && n != *s).then_some(n)
     }
 

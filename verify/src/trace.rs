@@ -3,7 +3,7 @@
 use crate::config::Config;
 use crate::controller::Obj;
 use crate::env::Env;
-use crate::model::Action;
+use crate::model::{Action, LockModel};
 use crate::world::{Life, MutexObj, Pod, PrPhase, State, Told, Write};
 use std::fmt::Write as _;
 
@@ -124,15 +124,13 @@ pub fn summary(cfg: &Config, s: &State) -> String {
     out
 }
 
-/// A whole counterexample: the steps from the initial state, each with the
-/// write it did where it was a controller write.
-pub fn render(cfg: &Config, property: &str, path: &[(State, Option<Action>)]) -> String {
+/// A whole counterexample: the steps from the initial state, replayed with
+/// the resourceVersions as they come, each write named.
+pub fn render(m: &LockModel, property: &str, actions: &[Action]) -> String {
+    let cfg = &m.cfg;
     let mut out = format!("Counterexample to {property} (config {}, guard removed: {:?})\n", cfg.name, cfg.broken);
-    for (n, (s, a)) in path.iter().enumerate() {
-        let Some(a) = a else {
-            let _ = writeln!(out, "  end state:\n{}", summary(cfg, s));
-            break;
-        };
+    let mut s = m.init();
+    for (n, a) in actions.iter().enumerate() {
         let mut line = describe(a);
         if let Action::Write { rep, then_crash } = a
             && let Some(w) = s.replicas[*rep as usize].sync.as_ref().and_then(|x| x.writes.first())
@@ -141,10 +139,25 @@ pub fn render(cfg: &Config, property: &str, path: &[(State, Option<Action>)]) ->
             line = format!("replica {rep}: {}{crash}", write_name(w));
         }
         let _ = writeln!(out, "  {:>2}. {line}", n + 1);
+        let Some(next) = m.apply_raw(&s, a) else {
+            let _ = writeln!(out, "      (step not enabled on replay)");
+            break;
+        };
+        s = next;
         if matters(a) {
-            let next = &path[n + 1].0;
-            out.push_str(&summary(cfg, next));
+            out.push_str(&summary(cfg, &s));
         }
+    }
+    if let Some(b) = &s.ghost.broken {
+        let _ = writeln!(out, "  broken: {b}");
+    }
+    if let Some(x) = crate::props::over_capacity(cfg, &s) {
+        let _ = writeln!(out, "  broken: Exclusion: {x}");
+    }
+    if property == crate::props::NO_LOST_WAITER
+        && let Some(x) = crate::props::lost_waiter(cfg, &s)
+    {
+        let _ = writeln!(out, "  broken: {x} (calm continuation: {})", "every sync done, every watch event in, every section and grace period over");
     }
     out
 }
