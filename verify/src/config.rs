@@ -93,7 +93,12 @@ impl Config {
         }
     }
 
-    /// Config B: 2 replicas, 2 keys, a run of key 0, a run of key 1 and a run of both.
+    /// Config B: 2 replicas, 2 keys, a run of key 0, a run of key 1 and a run
+    /// of both. Users delete only finished PipelineRuns, no lock run, and
+    /// cancel nothing: a multi-key run's slot kept as a reservation is given up
+    /// without the pod check when its run is deleted (issue 23 item 5, see
+    /// [`Config::b_delete_reserved`]) or its PipelineRun stopped (found by
+    /// this model, see [`Config::b_cancel_reserved`]).
     pub fn b() -> Config {
         let run = |keys: Vec<u8>, group| RunSpec { keys, group, supersede: false };
         Config {
@@ -106,7 +111,7 @@ impl Config {
             crashes: 1,
             lags: 1,
             lapses: 1,
-            users: Users::ALL,
+            users: Users { cancel: false, delete_run: false, prune_only: true, ..Users::ALL },
             broken: None,
             liveness: true,
             max_depth: None,
@@ -125,6 +130,18 @@ impl Config {
     pub fn a_floor_failover() -> Config {
         let users = Users { wipe: false, ..Config::a_floor().users };
         Config { name: "A-floor-failover", users: Users { delete_mutex: true, ..users }, ..Config::a_floor() }
+    }
+
+    /// Issue 23 item 5 (known): config B where a user may delete a lock run.
+    pub fn b_delete_reserved() -> Config {
+        let users = Users { delete_run: true, ..Config::b().users };
+        Config { name: "B-delete-reserved", users, crashes: 0, lags: 0, lapses: 0, ..Config::b() }
+    }
+
+    /// Found by this model: config B where a user may cancel a PipelineRun.
+    pub fn b_cancel_reserved() -> Config {
+        let users = Users { cancel: true, ..Config::b().users };
+        Config { name: "B-cancel-reserved", users, crashes: 0, lags: 0, lapses: 0, ..Config::b() }
     }
 
     pub fn with_broken(mut self, b: Broken) -> Config {

@@ -1,4 +1,5 @@
 //! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|all] [--broken status-cas|pod-check|token-floor] [--threads N]`
+//! `--first`: stop at the first counterexample (breadth-first, for the shortest trace).
 //! Prints one `<N> states` line per configuration and every counterexample;
 //! exits 1 if any property is broken.
 
@@ -11,6 +12,7 @@ fn main() {
     let (mut broken, mut threads, mut max) = (None, 2, None);
     let (mut liveness, mut depth) = (true, None);
     let mut budgets: Vec<(String, u8)> = Vec::new();
+    let mut first = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -18,10 +20,13 @@ fn main() {
             "B" => configs.push(Config::b()),
             "A-floor" => configs.push(Config::a_floor()),
             "A-floor-failover" => configs.push(Config::a_floor_failover()),
+            "B-delete-reserved" => configs.push(Config::b_delete_reserved()),
+            "B-cancel-reserved" => configs.push(Config::b_cancel_reserved()),
             "all" => configs.extend([Config::a(), Config::b(), Config::a_floor()]),
             "--broken" => broken = it.next().map(|g| guard(g)),
             "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
             "--no-liveness" => liveness = false,
+            "--first" => first = true,
             "--disrupt" | "--crashes" | "--lags" | "--lapses" => {
                 let n: u8 = it.next().and_then(|n| n.parse().ok()).expect("a number");
                 budgets.push((a.clone(), n));
@@ -47,7 +52,7 @@ fn main() {
                 _ => cfg.lapses = *n,
             }
         }
-        let r = check::run_bounded(cfg, threads, broken.is_some(), max);
+        let r = check::run_bounded(cfg, threads, first || broken.is_some(), max);
         println!("{}", r.line());
         for (_, t) in &r.violations {
             println!("{t}");
