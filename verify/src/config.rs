@@ -122,7 +122,17 @@ impl Config {
     /// PipelineRuns and wipe the status (two such acts), and nothing else.
     pub fn a_floor() -> Config {
         let users = Users { cancel: false, delete_run: false, delete_mutex: false, timeout: false, prune_only: true, ..Users::ALL };
-        Config { name: "A-floor", disrupt: 2, users, ..Config::a() }
+        // A pure queue: a wiped status with the newer run pruned forgets the
+        // group's supersede mark too (a limit, shown by `a_marks_wiped`).
+        let runs = Config::a().runs.into_iter().map(|r| RunSpec { supersede: false, ..r }).collect();
+        Config { name: "A-floor", disrupt: 2, users, runs, ..Config::a() }
+    }
+
+    /// A limit: wipe the status and prune the newest granted PipelineRun, and
+    /// nothing remembers that an older run of its group is stale.
+    pub fn a_marks_wiped() -> Config {
+        let runs = Config::a().runs;
+        Config { name: "A-marks-wiped", runs, crashes: 0, lapses: 0, ..Config::a_floor() }
     }
 
     /// Issue 23 item 6 (known): prune a finished PipelineRun and delete the

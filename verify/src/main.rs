@@ -22,6 +22,7 @@ fn main() {
             "A-floor-failover" => configs.push(Config::a_floor_failover()),
             "B-delete-reserved" => configs.push(Config::b_delete_reserved()),
             "B-cancel-reserved" => configs.push(Config::b_cancel_reserved()),
+            "A-marks-wiped" => configs.push(Config::a_marks_wiped()),
             "all" => configs.extend([Config::a(), Config::b(), Config::a_floor()]),
             "--broken" => broken = it.next().map(|g| guard(g)),
             "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
