@@ -117,3 +117,11 @@ fn known_bug_a_cancelled_multi_key_run_frees_its_reserved_slot_early() {
 fn known_bug_issue_23_item_5_a_deleted_multi_key_run_frees_its_reserved_slot() {
     breaks(Config::b_delete_reserved(), &[props::EXCLUSION]);
 }
+
+/// Issue 23 item 6: the token floor of a Mutex that went lives in the memory
+/// of the replica that let it go; after a failover the new Mutex starts over.
+#[test]
+fn known_bug_issue_23_item_6_the_token_floor_is_lost_on_failover() {
+    let cfg = Config { lags: 0, lapses: 0, liveness: false, ..Config::a_floor_failover() };
+    breaks(cfg, &[props::FENCING]);
+}
