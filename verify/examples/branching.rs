@@ -20,12 +20,23 @@ fn main() {
         for _ in 0..30 {
             let mut acts = Vec::new();
             m.candidates(&s, &mut acts);
-            let next: Vec<_> = acts.iter().filter_map(|a| m.apply(&s, a).map(|n| (a.clone(), n))).collect();
-            if next.is_empty() { break; }
-            for (a, _) in &next { *tally.entry(kind(a)).or_default() += 1; }
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let next: Vec<_> = acts
+                .iter()
+                .filter_map(|a| m.apply(&s, a).map(|n| (a.clone(), n)))
+                .collect();
+            if next.is_empty() {
+                break;
+            }
+            for (a, _) in &next {
+                *tally.entry(kind(a)).or_default() += 1;
+            }
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             s = next[(seed >> 33) as usize % next.len()].1.clone();
         }
     }
-    for (k, v) in tally { println!("{k:>14} {v}"); }
+    for (k, v) in tally {
+        println!("{k:>14} {v}");
+    }
 }

@@ -28,9 +28,15 @@ fn mutex_rvs(s: &State, k: usize) -> Vec<u16> {
     let mut seen: Vec<u16> = s.api.mutexes[k].iter().map(|m| m.rv).collect();
     for r in &s.replicas {
         seen.extend(r.cache.mutexes[k].iter().map(|m| m.rv));
-        let writes = r.sync.iter().filter(|x| x.key as usize == k).flat_map(|x| &x.writes);
+        let writes = r
+            .sync
+            .iter()
+            .filter(|x| x.key as usize == k)
+            .flat_map(|x| &x.writes);
         seen.extend(writes.filter_map(|w| match w {
-            Write::CheckCurrent { rv } | Write::Protect { rv } | Write::Status { rv, .. } => Some(*rv),
+            Write::CheckCurrent { rv } | Write::Protect { rv } | Write::Status { rv, .. } => {
+                Some(*rv)
+            }
             _ => None,
         }));
     }
@@ -55,10 +61,14 @@ fn for_each_mutex_rv(s: &mut State, k: usize, mut f: impl FnMut(&mut u16)) {
         if let Some(m) = &mut r.cache.mutexes[k] {
             f(&mut m.rv);
         }
-        let Some(sync) = r.sync.as_mut().filter(|x| x.key as usize == k) else { continue };
+        let Some(sync) = r.sync.as_mut().filter(|x| x.key as usize == k) else {
+            continue;
+        };
         for w in &mut sync.writes {
             match w {
-                Write::CheckCurrent { rv } | Write::Protect { rv } | Write::Status { rv, .. } => f(rv),
+                Write::CheckCurrent { rv } | Write::Protect { rv } | Write::Status { rv, .. } => {
+                    f(rv)
+                }
                 _ => {}
             }
         }
@@ -71,7 +81,9 @@ fn for_each_run_rv(s: &mut State, i: usize, mut f: impl FnMut(&mut u8)) {
         f(&mut r.cache.runs[i].rv);
         for w in r.sync.iter_mut().flat_map(|x| x.writes.iter_mut()) {
             match w {
-                Write::Commit { run, run_rv, .. } | Write::Revoke { run, run_rv, .. } | Write::Tell { run, run_rv, .. }
+                Write::Commit { run, run_rv, .. }
+                | Write::Revoke { run, run_rv, .. }
+                | Write::Tell { run, run_rv, .. }
                     if *run as usize == i =>
                 {
                     f(run_rv)

@@ -28,8 +28,15 @@ pub fn run(cfg: Config, threads: usize, stop_at_first: bool) -> Report {
 pub fn run_bounded(cfg: Config, threads: usize, stop_at_first: bool, max: Option<usize>) -> Report {
     let start = Instant::now();
     let (name, depth) = (cfg.name, cfg.max_depth);
-    let finish = if stop_at_first { HasDiscoveries::AnyFailures } else { HasDiscoveries::All };
-    let mut builder = LockModel::new(cfg).checker().threads(threads).finish_when(finish);
+    let finish = if stop_at_first {
+        HasDiscoveries::AnyFailures
+    } else {
+        HasDiscoveries::All
+    };
+    let mut builder = LockModel::new(cfg)
+        .checker()
+        .threads(threads)
+        .finish_when(finish);
     if let Some(max) = max {
         builder = builder.target_state_count(max);
     }
@@ -39,7 +46,14 @@ pub fn run_bounded(cfg: Config, threads: usize, stop_at_first: bool, max: Option
     if stop_at_first {
         report(builder.spawn_bfs().join(), name, start)
     } else {
-        report(builder.symmetry_fn(crate::model::representative).spawn_dfs().join(), name, start)
+        report(
+            builder
+                .symmetry_fn(crate::model::representative)
+                .spawn_dfs()
+                .join(),
+            name,
+            start,
+        )
     }
 }
 
@@ -69,7 +83,10 @@ impl Report {
             self.depth,
             self.time.as_secs_f64(),
             self.violations.len(),
-            self.violations.iter().map(|v| format!(" [{}]", v.0)).collect::<String>()
+            self.violations
+                .iter()
+                .map(|v| format!(" [{}]", v.0))
+                .collect::<String>()
         )
     }
 }

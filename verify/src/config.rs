@@ -75,7 +75,11 @@ impl Config {
     /// Config A: 2 replicas, 1 key of capacity 1, 3 PipelineRuns of one
     /// supersede group (run i is older than run i + 1).
     pub fn a() -> Config {
-        let run = |group| RunSpec { keys: vec![0], group, supersede: true };
+        let run = |group| RunSpec {
+            keys: vec![0],
+            group,
+            supersede: true,
+        };
         Config {
             name: "A",
             keys: 1,
@@ -100,7 +104,11 @@ impl Config {
     /// [`Config::b_delete_reserved`]) or its PipelineRun stopped (found by
     /// this model, see [`Config::b_cancel_reserved`]).
     pub fn b() -> Config {
-        let run = |keys: Vec<u8>, group| RunSpec { keys, group, supersede: false };
+        let run = |keys: Vec<u8>, group| RunSpec {
+            keys,
+            group,
+            supersede: false,
+        };
         Config {
             name: "B",
             keys: 2,
@@ -111,7 +119,12 @@ impl Config {
             crashes: 1,
             lags: 1,
             lapses: 1,
-            users: Users { cancel: false, delete_run: false, prune_only: true, ..Users::ALL },
+            users: Users {
+                cancel: false,
+                delete_run: false,
+                prune_only: true,
+                ..Users::ALL
+            },
             broken: None,
             liveness: true,
             max_depth: None,
@@ -121,37 +134,93 @@ impl Config {
     /// The token floor's own check: config A where users prune finished
     /// PipelineRuns and wipe the status (two such acts), and nothing else.
     pub fn a_floor() -> Config {
-        let users = Users { cancel: false, delete_run: false, delete_mutex: false, timeout: false, prune_only: true, ..Users::ALL };
+        let users = Users {
+            cancel: false,
+            delete_run: false,
+            delete_mutex: false,
+            timeout: false,
+            prune_only: true,
+            ..Users::ALL
+        };
         // A pure queue: a wiped status with the newer run pruned forgets the
         // group's supersede mark too (a limit, shown by `a_marks_wiped`).
-        let runs = Config::a().runs.into_iter().map(|r| RunSpec { supersede: false, ..r }).collect();
-        Config { name: "A-floor", disrupt: 2, users, runs, ..Config::a() }
+        let runs = Config::a()
+            .runs
+            .into_iter()
+            .map(|r| RunSpec {
+                supersede: false,
+                ..r
+            })
+            .collect();
+        Config {
+            name: "A-floor",
+            disrupt: 2,
+            users,
+            runs,
+            ..Config::a()
+        }
     }
 
     /// A limit: wipe the status and prune the newest granted PipelineRun, and
     /// nothing remembers that an older run of its group is stale.
     pub fn a_marks_wiped() -> Config {
         let runs = Config::a().runs;
-        Config { name: "A-marks-wiped", runs, crashes: 0, lapses: 0, ..Config::a_floor() }
+        Config {
+            name: "A-marks-wiped",
+            runs,
+            crashes: 0,
+            lapses: 0,
+            ..Config::a_floor()
+        }
     }
 
     /// Issue 23 item 6 (known): prune a finished PipelineRun and delete the
     /// Mutex; the floor kept in one replica's memory is lost on failover.
     pub fn a_floor_failover() -> Config {
-        let users = Users { wipe: false, ..Config::a_floor().users };
-        Config { name: "A-floor-failover", users: Users { delete_mutex: true, ..users }, ..Config::a_floor() }
+        let users = Users {
+            wipe: false,
+            ..Config::a_floor().users
+        };
+        Config {
+            name: "A-floor-failover",
+            users: Users {
+                delete_mutex: true,
+                ..users
+            },
+            ..Config::a_floor()
+        }
     }
 
     /// Issue 23 item 5 (known): config B where a user may delete a lock run.
     pub fn b_delete_reserved() -> Config {
-        let users = Users { delete_run: true, ..Config::b().users };
-        Config { name: "B-delete-reserved", users, crashes: 0, lags: 0, lapses: 0, ..Config::b() }
+        let users = Users {
+            delete_run: true,
+            ..Config::b().users
+        };
+        Config {
+            name: "B-delete-reserved",
+            users,
+            crashes: 0,
+            lags: 0,
+            lapses: 0,
+            ..Config::b()
+        }
     }
 
     /// Found by this model: config B where a user may cancel a PipelineRun.
     pub fn b_cancel_reserved() -> Config {
-        let users = Users { cancel: true, ..Config::b().users };
-        Config { name: "B-cancel-reserved", users, crashes: 0, lags: 0, lapses: 0, ..Config::b() }
+        let users = Users {
+            cancel: true,
+            ..Config::b().users
+        };
+        Config {
+            name: "B-cancel-reserved",
+            users,
+            crashes: 0,
+            lags: 0,
+            lapses: 0,
+            ..Config::b()
+        }
     }
 
     pub fn with_broken(mut self, b: Broken) -> Config {
@@ -168,6 +237,10 @@ impl Config {
     }
 
     pub fn groups(&self) -> usize {
-        self.runs.iter().map(|r| r.group as usize + 1).max().unwrap_or(0)
+        self.runs
+            .iter()
+            .map(|r| r.group as usize + 1)
+            .max()
+            .unwrap_or(0)
     }
 }

@@ -41,7 +41,10 @@ fn empty_cache(cfg: &Config) -> Cache {
 
 /// The spec every Mutex has in the model.
 pub fn spec(cfg: &Config) -> MutexSpec {
-    MutexSpec { capacity: cfg.capacity, ..MutexSpec::default() }
+    MutexSpec {
+        capacity: cfg.capacity,
+        ..MutexSpec::default()
+    }
 }
 
 /// A restart: the in-flight sync, the caches and the in-memory token floors are lost.
@@ -53,7 +56,11 @@ pub fn crash(cfg: &Config, s: &mut State, rep: usize) {
 pub fn relist(s: &mut State, rep: usize) {
     let api = &s.api;
     let r = &mut s.replicas[rep];
-    r.cache = Cache { mutexes: api.mutexes.clone(), runs: api.runs.clone(), prs: api.prs.clone() };
+    r.cache = Cache {
+        mutexes: api.mutexes.clone(),
+        runs: api.runs.clone(),
+        prs: api.prs.clone(),
+    };
     r.listed = true;
 }
 
@@ -80,7 +87,9 @@ pub fn stale(s: &State, rep: usize, o: Obj) -> bool {
 /// Intake's ensure_mutex: a live run of the key is seen and its Mutex is not.
 pub fn ensure(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     let c = &s.replicas[rep].cache;
-    let waiting = cfg.runs_of(k).any(|i| c.runs[i].live() && c.runs[i].told == Told::Nothing);
+    let waiting = cfg
+        .runs_of(k)
+        .any(|i| c.runs[i].live() && c.runs[i].told == Told::Nothing);
     waiting && c.mutexes[k as usize].is_none() && crate::exec::create_mutex(s, k as usize)
 }
 
@@ -89,9 +98,16 @@ pub fn ensure(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
 pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     let retry = s.replicas[rep].retry[k as usize];
     s.replicas[rep].retry[k as usize] = false;
-    let read = if retry { &s.api.mutexes[k as usize] } else { &s.replicas[rep].cache.mutexes[k as usize] };
+    let read = if retry {
+        &s.api.mutexes[k as usize]
+    } else {
+        &s.replicas[rep].cache.mutexes[k as usize]
+    };
     let Some(m) = read.clone() else { return retry };
-    let facts = MutexFacts { deleting: m.deleting, token_floor: token_floor(cfg, &mut s.replicas[rep], k, &m) };
+    let facts = MutexFacts {
+        deleting: m.deleting,
+        token_floor: token_floor(cfg, &mut s.replicas[rep], k, &m),
+    };
     let writes = decide_writes(cfg, &s.api, &s.replicas[rep].cache, k, &m, !retry, facts);
     if writes.is_empty() {
         return retry;
@@ -100,12 +116,28 @@ pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     true
 }
 
-fn decide_writes(cfg: &Config, api: &Api, cache: &Cache, k: u8, m: &MutexObj, from_cache: bool, facts: MutexFacts) -> Vec<crate::world::Write> {
+fn decide_writes(
+    cfg: &Config,
+    api: &Api,
+    cache: &Cache,
+    k: u8,
+    m: &MutexObj,
+    from_cache: bool,
+    facts: MutexFacts,
+) -> Vec<crate::world::Write> {
     let fetched = view::fetch(cfg, cache, api, k, m);
-    let views: Vec<_> = fetched.iter().map(|f| view::run_view(cfg, api, f, k)).collect();
+    let views: Vec<_> = fetched
+        .iter()
+        .map(|f| view::run_view(cfg, api, f, k))
+        .collect();
     let multi = view::multi_keys(cfg, &fetched, k);
     let d = decide_step(&spec(cfg), &m.status.0, &views, now(), facts, &multi);
-    let read = Read { mutex: m, from_cache, fetched: &fetched, views: &views };
+    let read = Read {
+        mutex: m,
+        from_cache,
+        fetched: &fetched,
+        views: &views,
+    };
     plan::writes(cfg, &read, &d)
 }
 

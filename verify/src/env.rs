@@ -33,14 +33,22 @@ pub enum Env {
 impl Env {
     /// Does it spend the trace's budget of disturbances?
     pub fn disturbs(self) -> bool {
-        !matches!(self, Env::Create(_) | Env::Finish(_) | Env::Stopped(_) | Env::PodEnds(_))
+        !matches!(
+            self,
+            Env::Create(_) | Env::Finish(_) | Env::Stopped(_) | Env::PodEnds(_)
+        )
     }
 }
 
 pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
     let u = cfg.users;
     for i in 0..cfg.runs.len() as u8 {
-        out.extend([Env::Create(i), Env::Finish(i), Env::Stopped(i), Env::PodEnds(i)]);
+        out.extend([
+            Env::Create(i),
+            Env::Finish(i),
+            Env::Stopped(i),
+            Env::PodEnds(i),
+        ]);
         out.extend(u.cancel.then_some(Env::Cancel(i)));
         out.extend(u.delete_pr.then_some(Env::DeletePr(i)));
         out.extend(u.delete_run.then_some(Env::DeleteRun(i)));
@@ -56,7 +64,9 @@ pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
 pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
     let api = &mut s.api;
     match e {
-        Env::Create(i) | Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => tekton(api, e, i as usize),
+        Env::Create(i) | Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => {
+            tekton(api, e, i as usize)
+        }
         Env::Cancel(i) => {
             let running = api.prs[i as usize].phase == PrPhase::Running;
             running && {
@@ -108,11 +118,20 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             None => false,
         },
         Env::Wipe(k) => {
-            let Some(m) = &mut api.mutexes[k as usize] else { return false };
+            let Some(m) = &mut api.mutexes[k as usize] else {
+                return false;
+            };
             // The CRD defaults lastToken to 0 and its CEL rule refuses a lower one:
             // a wipe that the API server takes keeps it.
-            let keep = if cfg.guarded(Broken::TokenFloor) { m.status.0.last_token } else { 0 };
-            let wiped = Ledger::new(MutexStatus { last_token: keep, ..MutexStatus::default() });
+            let keep = if cfg.guarded(Broken::TokenFloor) {
+                m.status.0.last_token
+            } else {
+                0
+            };
+            let wiped = Ledger::new(MutexStatus {
+                last_token: keep,
+                ..MutexStatus::default()
+            });
             wiped != m.status && {
                 m.status = wiped;
                 m.rv += 1;
@@ -136,7 +155,9 @@ fn tekton(api: &mut crate::world::Api, e: Env, i: usize) -> bool {
             pr.phase = PrPhase::Done;
         }
         Env::Stopped(_) if pr.phase == PrPhase::Stopping => pr.phase = PrPhase::Done,
-        Env::PodEnds(_) if pr.pod == Pod::Live && pr.phase != PrPhase::Running => pr.pod = Pod::Ended,
+        Env::PodEnds(_) if pr.pod == Pod::Live && pr.phase != PrPhase::Running => {
+            pr.pod = Pod::Ended
+        }
         _ => return false,
     }
     true

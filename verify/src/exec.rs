@@ -17,7 +17,9 @@ pub enum Done {
 
 /// Apply the next write of replica `rep`'s sync.
 pub fn step(cfg: &Config, s: &mut State, rep: usize) {
-    let Some(mut sync) = s.replicas[rep].sync.take() else { return };
+    let Some(mut sync) = s.replicas[rep].sync.take() else {
+        return;
+    };
     if sync.writes.is_empty() {
         return;
     }
@@ -25,7 +27,9 @@ pub fn step(cfg: &Config, s: &mut State, rep: usize) {
     let k = sync.key as usize;
     match apply(cfg, s, rep, k, &w) {
         Done::Next if !sync.writes.is_empty() => {
-            if let (Write::Protect { .. }, Some(Write::Status { rv, .. })) = (&w, sync.writes.first_mut()) {
+            if let (Write::Protect { .. }, Some(Write::Status { rv, .. })) =
+                (&w, sync.writes.first_mut())
+            {
                 // protect() returns the Mutex at its new resourceVersion.
                 *rv = s.api.mutexes[k].as_ref().map_or(*rv, |m| m.rv);
             }
@@ -53,7 +57,12 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
             None => Done::End { conflict: false },
         },
         Write::Status { rv, status } => write_status(cfg, s, rep, k, *rv, status),
-        Write::Commit { run, run_rv, epoch, ledger } => {
+        Write::Commit {
+            run,
+            run_rv,
+            epoch,
+            ledger,
+        } => {
             commit(cfg, s, k, *run as usize, *run_rv, *epoch, ledger);
             Done::Next
         }
@@ -89,7 +98,9 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
 /// replace_status: a compare-and-swap on the resourceVersion read (unless that
 /// guard is removed), refused if it lowers `lastToken` (the CRD's CEL rule).
 fn write_status(cfg: &Config, s: &mut State, rep: usize, k: usize, rv: u16, st: &Ledger) -> Done {
-    let Some(m) = &mut s.api.mutexes[k] else { return Done::End { conflict: false } };
+    let Some(m) = &mut s.api.mutexes[k] else {
+        return Done::End { conflict: false };
+    };
     if m.rv != rv && cfg.guarded(Broken::StatusCas) {
         return Done::End { conflict: true };
     }
@@ -105,19 +116,31 @@ fn write_status(cfg: &Config, s: &mut State, rep: usize, k: usize, rv: u16, st: 
 
 /// commit_reserved: read the run's other keys from the API server now; tell it
 /// `Acquired` if every key keeps its slot, conditional on the run being unchanged.
-fn commit(cfg: &Config, s: &mut State, k: usize, i: usize, run_rv: u8, epoch: i64, ledger: &Ledger) {
+fn commit(
+    cfg: &Config,
+    s: &mut State,
+    k: usize,
+    i: usize,
+    run_rv: u8,
+    epoch: i64,
+    ledger: &Ledger,
+) {
     let r = &s.api.runs[i];
     if !r.live() || r.rv != run_rv || r.epoch != epoch {
         return;
     }
-    let Some(m) = multi_run(cfg, r, i) else { return };
+    let Some(m) = multi_run(cfg, r, i) else {
+        return;
+    };
     let mut ledgers = BTreeMap::from([(key_name(k as u8), (*ledger.0).clone())]);
     for &o in cfg.runs[i].keys.iter().filter(|&&o| o as usize != k) {
         if let Some(x) = &s.api.mutexes[o as usize] {
             ledgers.insert(key_name(o), (*x.status.0).clone());
         }
     }
-    let Some(tokens) = commit_step(&run_ref(i).uid, &m, &ledgers) else { return };
+    let Some(tokens) = commit_step(&run_ref(i).uid, &m, &ledgers) else {
+        return;
+    };
     let tokens = tokens_by_key(cfg, i, &tokens);
     let r = &mut s.api.runs[i];
     r.told = Told::Acquired(tokens.clone());
@@ -137,13 +160,18 @@ pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &
     for (&k, &t) in spec.keys.iter().zip(tokens) {
         let top = &mut ghost.top_token[k as usize];
         if t <= *top && ghost.broken.is_none() {
-            ghost.broken = Some(format!("Fencing: run-{i} starts a section of k{k} with token {t}, not above {top}"));
+            ghost.broken = Some(format!(
+                "Fencing: run-{i} starts a section of k{k} with token {t}, not above {top}"
+            ));
         }
         *top = (*top).max(t);
     }
     let newest = &mut ghost.newest_granted[spec.group as usize];
     if spec.supersede && newest.is_some_and(|n| n as usize > i) && ghost.broken.is_none() {
-        ghost.broken = Some(format!("Supersede: run-{i} granted after newer run-{} of its group", newest.unwrap()));
+        ghost.broken = Some(format!(
+            "Supersede: run-{i} granted after newer run-{} of its group",
+            newest.unwrap()
+        ));
     }
     *newest = Some(newest.map_or(i as u8, |n| n.max(i as u8)));
 }
@@ -165,7 +193,9 @@ pub fn cancel_pr(api: &mut Api, i: usize) {
 /// finalizer::release (read fresh, refused while holders or waiters remain),
 /// remembering the token floor; then ensure_mutex if runs were kept out.
 fn hand_over(s: &mut State, rep: usize, k: usize, kept_out: bool) -> Done {
-    let Some(m) = &s.api.mutexes[k] else { return Done::End { conflict: false } };
+    let Some(m) = &s.api.mutexes[k] else {
+        return Done::End { conflict: false };
+    };
     if !m.finalizer || !m.deleting {
         return Done::End { conflict: false };
     }
@@ -190,6 +220,12 @@ pub fn create_mutex(s: &mut State, k: usize) -> bool {
     let rv = crate::canon::fresh_mutex_rv(s, k);
     let uid = s.api.next_uid;
     s.api.next_uid += 1;
-    s.api.mutexes[k] = Some(MutexObj { uid, rv, status: Ledger::default(), deleting: false, finalizer: false });
+    s.api.mutexes[k] = Some(MutexObj {
+        uid,
+        rv,
+        status: Ledger::default(),
+        deleting: false,
+        finalizer: false,
+    });
     true
 }

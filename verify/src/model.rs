@@ -14,22 +14,38 @@ pub enum Action {
     /// Replica r starts a sync of key k: fetch, view, decide. First the watch
     /// events of the kinds in `fresh` (bit 0 Mutexes, 1 lock runs, 2
     /// PipelineRuns) arrive; the other kinds' caches stay as they were.
-    Sync { rep: u8, key: u8, fresh: u8 },
+    Sync {
+        rep: u8,
+        key: u8,
+        fresh: u8,
+    },
     /// Replica r does the next write of its sync (and, for its last write,
     /// `then_crash`: crashes right after it).
-    Write { rep: u8, then_crash: bool },
+    Write {
+        rep: u8,
+        then_crash: bool,
+    },
     /// Replica r crashes in the middle of a sync: after its read, or between
     /// two writes. (A crash while idle is this one with the steps after it
     /// moved before: it changes nothing the API server holds.)
-    Crash { rep: u8 },
+    Crash {
+        rep: u8,
+    },
     /// The lease lapses: the other replica takes it, while the old leader, not
     /// knowing yet, starts a sync of key `key` (unless one is in flight) and
     /// goes on writing: for that sync, both act at once.
-    Lapse { key: u8 },
+    Lapse {
+        key: u8,
+    },
     /// A restarted replica's first list.
-    Relist { rep: u8 },
+    Relist {
+        rep: u8,
+    },
     /// Replica r's intake creates a missing Mutex for a run it sees.
-    Ensure { rep: u8, key: u8 },
+    Ensure {
+        rep: u8,
+        key: u8,
+    },
 }
 
 pub struct LockModel {
@@ -53,8 +69,14 @@ impl LockModel {
         };
         let mut s = State {
             api,
-            replicas: (0..cfg.replicas).map(|_| controller::fresh_replica(cfg)).collect(),
-            ghost: Ghost { top_token: vec![0; cfg.keys as usize], newest_granted: vec![None; cfg.groups()], broken: None },
+            replicas: (0..cfg.replicas)
+                .map(|_| controller::fresh_replica(cfg))
+                .collect(),
+            ghost: Ghost {
+                top_token: vec![0; cfg.keys as usize],
+                newest_granted: vec![None; cfg.groups()],
+                broken: None,
+            },
             disrupt_left: cfg.disrupt,
             crashes_left: cfg.crashes,
             lags_left: cfg.lags,
@@ -107,40 +129,52 @@ impl LockModel {
                 }
             }
             Action::Write { rep, then_crash } => {
-                let last = n.replicas[rep as usize].sync.as_ref().is_some_and(|x| x.writes.len() == 1);
+                let last = n.replicas[rep as usize]
+                    .sync
+                    .as_ref()
+                    .is_some_and(|x| x.writes.len() == 1);
                 crate::exec::step(cfg, &mut n, rep as usize);
-                !then_crash || (last && n.crashes_left > 0 && {
-                    crash(cfg, &mut n, rep);
-                    true
-                })
+                !then_crash
+                    || (last && n.crashes_left > 0 && {
+                        crash(cfg, &mut n, rep);
+                        true
+                    })
             }
-            Action::Crash { rep } if n.crashes_left > 0 && n.replicas[rep as usize].sync.is_some() => {
+            Action::Crash { rep }
+                if n.crashes_left > 0 && n.replicas[rep as usize].sync.is_some() =>
+            {
                 crash(cfg, &mut n, rep);
                 true
             }
             Action::Crash { .. } => false,
-            Action::Lapse { key } => n.lapses_left > 0 && cfg.replicas > 1 && n.replicas.iter().all(|r| r.listed) && {
-                n.lapses_left -= 1;
-                let old = n.leaders.trailing_zeros() as usize;
-                n.leaders = (1u8 << cfg.replicas) - 1 & !n.leaders;
-                if n.replicas[old].sync.is_none() {
-                    for obj in controller::KINDS {
-                        controller::deliver(&mut n, old, obj);
+            Action::Lapse { key } => {
+                n.lapses_left > 0 && cfg.replicas > 1 && n.replicas.iter().all(|r| r.listed) && {
+                    n.lapses_left -= 1;
+                    let old = n.leaders.trailing_zeros() as usize;
+                    n.leaders = ((1u8 << cfg.replicas) - 1) & !n.leaders;
+                    if n.replicas[old].sync.is_none() {
+                        for obj in controller::KINDS {
+                            controller::deliver(&mut n, old, obj);
+                        }
+                        controller::sync(cfg, &mut n, old, key);
                     }
-                    controller::sync(cfg, &mut n, old, key);
+                    true
                 }
-                true
-            },
-            Action::Relist { rep } => !n.replicas[rep as usize].listed && {
-                controller::relist(&mut n, rep as usize);
-                true
-            },
-            Action::Ensure { rep, key } => n.replicas[rep as usize].listed && n.leaders & (1 << rep) != 0 && {
-                for obj in controller::KINDS {
-                    controller::deliver(&mut n, rep as usize, obj);
+            }
+            Action::Relist { rep } => {
+                !n.replicas[rep as usize].listed && {
+                    controller::relist(&mut n, rep as usize);
+                    true
                 }
-                controller::ensure(cfg, &mut n, rep as usize, key)
-            },
+            }
+            Action::Ensure { rep, key } => {
+                n.replicas[rep as usize].listed && n.leaders & (1 << rep) != 0 && {
+                    for obj in controller::KINDS {
+                        controller::deliver(&mut n, rep as usize, obj);
+                    }
+                    controller::ensure(cfg, &mut n, rep as usize, key)
+                }
+            }
         };
         (ok && n != *s).then_some(n)
     }
@@ -158,17 +192,29 @@ impl LockModel {
                 continue;
             }
             if r.sync.is_some() {
-                out.push(Action::Write { rep, then_crash: false });
-                out.push(Action::Write { rep, then_crash: true });
+                out.push(Action::Write {
+                    rep,
+                    then_crash: false,
+                });
+                out.push(Action::Write {
+                    rep,
+                    then_crash: true,
+                });
             } else {
                 for key in 0..cfg.keys {
                     // Only kinds whose cache is behind make a different sync.
-                    let behind: Vec<usize> = (0..3).filter(|&b| controller::stale(s, rep as usize, controller::KINDS[b])).collect();
+                    let behind: Vec<usize> = (0..3)
+                        .filter(|&b| controller::stale(s, rep as usize, controller::KINDS[b]))
+                        .collect();
                     // Every cache fresh, or one kind lagging: a sync on caches that
                     // all lag is a sync made earlier, except for its API reads.
                     for (mask, lagging) in [(7u8, None), (6, Some(0)), (5, Some(1)), (3, Some(2))] {
                         if lagging.is_none_or(|b| behind.contains(&b) && s.lags_left > 0) {
-                            out.push(Action::Sync { rep, key, fresh: mask });
+                            out.push(Action::Sync {
+                                rep,
+                                key,
+                                fresh: mask,
+                            });
                         }
                     }
                 }
@@ -201,7 +247,7 @@ fn crash(cfg: &Config, n: &mut State, rep: u8) {
     controller::relist(n, rep as usize);
     n.leaders &= !(1 << rep);
     if n.leaders == 0 {
-        n.leaders = (1u8 << cfg.replicas) - 1 & !(1 << rep);
+        n.leaders = ((1u8 << cfg.replicas) - 1) & !(1 << rep);
     }
 }
 

@@ -24,14 +24,20 @@ pub fn writes(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
     let deleting = r.mutex.deleting;
     let (grants, others) = tells(cfg, r, d);
     let mut w = Vec::new();
-    if r.from_cache && unchanged && (deleting || !others.is_empty() || !grants.is_empty() || !d.cancels.is_empty()) {
+    if r.from_cache
+        && unchanged
+        && (deleting || !others.is_empty() || !grants.is_empty() || !d.cancels.is_empty())
+    {
         w.push(Write::CheckCurrent { rv: r.mutex.rv });
     }
     if in_use && !deleting && !r.mutex.finalizer {
         w.push(Write::Protect { rv: r.mutex.rv });
     }
     if !unchanged {
-        w.push(Write::Status { rv: r.mutex.rv, status: Ledger::new(d.status.clone()) });
+        w.push(Write::Status {
+            rv: r.mutex.rv,
+            status: Ledger::new(d.status.clone()),
+        });
     }
     w.extend(commits(cfg, r, d));
     w.extend(revokes(r, d));
@@ -54,11 +60,20 @@ pub fn writes(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
 fn tells(cfg: &Config, r: &Read<'_>, d: &Decision) -> (Vec<Write>, Vec<Write>) {
     let (mut grants, mut others) = (Vec::new(), Vec::new());
     for (run, outcome) in &d.outcomes {
-        let Some(i) = run_index(&run.uid) else { continue };
-        let Some(f) = r.fetched.iter().find(|f| f.run == i && f.deleted_holder.is_none()) else {
+        let Some(i) = run_index(&run.uid) else {
             continue;
         };
-        let live = r.views.iter().any(|v| v.run.uid == run.uid && matches!(v.phase, Phase::Live { .. }));
+        let Some(f) = r
+            .fetched
+            .iter()
+            .find(|f| f.run == i && f.deleted_holder.is_none())
+        else {
+            continue;
+        };
+        let live = r
+            .views
+            .iter()
+            .any(|v| v.run.uid == run.uid && matches!(v.phase, Phase::Live { .. }));
         if !live {
             continue;
         }
@@ -73,7 +88,11 @@ fn tells(cfg: &Config, r: &Read<'_>, d: &Decision) -> (Vec<Write>, Vec<Write>) {
             | Outcome::Cleared { .. } => Told::Ended { superseded: false },
             _ => continue,
         };
-        let write = Write::Tell { run: i as u8, run_rv: f.obj.rv, told: told.clone() };
+        let write = Write::Tell {
+            run: i as u8,
+            run_rv: f.obj.rv,
+            told: told.clone(),
+        };
         match told {
             Told::Acquired(_) => grants.push(write),
             _ => others.push(write),
@@ -87,11 +106,22 @@ fn tells(cfg: &Config, r: &Read<'_>, d: &Decision) -> (Vec<Write>, Vec<Write>) {
 fn commits(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
     let mut w = Vec::new();
     for f in r.fetched.iter().filter(|f| f.deleted_holder.is_none()) {
-        let Some(m) = multi_run(cfg, &f.obj, f.run) else { continue };
+        let Some(m) = multi_run(cfg, &f.obj, f.run) else {
+            continue;
+        };
         let uid = run_ref(f.run).uid;
-        let kept = d.status.reservations.iter().any(|x| x.waiter.run.uid == uid && x.epoch == m.epoch);
+        let kept = d
+            .status
+            .reservations
+            .iter()
+            .any(|x| x.waiter.run.uid == uid && x.epoch == m.epoch);
         if kept && m.acquired.is_none() {
-            w.push(Write::Commit { run: f.run as u8, run_rv: f.obj.rv, epoch: m.epoch, ledger: Ledger::new(d.status.clone()) });
+            w.push(Write::Commit {
+                run: f.run as u8,
+                run_rv: f.obj.rv,
+                epoch: m.epoch,
+                ledger: Ledger::new(d.status.clone()),
+            });
         }
     }
     w
@@ -101,12 +131,22 @@ fn commits(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
 fn revokes(r: &Read<'_>, d: &Decision) -> Vec<Write> {
     let mut w = Vec::new();
     for x in &d.revokes {
-        let Some(i) = run_index(&x.run.uid) else { continue };
-        let Some(f) = r.fetched.iter().find(|f| f.run == i && f.deleted_holder.is_none()) else {
+        let Some(i) = run_index(&x.run.uid) else {
+            continue;
+        };
+        let Some(f) = r
+            .fetched
+            .iter()
+            .find(|f| f.run == i && f.deleted_holder.is_none())
+        else {
             continue;
         };
         if f.obj.epoch == x.epoch && !matches!(f.obj.told, Told::Acquired(_)) {
-            w.push(Write::Revoke { run: i as u8, run_rv: f.obj.rv, epoch: x.epoch });
+            w.push(Write::Revoke {
+                run: i as u8,
+                run_rv: f.obj.rv,
+                epoch: x.epoch,
+            });
         }
     }
     w

@@ -24,7 +24,9 @@ pub fn all() -> Vec<Property<LockModel>> {
         Property::always(EXCLUSION, |m, s| over_capacity(&m.cfg, s).is_none()),
         Property::always(FENCING, |_, s| !broke(s, FENCING)),
         Property::always(SUPERSEDE, |_, s| !broke(s, SUPERSEDE)),
-        Property::always(NO_LOST_WAITER, |m, s| !m.cfg.liveness || lost_waiter(&m.cfg, s).is_none()),
+        Property::always(NO_LOST_WAITER, |m, s| {
+            !m.cfg.liveness || lost_waiter(&m.cfg, s).is_none()
+        }),
     ]
 }
 
@@ -35,8 +37,12 @@ fn broke(s: &State, what: &str) -> bool {
 /// A key whose live sections (pod running since the grant) exceed capacity.
 pub fn over_capacity(cfg: &Config, s: &State) -> Option<String> {
     (0..cfg.keys).find_map(|k| {
-        let live: Vec<usize> = cfg.runs_of(k).filter(|&i| s.api.prs[i].pod == Pod::Live).collect();
-        (live.len() > cfg.capacity as usize).then(|| format!("k{k} has {} live sections: {live:?}", live.len()))
+        let live: Vec<usize> = cfg
+            .runs_of(k)
+            .filter(|&i| s.api.prs[i].pod == Pod::Live)
+            .collect();
+        (live.len() > cfg.capacity as usize)
+            .then(|| format!("k{k} has {} live sections: {live:?}", live.len()))
     })
 }
 

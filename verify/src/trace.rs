@@ -10,12 +10,21 @@ use std::fmt::Write as _;
 pub fn describe(a: &Action) -> String {
     match a {
         Action::Env(e) => env(*e),
-        Action::Sync { rep, key, fresh } => format!("replica {rep}: sync k{key}, with fresh caches of [{}]", fresh_names(*fresh)),
+        Action::Sync { rep, key, fresh } => format!(
+            "replica {rep}: sync k{key}, with fresh caches of [{}]",
+            fresh_names(*fresh)
+        ),
         Action::Write { rep, .. } => format!("replica {rep}: next write of its sync"),
-        Action::Crash { rep } => format!("replica {rep}: crashes (cache, sync and token floors lost)"),
-        Action::Lapse { key } => format!("lease lapses: the other replica leads; the old leader, unaware, syncs k{key} (fetch, view, decide)"),
+        Action::Crash { rep } => {
+            format!("replica {rep}: crashes (cache, sync and token floors lost)")
+        }
+        Action::Lapse { key } => format!(
+            "lease lapses: the other replica leads; the old leader, unaware, syncs k{key} (fetch, view, decide)"
+        ),
         Action::Relist { rep } => format!("replica {rep}: restarts and lists everything"),
-        Action::Ensure { rep, key } => format!("replica {rep}: intake creates Mutex k{key} if missing"),
+        Action::Ensure { rep, key } => {
+            format!("replica {rep}: intake creates Mutex k{key} if missing")
+        }
     }
 }
 
@@ -57,7 +66,9 @@ pub fn write_name(w: &Write) -> String {
     match w {
         Write::CheckCurrent { rv } => format!("check the Mutex is still at rv {rv}"),
         Write::Protect { rv } => format!("add finalizer (CAS rv {rv})"),
-        Write::Status { rv, status } => format!("write status (CAS rv {rv}): {}", ledger(&status.0)),
+        Write::Status { rv, status } => {
+            format!("write status (CAS rv {rv}): {}", ledger(&status.0))
+        }
         Write::Commit { run, .. } => format!("commit run-{run} on all its keys"),
         Write::Revoke { run, epoch, .. } => format!("revoke run-{run}'s slots of epoch {epoch}"),
         Write::Tell { run, told, .. } => format!("tell run-{run} {}", told_name(told)),
@@ -76,10 +87,21 @@ fn told_name(t: &Told) -> String {
 }
 
 fn ledger(st: &tekton_mutex::mutex::MutexStatus) -> String {
-    let holders: Vec<String> = st.holders.iter().map(|h| format!("{}#{}", h.run.name, h.token)).collect();
+    let holders: Vec<String> = st
+        .holders
+        .iter()
+        .map(|h| format!("{}#{}", h.run.name, h.token))
+        .collect();
     let queue: Vec<&str> = st.queue.iter().map(|w| w.run.name.as_str()).collect();
-    let kept: Vec<String> = st.reservations.iter().map(|r| format!("{}#{}@{}", r.waiter.run.name, r.token, r.epoch)).collect();
-    format!("holders {holders:?} queue {queue:?} reserved {kept:?} lastToken {}", st.last_token)
+    let kept: Vec<String> = st
+        .reservations
+        .iter()
+        .map(|r| format!("{}#{}@{}", r.waiter.run.name, r.token, r.epoch))
+        .collect();
+    format!(
+        "holders {holders:?} queue {queue:?} reserved {kept:?} lastToken {}",
+        st.last_token
+    )
 }
 
 fn mutex(m: &Option<MutexObj>) -> String {
@@ -128,12 +150,18 @@ pub fn summary(cfg: &Config, s: &State) -> String {
 /// the resourceVersions as they come, each write named.
 pub fn render(m: &LockModel, property: &str, actions: &[Action]) -> String {
     let cfg = &m.cfg;
-    let mut out = format!("Counterexample to {property} (config {}, guard removed: {:?})\n", cfg.name, cfg.broken);
+    let mut out = format!(
+        "Counterexample to {property} (config {}, guard removed: {:?})\n",
+        cfg.name, cfg.broken
+    );
     let mut s = m.init();
     for (n, a) in actions.iter().enumerate() {
         let mut line = describe(a);
         if let Action::Write { rep, then_crash } = a
-            && let Some(w) = s.replicas[*rep as usize].sync.as_ref().and_then(|x| x.writes.first())
+            && let Some(w) = s.replicas[*rep as usize]
+                .sync
+                .as_ref()
+                .and_then(|x| x.writes.first())
         {
             let crash = if *then_crash { ", then crashes" } else { "" };
             line = format!("replica {rep}: {}{crash}", write_name(w));
@@ -157,7 +185,10 @@ pub fn render(m: &LockModel, property: &str, actions: &[Action]) -> String {
     if property == crate::props::NO_LOST_WAITER
         && let Some(x) = crate::props::lost_waiter(cfg, &s)
     {
-        let _ = writeln!(out, "  broken: {x} (calm continuation: {})", "every sync done, every watch event in, every section and grace period over");
+        let _ = writeln!(
+            out,
+            "  broken: {x} (calm continuation: every sync done, every watch event in, every section and grace period over)"
+        );
     }
     out
 }

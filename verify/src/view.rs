@@ -26,7 +26,11 @@ pub fn key_name(k: u8) -> String {
 }
 
 pub fn run_ref(i: usize) -> RunRef {
-    RunRef { kind: RunKind::CustomRun, name: format!("run-{i}"), uid: format!("run-{i}-uid") }
+    RunRef {
+        kind: RunKind::CustomRun,
+        name: format!("run-{i}"),
+        uid: format!("run-{i}-uid"),
+    }
 }
 
 pub fn pr_name(i: usize) -> String {
@@ -75,18 +79,35 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
         let holds = unknown_grant || st.holders.iter().any(|h| h.run.uid == run_ref(i).uid);
         let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
         let pods_alive = holds && ended && pods_alive(cfg, api, i);
-        out.push(Fetched { run: i, obj, parent, pods_alive, deleted_holder: None });
+        out.push(Fetched {
+            run: i,
+            obj,
+            parent,
+            pods_alive,
+            deleted_holder: None,
+        });
     }
     for h in &st.holders {
-        let Some(i) = run_index(&h.run.uid) else { continue };
+        let Some(i) = run_index(&h.run.uid) else {
+            continue;
+        };
         if out.iter().any(|f| f.run == i) || h.pipeline_run_uid.is_none() {
             continue;
         }
         let parent = fetch_parent(cache, api, i);
         let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
         let pods_alive = ended && pods_alive(cfg, api, i);
-        let obj = RunObj { life: Life::Deleted, ..RunObj::new() };
-        out.push(Fetched { run: i, obj, parent, pods_alive, deleted_holder: Some(h.clone()) });
+        let obj = RunObj {
+            life: Life::Deleted,
+            ..RunObj::new()
+        };
+        out.push(Fetched {
+            run: i,
+            obj,
+            parent,
+            pods_alive,
+            deleted_holder: Some(h.clone()),
+        });
     }
     out
 }
@@ -94,7 +115,11 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
 /// sync.rs's fetch_parent: the cache, else the API; one being deleted is gone.
 fn fetch_parent(cache: &Cache, api: &Api, i: usize) -> Option<PrObj> {
     let present = |p: &PrObj| !matches!(p.phase, PrPhase::NotYet | PrPhase::Deleted);
-    let p = if present(&cache.prs[i]) { &cache.prs[i] } else { &api.prs[i] };
+    let p = if present(&cache.prs[i]) {
+        &cache.prs[i]
+    } else {
+        &api.prs[i]
+    };
     present(p).then(|| p.clone())
 }
 
@@ -105,7 +130,9 @@ fn pods_alive(cfg: &Config, api: &Api, i: usize) -> bool {
 
 /// This key's token in what run `i` was told, if `Acquired`.
 pub fn token_for(cfg: &Config, obj: &RunObj, i: usize, k: u8) -> Option<i64> {
-    let Told::Acquired(tokens) = &obj.told else { return None };
+    let Told::Acquired(tokens) = &obj.told else {
+        return None;
+    };
     let at = cfg.runs[i].keys.iter().position(|&x| x == k)?;
     tokens.get(at).copied()
 }
@@ -114,17 +141,35 @@ pub fn token_for(cfg: &Config, obj: &RunObj, i: usize, k: u8) -> Option<i64> {
 pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
     let i = f.run;
     let spec = &cfg.runs[i];
-    let parent = Parent { name: pr_name(i), uid: pr_uid(i), state: parent_state(f) };
-    let age = Age { sequence: None, created: base() + chrono::TimeDelta::seconds(i as i64), name: pr_name(i) };
-    let supersede = if spec.supersede { Supersede::Pending } else { Supersede::None };
+    let parent = Parent {
+        name: pr_name(i),
+        uid: pr_uid(i),
+        state: parent_state(f),
+    };
+    let age = Age {
+        sequence: None,
+        created: base() + chrono::TimeDelta::seconds(i as i64),
+        name: pr_name(i),
+    };
+    let supersede = if spec.supersede {
+        Supersede::Pending
+    } else {
+        Supersede::None
+    };
     let phase = match (&f.deleted_holder, &f.obj.told) {
         (Some(_), _) => Phase::Deleted,
         (None, Told::Nothing) => Phase::Live {
             cancel_requested: f.obj.cancel,
-            timeout: if api.timed_out[i] { Timeout::Final } else { Timeout::NotYet },
+            timeout: if api.timed_out[i] {
+                Timeout::Final
+            } else {
+                Timeout::NotYet
+            },
         },
         (None, Told::Acquired(_)) => Phase::Done { superseded: false },
-        (None, Told::Ended { superseded }) => Phase::Done { superseded: *superseded },
+        (None, Told::Ended { superseded }) => Phase::Done {
+            superseded: *superseded,
+        },
     };
     RunView {
         run: run_ref(i),
@@ -138,7 +183,11 @@ pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
         waiting_since: base(),
         cancel_message: None,
         phase,
-        acquired_token: if f.deleted_holder.is_some() { None } else { token_for(cfg, &f.obj, i, k) },
+        acquired_token: if f.deleted_holder.is_some() {
+            None
+        } else {
+            token_for(cfg, &f.obj, i, k)
+        },
     }
 }
 
@@ -160,7 +209,12 @@ pub fn multi_run(cfg: &Config, obj: &RunObj, i: usize) -> Option<MultiKeyRun> {
         keys: keys.iter().map(|&k| key_name(k)).collect(),
         epoch: obj.epoch,
         acquired: match &obj.told {
-            Told::Acquired(t) => Some(keys.iter().map(|&k| key_name(k)).zip(t.iter().copied()).collect()),
+            Told::Acquired(t) => Some(
+                keys.iter()
+                    .map(|&k| key_name(k))
+                    .zip(t.iter().copied())
+                    .collect(),
+            ),
             _ => None,
         },
     })
@@ -173,7 +227,10 @@ pub fn multi_keys(cfg: &Config, fetched: &[Fetched], k: u8) -> MultiKeys {
         .filter(|f| f.deleted_holder.is_none())
         .filter_map(|f| Some((run_ref(f.run).uid, multi_run(cfg, &f.obj, f.run)?)))
         .collect();
-    MultiKeys { key: key_name(k), runs }
+    MultiKeys {
+        key: key_name(k),
+        runs,
+    }
 }
 
 /// The tokens a run was told, by key name.

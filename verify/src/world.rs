@@ -15,7 +15,10 @@ pub struct Ledger(pub Arc<MutexStatus>, u64);
 impl Ledger {
     pub fn new(st: MutexStatus) -> Ledger {
         let json = serde_json::to_string(&st).expect("a status serializes");
-        let h = std::hash::BuildHasher::hash_one(&std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(), json);
+        let h = std::hash::BuildHasher::hash_one(
+            &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+            json,
+        );
         Ledger(Arc::new(st), h)
     }
 }
@@ -65,7 +68,9 @@ pub enum Told {
     /// `Acquired`, with one token per key of the run (in the run's key order).
     Acquired(Vec<i64>),
     /// A final outcome other than `Acquired`.
-    Ended { superseded: bool },
+    Ended {
+        superseded: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -81,7 +86,13 @@ pub struct RunObj {
 
 impl RunObj {
     pub fn new() -> Self {
-        RunObj { life: Life::NotYet, rv: 0, told: Told::Nothing, cancel: false, epoch: 0 }
+        RunObj {
+            life: Life::NotYet,
+            rv: 0,
+            told: Told::Nothing,
+            cancel: false,
+            epoch: 0,
+        }
     }
 
     pub fn live(&self) -> bool {
@@ -131,7 +142,10 @@ pub struct PrObj {
 
 impl PrObj {
     pub fn new() -> Self {
-        PrObj { phase: PrPhase::NotYet, pod: Pod::None }
+        PrObj {
+            phase: PrPhase::NotYet,
+            pod: Pod::None,
+        }
     }
 
     /// Done or deleted as Tekton sees it (pods may still run).
@@ -177,7 +191,12 @@ pub enum Write {
     Status { rv: u16, status: Ledger },
     /// multikey::commit_reserved for run `run`, read at `run_rv` in `epoch`.
     /// `ledger` is this key's status as just decided.
-    Commit { run: u8, run_rv: u8, epoch: i64, ledger: Ledger },
+    Commit {
+        run: u8,
+        run_rv: u8,
+        epoch: i64,
+        ledger: Ledger,
+    },
     /// multikey::revoke: epoch + 1 on the run, if unchanged since read.
     Revoke { run: u8, run_rv: u8, epoch: i64 },
     /// Tell run `run` an outcome (run_status::patch, conditional on `run_rv`).

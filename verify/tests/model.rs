@@ -33,7 +33,10 @@ fn holds(cfg: Config) {
     let r = check::run(cfg, THREADS, false);
     show(&r);
     assert!(r.violations.is_empty(), "{}", r.line());
-    assert!(r.states > 1000, "the model explores more than a handful of states");
+    assert!(
+        r.states > 1000,
+        "the model explores more than a handful of states"
+    );
 }
 
 /// The checker (breadth-first, stopping at the first broken property) finds a
@@ -42,7 +45,8 @@ fn breaks(cfg: Config, expected: &[&str]) -> String {
     let r = check::run(cfg, THREADS, true);
     show(&r);
     let found = r.violations.iter().find(|v| expected.contains(&v.0));
-    let (_, trace) = found.unwrap_or_else(|| panic!("no counterexample to {expected:?}: {}", r.line()));
+    let (_, trace) =
+        found.unwrap_or_else(|| panic!("no counterexample to {expected:?}: {}", r.line()));
     assert!(trace.contains("broken:"), "the trace says what broke");
     trace.clone()
 }
@@ -88,17 +92,26 @@ fn b_holds_with_the_real_guards() {
 
 #[test]
 fn without_the_status_cas_two_replicas_grant_at_once() {
-    breaks(lease_lapse_only().with_broken(Broken::StatusCas), &[props::EXCLUSION, props::FENCING]);
+    breaks(
+        lease_lapse_only().with_broken(Broken::StatusCas),
+        &[props::EXCLUSION, props::FENCING],
+    );
 }
 
 #[test]
 fn without_the_pod_check_a_slot_frees_while_a_pod_runs() {
-    breaks(users_only().with_broken(Broken::PodCheck), &[props::EXCLUSION]);
+    breaks(
+        users_only().with_broken(Broken::PodCheck),
+        &[props::EXCLUSION],
+    );
 }
 
 #[test]
 fn without_the_token_floor_a_token_is_reused() {
-    breaks(floor_only().with_broken(Broken::TokenFloor), &[props::FENCING]);
+    breaks(
+        floor_only().with_broken(Broken::TokenFloor),
+        &[props::FENCING],
+    );
 }
 
 // Bugs of the real code the model finds (see docs/model-counterexample.md).
@@ -122,6 +135,11 @@ fn known_bug_issue_23_item_5_a_deleted_multi_key_run_frees_its_reserved_slot() {
 /// of the replica that let it go; after a failover the new Mutex starts over.
 #[test]
 fn known_bug_issue_23_item_6_the_token_floor_is_lost_on_failover() {
-    let cfg = Config { lags: 0, lapses: 0, liveness: false, ..Config::a_floor_failover() };
+    let cfg = Config {
+        lags: 0,
+        lapses: 0,
+        liveness: false,
+        ..Config::a_floor_failover()
+    };
     breaks(cfg, &[props::FENCING]);
 }
