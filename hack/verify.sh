@@ -4,7 +4,7 @@
 # Prints one `<N> states` line per configuration and a summary; exits 0 when no property is
 # violated.
 #
-#   hack/verify.sh             configurations A, B and A-floor (see verify/src/config.rs)
+#   hack/verify.sh             the suite of configurations in verify/src/config.rs (Config::suite)
 #   hack/verify.sh --broken    the same model over a decision core built with the
 #                              chaos-broken-capacity feature and TEKTON_MUTEX_BROKEN=capacity
 #                              (one slot too many, as hack/chaos.sh --broken): must exit
@@ -28,7 +28,7 @@ while (( $# )); do
 done
 
 features=()
-args=(A B A-floor)
+args=(suite)
 if [[ -n $broken ]]; then
   features=(--features chaos-broken-capacity)
   export TEKTON_MUTEX_BROKEN=capacity

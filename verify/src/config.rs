@@ -223,6 +223,31 @@ impl Config {
         }
     }
 
+    /// Found by this model: a status wipe while a deposed leader still has a
+    /// grant's `Acquired` write in flight (config A, a wipe and a lease lapse).
+    pub fn a_wipe_race() -> Config {
+        let users = Users { cancel: false, delete_run: false, delete_pr: false, delete_mutex: false, timeout: false, ..Users::ALL };
+        Config { name: "A-wipe-race", users, crashes: 0, lags: 0, liveness: false, ..Config::a() }
+    }
+
+    /// What hack/verify.sh checks: each configuration exhaustively, with the
+    /// fault kinds it names at one each (the full product of all of them in
+    /// one configuration is beyond 10 minutes here). Every one passes on the
+    /// real code; the combinations left out are the known bugs above.
+    pub fn suite() -> Vec<Config> {
+        let a = Config::a();
+        let b = Config::b();
+        let no_wipe = Users { wipe: false, ..Users::ALL };
+        vec![
+            Config { name: "A[users,crash]", lags: 0, lapses: 0, ..a.clone() },
+            Config { name: "A[crash,lapse,lag]", disrupt: 0, ..a.clone() },
+            Config { name: "A[users-but-wipe,lapse]", users: no_wipe, crashes: 0, lags: 0, ..a.clone() },
+            Config { name: "B[users,lag]", crashes: 0, lapses: 0, ..b.clone() },
+            Config { name: "B[crash,lapse]", disrupt: 0, lags: 0, ..b },
+            Config { name: "A-floor[prune+wipe,lag]", crashes: 0, lapses: 0, ..Config::a_floor() },
+        ]
+    }
+
     pub fn with_broken(mut self, b: Broken) -> Config {
         self.broken = Some(b);
         self

@@ -23,6 +23,8 @@ fn main() {
             "B-delete-reserved" => configs.push(Config::b_delete_reserved()),
             "B-cancel-reserved" => configs.push(Config::b_cancel_reserved()),
             "A-marks-wiped" => configs.push(Config::a_marks_wiped()),
+            "A-wipe-race" => configs.push(Config::a_wipe_race()),
+            "suite" => configs.extend(Config::suite()),
             "all" => configs.extend([Config::a(), Config::b(), Config::a_floor()]),
             "--broken" => broken = it.next().map(|g| guard(g)),
             "--threads" => threads = it.next().and_then(|n| n.parse().ok()).unwrap_or(2),
@@ -40,7 +42,7 @@ fn main() {
     if configs.is_empty() {
         configs.extend([Config::a(), Config::b()]);
     }
-    let mut failed = false;
+    let (mut failed, mut total, start) = (false, 0, std::time::Instant::now());
     for mut cfg in configs {
         cfg.broken = broken;
         cfg.liveness = liveness;
@@ -59,7 +61,13 @@ fn main() {
             println!("{t}");
         }
         failed |= !r.violations.is_empty();
+        total += r.states;
     }
+    println!(
+        "summary: {total} states in {:.0} s, {}",
+        start.elapsed().as_secs_f64(),
+        if failed { "a property is violated" } else { "no property violated" }
+    );
     std::process::exit(i32::from(failed));
 }
 

@@ -143,3 +143,11 @@ fn known_bug_issue_23_item_6_the_token_floor_is_lost_on_failover() {
     };
     breaks(cfg, &[props::FENCING]);
 }
+
+/// A status wipe while a deposed leader's `Acquired` write is in flight: the
+/// new leader sees neither the hold (wiped) nor the run's token (not yet
+/// written) and grants another run; the stale write then lands too.
+#[test]
+fn known_bug_a_status_wipe_races_a_deposed_leaders_grant() {
+    breaks(Config::a_wipe_race(), &[props::EXCLUSION, props::FENCING, props::SUPERSEDE]);
+}
