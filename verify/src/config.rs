@@ -230,6 +230,13 @@ impl Config {
         Config { name: "A-wipe-race", users, crashes: 0, lags: 0, liveness: false, ..Config::a() }
     }
 
+    /// Found by this model: a status wipe, then a sync whose run cache lags
+    /// behind a fresh multi-key commit (config B, one replica).
+    pub fn b_wipe_stale_cache() -> Config {
+        let users = Users { cancel: false, delete_run: false, delete_pr: false, delete_mutex: false, timeout: false, ..Users::ALL };
+        Config { name: "B-wipe-stale-cache", users, crashes: 0, lapses: 0, liveness: false, ..Config::b() }
+    }
+
     /// What hack/verify.sh checks: each configuration exhaustively, with the
     /// fault kinds it names at one each (the full product of all of them in
     /// one configuration is beyond 10 minutes here). Every one passes on the
@@ -242,7 +249,7 @@ impl Config {
             Config { name: "A[users,crash]", lags: 0, lapses: 0, ..a.clone() },
             Config { name: "A[crash,lapse,lag]", disrupt: 0, ..a.clone() },
             Config { name: "A[users-but-wipe,lapse]", users: no_wipe, crashes: 0, lags: 0, ..a.clone() },
-            Config { name: "B[users,lag]", crashes: 0, lapses: 0, ..b.clone() },
+            Config { name: "B[users-but-wipe,lag]", users: Users { wipe: false, ..b.users }, crashes: 0, lapses: 0, ..b.clone() },
             Config { name: "B[crash,lapse]", disrupt: 0, lags: 0, ..b },
             Config { name: "A-floor[prune+wipe,lag]", crashes: 0, lapses: 0, ..Config::a_floor() },
         ]

@@ -24,6 +24,7 @@ fn main() {
             "B-cancel-reserved" => configs.push(Config::b_cancel_reserved()),
             "A-marks-wiped" => configs.push(Config::a_marks_wiped()),
             "A-wipe-race" => configs.push(Config::a_wipe_race()),
+            "B-wipe-stale-cache" => configs.push(Config::b_wipe_stale_cache()),
             "suite" => configs.extend(Config::suite()),
             "all" => configs.extend([Config::a(), Config::b(), Config::a_floor()]),
             "--broken" => broken = it.next().map(|g| guard(g)),
