@@ -150,8 +150,13 @@ pub fn summary(cfg: &Config, s: &State) -> String {
 /// the resourceVersions as they come, each write named.
 pub fn render(m: &LockModel, property: &str, actions: &[Action]) -> String {
     let cfg = &m.cfg;
+    // hack/verify.sh --broken: the decision core itself gives one slot too many.
+    let core = match std::env::var("TEKTON_MUTEX_BROKEN") {
+        Ok(v) if cfg!(feature = "chaos-broken-capacity") => format!(", decision core broken: {v}"),
+        _ => String::new(),
+    };
     let mut out = format!(
-        "Counterexample to {property} (config {}, guard removed: {:?})\n",
+        "Counterexample to {property} (config {}, guard removed: {:?}{core})\n",
         cfg.name, cfg.broken
     );
     let mut s = m.init();
