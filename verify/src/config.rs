@@ -1,0 +1,278 @@
+//! The bounds of a check and the guards it runs with.
+
+/// One PipelineRun and its lock run: which keys it takes and its supersede group.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub keys: Vec<u8>,
+    pub group: u8,
+    /// `supersede: pending` (the default) or `none`.
+    pub supersede: bool,
+}
+
+/// A guard of the real code, removed in the model's I/O layer (test-only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// The Mutex status write ignores the resourceVersion read (no 409).
+    StatusCas,
+    /// The pod check before release: a holder's ended PipelineRun counts as
+    /// having no live pod (sync.rs's mark_draining_holders skipped).
+    PodCheck,
+    /// The token floor: the API server's `lastToken >= oldSelf` rule (so a
+    /// status wipe resets it) and the floor kept after a Mutex goes.
+    TokenFloor,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub name: &'static str,
+    pub keys: u8,
+    pub capacity: u32,
+    pub replicas: u8,
+    pub runs: Vec<RunSpec>,
+    /// Disturbing user actions per trace (cancel, delete run/PipelineRun/Mutex,
+    /// wipe the status, a timeout).
+    pub disrupt: u8,
+    /// Controller crashes per trace.
+    pub crashes: u8,
+    /// Syncs on a lagging cache per trace.
+    pub lags: u8,
+    /// Lease lapses per trace (both replicas act at once until one steps down).
+    pub lapses: u8,
+    /// Which user actions exist at all.
+    pub users: Users,
+    pub broken: Option<Broken>,
+    /// Check No lost waiter (its calm continuation costs a few decisions per state).
+    pub liveness: bool,
+    /// Explore traces of at most this many steps (None: all of them).
+    pub max_depth: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Users {
+    pub cancel: bool,
+    pub delete_run: bool,
+    pub delete_pr: bool,
+    /// Delete only PipelineRuns that are done with every pod ended (a pruner).
+    pub prune_only: bool,
+    pub delete_mutex: bool,
+    pub wipe: bool,
+    pub timeout: bool,
+}
+
+impl Users {
+    pub const ALL: Users = Users {
+        cancel: true,
+        delete_run: true,
+        delete_pr: true,
+        prune_only: false,
+        delete_mutex: true,
+        wipe: true,
+        timeout: true,
+    };
+}
+
+impl Config {
+    /// Config A: 2 replicas, 1 key of capacity 1, 3 PipelineRuns of one
+    /// supersede group (run i is older than run i + 1).
+    pub fn a() -> Config {
+        let run = |group| RunSpec {
+            keys: vec![0],
+            group,
+            supersede: true,
+        };
+        Config {
+            name: "A",
+            keys: 1,
+            capacity: 1,
+            replicas: 2,
+            runs: vec![run(0), run(0), run(0)],
+            disrupt: 1,
+            crashes: 1,
+            lags: 1,
+            lapses: 1,
+            users: Users::ALL,
+            broken: None,
+            liveness: true,
+            max_depth: None,
+        }
+    }
+
+    /// Config B: 2 replicas, 2 keys, a run of key 0, a run of key 1 and a run
+    /// of both. Users delete only finished PipelineRuns, no lock run, and
+    /// cancel nothing: a multi-key run's slot kept as a reservation is given up
+    /// without the pod check when its run is deleted (issue 23 item 5, see
+    /// [`Config::b_delete_reserved`]) or its PipelineRun stopped (found by
+    /// this model, see [`Config::b_cancel_reserved`]).
+    pub fn b() -> Config {
+        let run = |keys: Vec<u8>, group| RunSpec {
+            keys,
+            group,
+            supersede: false,
+        };
+        Config {
+            name: "B",
+            keys: 2,
+            capacity: 1,
+            replicas: 2,
+            runs: vec![run(vec![0], 0), run(vec![0, 1], 1), run(vec![1], 2)],
+            disrupt: 1,
+            crashes: 1,
+            lags: 1,
+            lapses: 1,
+            users: Users {
+                cancel: false,
+                delete_run: false,
+                prune_only: true,
+                ..Users::ALL
+            },
+            broken: None,
+            liveness: true,
+            max_depth: None,
+        }
+    }
+
+    /// The token floor's own check: config A where users prune finished
+    /// PipelineRuns and wipe the status (two such acts), and nothing else.
+    pub fn a_floor() -> Config {
+        let users = Users {
+            cancel: false,
+            delete_run: false,
+            delete_mutex: false,
+            timeout: false,
+            prune_only: true,
+            ..Users::ALL
+        };
+        // A pure queue: a wiped status with the newer run pruned forgets the
+        // group's supersede mark too (a limit, shown by `a_marks_wiped`).
+        let runs = Config::a()
+            .runs
+            .into_iter()
+            .map(|r| RunSpec {
+                supersede: false,
+                ..r
+            })
+            .collect();
+        Config {
+            name: "A-floor",
+            disrupt: 2,
+            users,
+            runs,
+            ..Config::a()
+        }
+    }
+
+    /// A limit: wipe the status and prune the newest granted PipelineRun, and
+    /// nothing remembers that an older run of its group is stale.
+    pub fn a_marks_wiped() -> Config {
+        let runs = Config::a().runs;
+        Config {
+            name: "A-marks-wiped",
+            runs,
+            crashes: 0,
+            lapses: 0,
+            ..Config::a_floor()
+        }
+    }
+
+    /// Issue 23 item 6 (known): prune a finished PipelineRun and delete the
+    /// Mutex; the floor kept in one replica's memory is lost on failover.
+    pub fn a_floor_failover() -> Config {
+        let users = Users {
+            wipe: false,
+            ..Config::a_floor().users
+        };
+        Config {
+            name: "A-floor-failover",
+            users: Users {
+                delete_mutex: true,
+                ..users
+            },
+            ..Config::a_floor()
+        }
+    }
+
+    /// Issue 23 item 5 (known): config B where a user may delete a lock run.
+    pub fn b_delete_reserved() -> Config {
+        let users = Users {
+            delete_run: true,
+            ..Config::b().users
+        };
+        Config {
+            name: "B-delete-reserved",
+            users,
+            crashes: 0,
+            lags: 0,
+            lapses: 0,
+            ..Config::b()
+        }
+    }
+
+    /// Found by this model: config B where a user may cancel a PipelineRun.
+    pub fn b_cancel_reserved() -> Config {
+        let users = Users {
+            cancel: true,
+            ..Config::b().users
+        };
+        Config {
+            name: "B-cancel-reserved",
+            users,
+            crashes: 0,
+            lags: 0,
+            lapses: 0,
+            ..Config::b()
+        }
+    }
+
+    /// Found by this model: a status wipe while a deposed leader still has a
+    /// grant's `Acquired` write in flight (config A, a wipe and a lease lapse).
+    pub fn a_wipe_race() -> Config {
+        let users = Users { cancel: false, delete_run: false, delete_pr: false, delete_mutex: false, timeout: false, ..Users::ALL };
+        Config { name: "A-wipe-race", users, crashes: 0, lags: 0, liveness: false, ..Config::a() }
+    }
+
+    /// Found by this model: a status wipe, then a sync whose run cache lags
+    /// behind a fresh multi-key commit (config B, one replica).
+    pub fn b_wipe_stale_cache() -> Config {
+        let users = Users { cancel: false, delete_run: false, delete_pr: false, delete_mutex: false, timeout: false, ..Users::ALL };
+        Config { name: "B-wipe-stale-cache", users, crashes: 0, lapses: 0, liveness: false, ..Config::b() }
+    }
+
+    /// What hack/verify.sh checks: each configuration exhaustively, with the
+    /// fault kinds it names at one each (the full product of all of them in
+    /// one configuration is beyond 10 minutes here). Every one passes on the
+    /// real code; the combinations left out are the known bugs above.
+    pub fn suite() -> Vec<Config> {
+        let a = Config::a();
+        let b = Config::b();
+        let no_wipe = Users { wipe: false, ..Users::ALL };
+        vec![
+            Config { name: "A[users,crash]", lags: 0, lapses: 0, ..a.clone() },
+            Config { name: "A[crash,lapse,lag]", disrupt: 0, ..a.clone() },
+            Config { name: "A[users-but-wipe,lapse]", users: no_wipe, crashes: 0, lags: 0, ..a.clone() },
+            Config { name: "B[users-but-wipe,lag]", users: Users { wipe: false, ..b.users }, crashes: 0, lapses: 0, ..b.clone() },
+            Config { name: "B[crash,lapse]", disrupt: 0, lags: 0, ..b },
+            Config { name: "A-floor[prune+wipe,lag]", crashes: 0, lapses: 0, ..Config::a_floor() },
+        ]
+    }
+
+    pub fn with_broken(mut self, b: Broken) -> Config {
+        self.broken = Some(b);
+        self
+    }
+
+    pub fn guarded(&self, b: Broken) -> bool {
+        self.broken != Some(b)
+    }
+
+    pub fn runs_of(&self, key: u8) -> impl Iterator<Item = usize> + '_ {
+        (0..self.runs.len()).filter(move |&i| self.runs[i].keys.contains(&key))
+    }
+
+    pub fn groups(&self) -> usize {
+        self.runs
+            .iter()
+            .map(|r| r.group as usize + 1)
+            .max()
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,159 @@
+//! A controller replica: its caches (fed by watch events that may lag, skip
+//! versions or repeat), its syncs (fetch -> view -> decide -> plan of writes,
+//! then one write per step), crashes and restarts.
+
+use crate::adapter::{MutexFacts, decide_step};
+use crate::config::{Broken, Config};
+use crate::plan::{self, Read};
+use crate::view::{self, now};
+use crate::world::{Api, Cache, MutexObj, Replica, State, Sync, Told};
+use tekton_mutex::mutex::MutexSpec;
+
+/// A watch (one per kind): its pending events arrive together. Versions in
+/// between are skipped (events dropped until a relist), repeats change nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Obj {
+    Mutexes,
+    Runs,
+    Prs,
+}
+
+pub const KINDS: [Obj; 3] = [Obj::Mutexes, Obj::Runs, Obj::Prs];
+
+pub fn fresh_replica(cfg: &Config) -> Replica {
+    Replica {
+        listed: false,
+        cache: empty_cache(cfg),
+        sync: None,
+        retry: vec![false; cfg.keys as usize],
+        floors: vec![None; cfg.keys as usize],
+    }
+}
+
+fn empty_cache(cfg: &Config) -> Cache {
+    let n = cfg.runs.len();
+    Cache {
+        mutexes: vec![None; cfg.keys as usize],
+        runs: vec![Default::default(); n],
+        prs: vec![Default::default(); n],
+    }
+}
+
+/// The spec every Mutex has in the model.
+pub fn spec(cfg: &Config) -> MutexSpec {
+    MutexSpec {
+        capacity: cfg.capacity,
+        ..MutexSpec::default()
+    }
+}
+
+/// A restart: the in-flight sync, the caches and the in-memory token floors are lost.
+pub fn crash(cfg: &Config, s: &mut State, rep: usize) {
+    s.replicas[rep] = fresh_replica(cfg);
+}
+
+/// The first list after a (re)start: the cache is the API server's state now.
+pub fn relist(s: &mut State, rep: usize) {
+    let api = &s.api;
+    let r = &mut s.replicas[rep];
+    r.cache = Cache {
+        mutexes: api.mutexes.clone(),
+        runs: api.runs.clone(),
+        prs: api.prs.clone(),
+    };
+    r.listed = true;
+}
+
+/// The watch events that bring kind `o` in the cache up to the API server's state.
+pub fn deliver(s: &mut State, rep: usize, o: Obj) {
+    let api = &s.api;
+    let c = &mut s.replicas[rep].cache;
+    match o {
+        Obj::Mutexes => c.mutexes.clone_from(&api.mutexes),
+        Obj::Runs => c.runs.clone_from(&api.runs),
+        Obj::Prs => c.prs.clone_from(&api.prs),
+    }
+}
+
+pub fn stale(s: &State, rep: usize, o: Obj) -> bool {
+    let (api, c) = (&s.api, &s.replicas[rep].cache);
+    match o {
+        Obj::Mutexes => c.mutexes != api.mutexes,
+        Obj::Runs => c.runs != api.runs,
+        Obj::Prs => c.prs != api.prs,
+    }
+}
+
+/// Intake's ensure_mutex: a live run of the key is seen and its Mutex is not.
+pub fn ensure(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
+    let c = &s.replicas[rep].cache;
+    let waiting = cfg
+        .runs_of(k)
+        .any(|i| c.runs[i].live() && c.runs[i].told == Told::Nothing);
+    waiting && c.mutexes[k as usize].is_none() && crate::exec::create_mutex(s, k as usize)
+}
+
+/// sync_key up to the decision: read, view, decide; the writes are left to do.
+/// False if it would write nothing.
+pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
+    let retry = s.replicas[rep].retry[k as usize];
+    s.replicas[rep].retry[k as usize] = false;
+    let read = if retry {
+        &s.api.mutexes[k as usize]
+    } else {
+        &s.replicas[rep].cache.mutexes[k as usize]
+    };
+    let Some(m) = read.clone() else { return retry };
+    let facts = MutexFacts {
+        deleting: m.deleting,
+        token_floor: token_floor(cfg, &mut s.replicas[rep], k, &m),
+    };
+    let writes = decide_writes(cfg, &s.api, &s.replicas[rep].cache, k, &m, !retry, facts);
+    if writes.is_empty() {
+        return retry;
+    }
+    s.replicas[rep].sync = Some(Sync { key: k, writes });
+    true
+}
+
+fn decide_writes(
+    cfg: &Config,
+    api: &Api,
+    cache: &Cache,
+    k: u8,
+    m: &MutexObj,
+    from_cache: bool,
+    facts: MutexFacts,
+) -> Vec<crate::world::Write> {
+    let fetched = view::fetch(cfg, cache, api, k, m);
+    let views: Vec<_> = fetched
+        .iter()
+        .map(|f| view::run_view(cfg, api, f, k))
+        .collect();
+    let multi = view::multi_keys(cfg, &fetched, k);
+    let d = decide_step(&spec(cfg), &m.status.0, &views, now(), facts, &multi);
+    let read = Read {
+        mutex: m,
+        from_cache,
+        fetched: &fetched,
+        views: &views,
+    };
+    plan::writes(cfg, &read, &d)
+}
+
+/// token_floor.rs's TokenFloors::floor, on this replica's memory.
+fn token_floor(cfg: &Config, r: &mut Replica, k: u8, m: &MutexObj) -> i64 {
+    if !cfg.guarded(Broken::TokenFloor) {
+        return 0;
+    }
+    let slot = &mut r.floors[k as usize];
+    match *slot {
+        Some((gone, floor)) if gone == m.uid => floor,
+        Some((_, floor)) if floor > m.status.0.last_token => floor,
+        Some(_) => {
+            *slot = None;
+            0
+        }
+        None => 0,
+    }
+}

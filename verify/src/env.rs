@@ -1,0 +1,173 @@
+//! Everything outside the controller: Tekton moving PipelineRuns and pods
+//! along, and users disturbing the lock.
+
+use crate::config::{Broken, Config};
+use crate::world::{Ledger, Life, Pod, PrPhase, State};
+use tekton_mutex::mutex::MutexStatus;
+
+/// What Tekton, a pod or a user does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Env {
+    /// A user starts PipelineRun i; Tekton creates its lock run.
+    Create(u8),
+    /// The guarded task of PipelineRun i ends; the PipelineRun is done.
+    Finish(u8),
+    /// A stopping PipelineRun is marked done (its pods may still be in their grace period).
+    Stopped(u8),
+    /// The grace period of a stopped or deleted PipelineRun's pod is over.
+    PodEnds(u8),
+    /// A user cancels PipelineRun i.
+    Cancel(u8),
+    /// A user deletes PipelineRun i (its lock run goes with it).
+    DeletePr(u8),
+    /// A user deletes the lock run of PipelineRun i.
+    DeleteRun(u8),
+    /// The waiting lock run of PipelineRun i times out.
+    Timeout(u8),
+    /// A user deletes the Mutex of key k.
+    DeleteMutex(u8),
+    /// A user empties the Mutex's status (holders, queue, marks, reservations).
+    Wipe(u8),
+}
+
+impl Env {
+    /// Does it spend the trace's budget of disturbances?
+    pub fn disturbs(self) -> bool {
+        !matches!(
+            self,
+            Env::Create(_) | Env::Finish(_) | Env::Stopped(_) | Env::PodEnds(_)
+        )
+    }
+}
+
+pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
+    let u = cfg.users;
+    for i in 0..cfg.runs.len() as u8 {
+        out.extend([
+            Env::Create(i),
+            Env::Finish(i),
+            Env::Stopped(i),
+            Env::PodEnds(i),
+        ]);
+        out.extend(u.cancel.then_some(Env::Cancel(i)));
+        out.extend(u.delete_pr.then_some(Env::DeletePr(i)));
+        out.extend(u.delete_run.then_some(Env::DeleteRun(i)));
+        out.extend(u.timeout.then_some(Env::Timeout(i)));
+    }
+    for k in 0..cfg.keys {
+        out.extend(u.delete_mutex.then_some(Env::DeleteMutex(k)));
+        out.extend(u.wipe.then_some(Env::Wipe(k)));
+    }
+}
+
+/// Apply `e`; false if it cannot happen now.
+pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
+    let api = &mut s.api;
+    match e {
+        Env::Create(i) | Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => {
+            tekton(api, e, i as usize)
+        }
+        Env::Cancel(i) => {
+            let running = api.prs[i as usize].phase == PrPhase::Running;
+            running && {
+                crate::exec::cancel_pr(api, i as usize);
+                true
+            }
+        }
+        Env::DeletePr(i) => {
+            let (pr, run) = (&mut api.prs[i as usize], &mut api.runs[i as usize]);
+            if matches!(pr.phase, PrPhase::NotYet | PrPhase::Deleted) {
+                return false;
+            }
+            if cfg.users.prune_only && (pr.phase != PrPhase::Done || pr.pod == Pod::Live) {
+                return false;
+            }
+            pr.phase = PrPhase::Deleted;
+            if run.live() {
+                run.life = Life::Deleted;
+                run.bump();
+            }
+            true
+        }
+        Env::DeleteRun(i) => {
+            let run = &mut api.runs[i as usize];
+            run.live() && {
+                run.life = Life::Deleted;
+                run.bump();
+                fail(api, i as usize);
+                true
+            }
+        }
+        Env::Timeout(i) => {
+            let (run, t) = (&api.runs[i as usize], &mut api.timed_out[i as usize]);
+            let can = run.live() && !run.done() && !*t;
+            *t |= can;
+            can
+        }
+        Env::DeleteMutex(k) => match &mut api.mutexes[k as usize] {
+            Some(m) if m.deleting => false,
+            Some(m) if m.finalizer => {
+                m.deleting = true;
+                m.rv += 1;
+                true
+            }
+            Some(_) => {
+                api.mutexes[k as usize] = None;
+                true
+            }
+            None => false,
+        },
+        Env::Wipe(k) => {
+            let Some(m) = &mut api.mutexes[k as usize] else {
+                return false;
+            };
+            // The CRD defaults lastToken to 0 and its CEL rule refuses a lower one:
+            // a wipe that the API server takes keeps it.
+            let keep = if cfg.guarded(Broken::TokenFloor) {
+                m.status.0.last_token
+            } else {
+                0
+            };
+            let wiped = Ledger::new(MutexStatus {
+                last_token: keep,
+                ..MutexStatus::default()
+            });
+            wiped != m.status && {
+                m.status = wiped;
+                m.rv += 1;
+                true
+            }
+        }
+    }
+}
+
+/// Tekton's and the pods' own moves.
+fn tekton(api: &mut crate::world::Api, e: Env, i: usize) -> bool {
+    let (pr, run) = (&mut api.prs[i], &mut api.runs[i]);
+    match e {
+        Env::Create(_) if pr.phase == PrPhase::NotYet => {
+            pr.phase = PrPhase::Running;
+            run.life = Life::Live;
+            run.bump();
+        }
+        Env::Finish(_) if pr.pod == Pod::Live && pr.phase == PrPhase::Running => {
+            pr.pod = Pod::Ended;
+            pr.phase = PrPhase::Done;
+        }
+        Env::Stopped(_) if pr.phase == PrPhase::Stopping => pr.phase = PrPhase::Done,
+        Env::PodEnds(_) if pr.pod == Pod::Live && pr.phase != PrPhase::Running => {
+            pr.pod = Pod::Ended
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// Tekton fails a running PipelineRun whose lock run ended without a grant or
+/// was deleted while waiting (at once: the states in between change nothing).
+pub fn fail(api: &mut crate::world::Api, i: usize) {
+    let pr = &mut api.prs[i];
+    if pr.phase == PrPhase::Running && pr.pod == Pod::None {
+        pr.phase = PrPhase::Done;
+    }
+}

@@ -1,0 +1,204 @@
+//! Counterexamples as readable traces: each step, then what the API server holds.
+
+use crate::config::Config;
+use crate::controller::Obj;
+use crate::env::Env;
+use crate::model::{Action, LockModel};
+use crate::world::{Life, MutexObj, Pod, PrPhase, State, Told, Write};
+use std::fmt::Write as _;
+
+pub fn describe(a: &Action) -> String {
+    match a {
+        Action::Env(e) => env(*e),
+        Action::Sync { rep, key, fresh } => format!(
+            "replica {rep}: sync k{key}, with fresh caches of [{}]",
+            fresh_names(*fresh)
+        ),
+        Action::Write { rep, .. } => format!("replica {rep}: next write of its sync"),
+        Action::Crash { rep } => {
+            format!("replica {rep}: crashes (cache, sync and token floors lost)")
+        }
+        Action::Lapse { key } => format!(
+            "lease lapses: the other replica leads; the old leader, unaware, syncs k{key} (fetch, view, decide)"
+        ),
+        Action::Relist { rep } => format!("replica {rep}: restarts and lists everything"),
+        Action::Ensure { rep, key } => {
+            format!("replica {rep}: intake creates Mutex k{key} if missing")
+        }
+    }
+}
+
+fn fresh_names(mask: u8) -> String {
+    let names: Vec<String> = crate::controller::KINDS
+        .into_iter()
+        .enumerate()
+        .filter(|(b, _)| mask & (1 << b) != 0)
+        .map(|(_, o)| obj_name(o))
+        .collect();
+    names.join(", ")
+}
+
+fn env(e: Env) -> String {
+    match e {
+        Env::Create(i) => format!("user: starts pr-{i} (Tekton creates run-{i})"),
+        Env::Finish(i) => format!("tekton: pr-{i}'s guarded task ends, pr-{i} done"),
+        Env::Stopped(i) => format!("tekton: stopping pr-{i} is marked done"),
+        Env::PodEnds(i) => format!("kubelet: pr-{i}'s pod ends (grace period over)"),
+        Env::Cancel(i) => format!("user: cancels pr-{i}"),
+        Env::DeletePr(i) => format!("user: deletes pr-{i} (and run-{i})"),
+        Env::DeleteRun(i) => format!("user: deletes run-{i}"),
+        Env::Timeout(i) => format!("clock: run-{i} times out"),
+        Env::DeleteMutex(k) => format!("user: deletes Mutex k{k}"),
+        Env::Wipe(k) => format!("user: wipes the status of Mutex k{k}"),
+    }
+}
+
+fn obj_name(o: Obj) -> String {
+    match o {
+        Obj::Mutexes => "Mutexes".into(),
+        Obj::Runs => "lock runs".into(),
+        Obj::Prs => "PipelineRuns".into(),
+    }
+}
+
+/// What a write is, for the trace.
+pub fn write_name(w: &Write) -> String {
+    match w {
+        Write::CheckCurrent { rv } => format!("check the Mutex is still at rv {rv}"),
+        Write::Protect { rv } => format!("add finalizer (CAS rv {rv})"),
+        Write::Status { rv, status } => {
+            format!("write status (CAS rv {rv}): {}", ledger(&status.0))
+        }
+        Write::Commit { run, .. } => format!("commit run-{run} on all its keys"),
+        Write::Revoke { run, epoch, .. } => format!("revoke run-{run}'s slots of epoch {epoch}"),
+        Write::Tell { run, told, .. } => format!("tell run-{run} {}", told_name(told)),
+        Write::Cancel { pr } => format!("cancel pr-{pr}"),
+        Write::HandOver { kept_out } => format!("take the finalizer off (recreate: {kept_out})"),
+    }
+}
+
+fn told_name(t: &Told) -> String {
+    match t {
+        Told::Nothing => "-".into(),
+        Told::Acquired(t) => format!("Acquired{t:?}"),
+        Told::Ended { superseded: true } => "Superseded".into(),
+        Told::Ended { .. } => "Ended".into(),
+    }
+}
+
+fn ledger(st: &tekton_mutex::mutex::MutexStatus) -> String {
+    let holders: Vec<String> = st
+        .holders
+        .iter()
+        .map(|h| format!("{}#{}", h.run.name, h.token))
+        .collect();
+    let queue: Vec<&str> = st.queue.iter().map(|w| w.run.name.as_str()).collect();
+    let kept: Vec<String> = st
+        .reservations
+        .iter()
+        .map(|r| format!("{}#{}@{}", r.waiter.run.name, r.token, r.epoch))
+        .collect();
+    format!(
+        "holders {holders:?} queue {queue:?} reserved {kept:?} lastToken {}",
+        st.last_token
+    )
+}
+
+fn mutex(m: &Option<MutexObj>) -> String {
+    match m {
+        None => "absent".into(),
+        Some(m) => format!(
+            "uid {} rv {}{}{} {}",
+            m.uid,
+            m.rv,
+            if m.finalizer { " finalizer" } else { "" },
+            if m.deleting { " DELETING" } else { "" },
+            ledger(&m.status.0)
+        ),
+    }
+}
+
+/// The API server's state in a few lines.
+pub fn summary(cfg: &Config, s: &State) -> String {
+    let mut out = String::new();
+    for (k, m) in s.api.mutexes.iter().enumerate() {
+        let _ = writeln!(out, "      Mutex k{k}: {}", mutex(m));
+    }
+    for i in 0..cfg.runs.len() {
+        let (r, p) = (&s.api.runs[i], &s.api.prs[i]);
+        if r.life == Life::NotYet && p.phase == PrPhase::NotYet {
+            continue;
+        }
+        let pod = match p.pod {
+            Pod::None => "",
+            Pod::Live => " pod LIVE",
+            Pod::Ended => " pod ended",
+        };
+        let _ = writeln!(
+            out,
+            "      pr-{i} {:?}{pod}; run-{i} {:?} {}{}",
+            p.phase,
+            r.life,
+            told_name(&r.told),
+            if r.cancel { " cancel" } else { "" }
+        );
+    }
+    out
+}
+
+/// A whole counterexample: the steps from the initial state, replayed with
+/// the resourceVersions as they come, each write named.
+pub fn render(m: &LockModel, property: &str, actions: &[Action]) -> String {
+    let cfg = &m.cfg;
+    // hack/verify.sh --broken: the decision core itself gives one slot too many.
+    let core = match std::env::var("TEKTON_MUTEX_BROKEN") {
+        Ok(v) if cfg!(feature = "chaos-broken-capacity") => format!(", decision core broken: {v}"),
+        _ => String::new(),
+    };
+    let mut out = format!(
+        "Counterexample to {property} (config {}, guard removed: {:?}{core})\n",
+        cfg.name, cfg.broken
+    );
+    let mut s = m.init();
+    for (n, a) in actions.iter().enumerate() {
+        let mut line = describe(a);
+        if let Action::Write { rep, then_crash } = a
+            && let Some(w) = s.replicas[*rep as usize]
+                .sync
+                .as_ref()
+                .and_then(|x| x.writes.first())
+        {
+            let crash = if *then_crash { ", then crashes" } else { "" };
+            line = format!("replica {rep}: {}{crash}", write_name(w));
+        }
+        let _ = writeln!(out, "  {:>2}. {line}", n + 1);
+        let Some(next) = m.apply_raw(&s, a) else {
+            let _ = writeln!(out, "      (step not enabled on replay)");
+            break;
+        };
+        s = next;
+        if matters(a) {
+            out.push_str(&summary(cfg, &s));
+        }
+    }
+    if let Some(b) = &s.ghost.broken {
+        let _ = writeln!(out, "  broken: {b}");
+    }
+    if let Some(x) = crate::props::over_capacity(cfg, &s) {
+        let _ = writeln!(out, "  broken: Exclusion: {x}");
+    }
+    if property == crate::props::NO_LOST_WAITER
+        && let Some(x) = crate::props::lost_waiter(cfg, &s)
+    {
+        let _ = writeln!(
+            out,
+            "  broken: {x} (calm continuation: every sync done, every watch event in, every section and grace period over)"
+        );
+    }
+    out
+}
+
+/// Steps after which the trace shows the API server's state.
+fn matters(a: &Action) -> bool {
+    !matches!(a, Action::Sync { .. } | Action::Relist { .. })
+}

@@ -1,0 +1,239 @@
+//! The model's fetch and view layer: what sync.rs reads (cache first, the API
+//! server where the product reads it) and how src/view.rs maps it to the
+//! decision core's `RunView`s. Re-done here because the product's view takes
+//! Kubernetes objects; the mapping follows src/view.rs line by line.
+
+use crate::adapter::{MultiKeyRun, MultiKeys, Parent, ParentState, Phase, RunView, Timeout};
+use crate::config::{Broken, Config};
+use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told};
+use chrono::{DateTime, TimeZone, Utc};
+use std::collections::BTreeMap;
+use tekton_mutex::mutex::{Age, RunKind, RunRef, Supersede};
+use tekton_mutex::params::CancelMode;
+
+/// Time is abstract: every decision happens at the same instant (timeouts are
+/// an event of their own), so statuses do not differ by when they were written.
+pub fn now() -> DateTime<Utc> {
+    base() + chrono::TimeDelta::seconds(1000)
+}
+
+fn base() -> DateTime<Utc> {
+    Utc.timestamp_opt(1_700_000_000, 0).unwrap()
+}
+
+pub fn key_name(k: u8) -> String {
+    format!("k{k}")
+}
+
+pub fn run_ref(i: usize) -> RunRef {
+    RunRef {
+        kind: RunKind::CustomRun,
+        name: format!("run-{i}"),
+        uid: format!("run-{i}-uid"),
+    }
+}
+
+pub fn pr_name(i: usize) -> String {
+    format!("pr-{i}")
+}
+
+pub fn pr_uid(i: usize) -> String {
+    format!("pr-{i}-uid")
+}
+
+/// The run index a uid stands for.
+pub fn run_index(uid: &str) -> Option<usize> {
+    uid.strip_prefix("run-")?.strip_suffix("-uid")?.parse().ok()
+}
+
+/// A run of the key as fetched: its object and its PipelineRun (None: gone).
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    pub run: usize,
+    pub obj: RunObj,
+    pub parent: Option<PrObj>,
+    pub pods_alive: bool,
+    /// A holder whose lock run was deleted (sync.rs's deleted_holders).
+    pub deleted_holder: Option<tekton_mutex::mutex::Holder>,
+}
+
+/// fetch_runs + mark_draining_holders + deleted_holders for key `k`, read
+/// from `cache` (and `api` where the product reads the API server).
+pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec<Fetched> {
+    let st = &m.status.0;
+    let named = |i: usize| {
+        let uid = run_ref(i).uid;
+        st.holders.iter().any(|h| h.run.uid == uid)
+            || st.queue.iter().any(|w| w.run.uid == uid)
+            || st.reservations.iter().any(|r| r.waiter.run.uid == uid)
+    };
+    let mut out = Vec::new();
+    for i in cfg.runs_of(k) {
+        let obj = match &cache.runs[i] {
+            o if o.live() => o.clone(),
+            _ if named(i) && api.runs[i].live() => api.runs[i].clone(),
+            _ => continue,
+        };
+        let parent = fetch_parent(cache, api, i);
+        let unknown_grant = token_for(cfg, &obj, i, k).is_some_and(|t| t > st.last_token);
+        let holds = unknown_grant || st.holders.iter().any(|h| h.run.uid == run_ref(i).uid);
+        let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
+        let pods_alive = holds && ended && pods_alive(cfg, api, i);
+        out.push(Fetched {
+            run: i,
+            obj,
+            parent,
+            pods_alive,
+            deleted_holder: None,
+        });
+    }
+    for h in &st.holders {
+        let Some(i) = run_index(&h.run.uid) else {
+            continue;
+        };
+        if out.iter().any(|f| f.run == i) || h.pipeline_run_uid.is_none() {
+            continue;
+        }
+        let parent = fetch_parent(cache, api, i);
+        let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
+        let pods_alive = ended && pods_alive(cfg, api, i);
+        let obj = RunObj {
+            life: Life::Deleted,
+            ..RunObj::new()
+        };
+        out.push(Fetched {
+            run: i,
+            obj,
+            parent,
+            pods_alive,
+            deleted_holder: Some(h.clone()),
+        });
+    }
+    out
+}
+
+/// sync.rs's fetch_parent: the cache, else the API; one being deleted is gone.
+fn fetch_parent(cache: &Cache, api: &Api, i: usize) -> Option<PrObj> {
+    let present = |p: &PrObj| !matches!(p.phase, PrPhase::NotYet | PrPhase::Deleted);
+    let p = if present(&cache.prs[i]) {
+        &cache.prs[i]
+    } else {
+        &api.prs[i]
+    };
+    present(p).then(|| p.clone())
+}
+
+/// The pod check before release, asked of the API server (never a cache).
+fn pods_alive(cfg: &Config, api: &Api, i: usize) -> bool {
+    cfg.guarded(Broken::PodCheck) && api.prs[i].pod == Pod::Live
+}
+
+/// This key's token in what run `i` was told, if `Acquired`.
+pub fn token_for(cfg: &Config, obj: &RunObj, i: usize, k: u8) -> Option<i64> {
+    let Told::Acquired(tokens) = &obj.told else {
+        return None;
+    };
+    let at = cfg.runs[i].keys.iter().position(|&x| x == k)?;
+    tokens.get(at).copied()
+}
+
+/// src/view.rs's member_view (or deleted_holder_view) for one fetched run.
+pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
+    let i = f.run;
+    let spec = &cfg.runs[i];
+    let parent = Parent {
+        name: pr_name(i),
+        uid: pr_uid(i),
+        state: parent_state(f),
+    };
+    let age = Age {
+        sequence: None,
+        created: base() + chrono::TimeDelta::seconds(i as i64),
+        name: pr_name(i),
+    };
+    let supersede = if spec.supersede {
+        Supersede::Pending
+    } else {
+        Supersede::None
+    };
+    let phase = match (&f.deleted_holder, &f.obj.told) {
+        (Some(_), _) => Phase::Deleted,
+        (None, Told::Nothing) => Phase::Live {
+            cancel_requested: f.obj.cancel,
+            timeout: if api.timed_out[i] {
+                Timeout::Final
+            } else {
+                Timeout::NotYet
+            },
+        },
+        (None, Told::Acquired(_)) => Phase::Done { superseded: false },
+        (None, Told::Ended { superseded }) => Phase::Done {
+            superseded: *superseded,
+        },
+    };
+    RunView {
+        run: run_ref(i),
+        parent: Some(parent),
+        group: format!("g{}", spec.group),
+        age,
+        priority: 0,
+        supersede,
+        cancel_mode: CancelMode::default(),
+        wait: true,
+        waiting_since: base(),
+        cancel_message: None,
+        phase,
+        acquired_token: if f.deleted_holder.is_some() {
+            None
+        } else {
+            token_for(cfg, &f.obj, i, k)
+        },
+    }
+}
+
+/// src/view.rs's parent_state.
+fn parent_state(f: &Fetched) -> ParentState {
+    match &f.parent {
+        Some(p) if p.phase == PrPhase::Stopping => ParentState::StopRequested,
+        Some(p) if p.phase == PrPhase::Running => ParentState::Running,
+        _ if f.pods_alive => ParentState::Draining,
+        None => ParentState::Gone,
+        Some(_) => ParentState::Done,
+    }
+}
+
+/// What a run of several keys says about itself (multikey::run_of).
+pub fn multi_run(cfg: &Config, obj: &RunObj, i: usize) -> Option<MultiKeyRun> {
+    let keys = &cfg.runs[i].keys;
+    (keys.len() > 1).then(|| MultiKeyRun {
+        keys: keys.iter().map(|&k| key_name(k)).collect(),
+        epoch: obj.epoch,
+        acquired: match &obj.told {
+            Told::Acquired(t) => Some(
+                keys.iter()
+                    .map(|&k| key_name(k))
+                    .zip(t.iter().copied())
+                    .collect(),
+            ),
+            _ => None,
+        },
+    })
+}
+
+/// multikey::keys_of over the fetched runs.
+pub fn multi_keys(cfg: &Config, fetched: &[Fetched], k: u8) -> MultiKeys {
+    let runs = fetched
+        .iter()
+        .filter(|f| f.deleted_holder.is_none())
+        .filter_map(|f| Some((run_ref(f.run).uid, multi_run(cfg, &f.obj, f.run)?)))
+        .collect();
+    MultiKeys {
+        key: key_name(k),
+        runs,
+    }
+}
+
+/// The tokens a run was told, by key name.
+pub fn tokens_by_key(cfg: &Config, i: usize, t: &BTreeMap<String, i64>) -> Vec<i64> {
+    cfg.runs[i].keys.iter().map(|&k| t[&key_name(k)]).collect()
+}

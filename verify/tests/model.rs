@@ -1,0 +1,160 @@
+//! The model checks (issue 25): no counterexample with the real guards, and one
+//! for each guard removed in the model's I/O layer, each on a configuration
+//! the real guards pass. The full bounds (hack/verify.sh, release build) are
+//! too slow for a debug test build: these use one or two kinds of fault per
+//! check; VERIFY_FULL=1 runs them at the full bounds instead.
+
+use verify::check::{self, Report};
+use verify::config::{Broken, Config};
+use verify::props;
+
+const THREADS: usize = 2;
+
+/// `cfg` with at most these budgets (disturbing user acts, crashes, syncs on a
+/// lagging cache, lease lapses), unless VERIFY_FULL is set.
+fn bounded(mut cfg: Config, disrupt: u8, crashes: u8, lags: u8, lapses: u8) -> Config {
+    if std::env::var_os("VERIFY_FULL").is_none() {
+        cfg.disrupt = cfg.disrupt.min(disrupt);
+        cfg.crashes = cfg.crashes.min(crashes);
+        cfg.lags = cfg.lags.min(lags);
+        cfg.lapses = cfg.lapses.min(lapses);
+    }
+    cfg
+}
+
+fn show(r: &Report) {
+    println!("{}", r.line());
+    for (_, t) in &r.violations {
+        println!("{t}");
+    }
+}
+
+fn holds(cfg: Config) {
+    let r = check::run(cfg, THREADS, false);
+    show(&r);
+    assert!(r.violations.is_empty(), "{}", r.line());
+    assert!(
+        r.states > 1000,
+        "the model explores more than a handful of states"
+    );
+}
+
+/// The checker (breadth-first, stopping at the first broken property) finds a
+/// counterexample to one of `expected`.
+fn breaks(cfg: Config, expected: &[&str]) -> String {
+    let r = check::run(cfg, THREADS, true);
+    show(&r);
+    let found = r.violations.iter().find(|v| expected.contains(&v.0));
+    let (_, trace) =
+        found.unwrap_or_else(|| panic!("no counterexample to {expected:?}: {}", r.line()));
+    assert!(trace.contains("broken:"), "the trace says what broke");
+    trace.clone()
+}
+
+// The guards removed, each on a configuration that passes with it.
+
+fn users_only() -> Config {
+    bounded(Config::a(), 1, 0, 0, 0)
+}
+
+fn lease_lapse_only() -> Config {
+    bounded(Config::a(), 0, 0, 1, 1)
+}
+
+fn floor_only() -> Config {
+    bounded(Config::a_floor(), 2, 0, 1, 0)
+}
+
+#[test]
+fn a_users_hold_with_the_real_guards() {
+    holds(users_only());
+}
+
+#[test]
+fn a_lease_lapse_holds_with_the_real_guards() {
+    holds(lease_lapse_only());
+}
+
+#[test]
+fn a_crashes_and_lapses_hold_with_the_real_guards() {
+    holds(bounded(Config::a(), 0, 1, 0, 1));
+}
+
+#[test]
+fn a_floor_holds_with_the_real_guards() {
+    holds(floor_only());
+}
+
+#[test]
+fn b_holds_with_the_real_guards() {
+    holds(bounded(Config::b(), 1, 0, 0, 0));
+}
+
+#[test]
+fn without_the_status_cas_two_replicas_grant_at_once() {
+    breaks(
+        lease_lapse_only().with_broken(Broken::StatusCas),
+        &[props::EXCLUSION, props::FENCING],
+    );
+}
+
+#[test]
+fn without_the_pod_check_a_slot_frees_while_a_pod_runs() {
+    breaks(
+        users_only().with_broken(Broken::PodCheck),
+        &[props::EXCLUSION],
+    );
+}
+
+#[test]
+fn without_the_token_floor_a_token_is_reused() {
+    breaks(
+        floor_only().with_broken(Broken::TokenFloor),
+        &[props::FENCING],
+    );
+}
+
+// Bugs of the real code the model finds (see docs/model-counterexample.md).
+
+/// A multi-key run committed on every key, whose PipelineRun is cancelled and
+/// done while its pod is in its grace period: the key that still keeps its
+/// slot as a reservation converts and releases it in one sync, with no pod
+/// check (sync.rs's mark_draining_holders looks only at holders).
+#[test]
+fn known_bug_a_cancelled_multi_key_run_frees_its_reserved_slot_early() {
+    breaks(Config::b_cancel_reserved(), &[props::EXCLUSION]);
+}
+
+/// Issue 23 item 5: the same with the multi-key lock run deleted.
+#[test]
+fn known_bug_issue_23_item_5_a_deleted_multi_key_run_frees_its_reserved_slot() {
+    breaks(Config::b_delete_reserved(), &[props::EXCLUSION]);
+}
+
+/// Issue 23 item 6: the token floor of a Mutex that went lives in the memory
+/// of the replica that let it go; after a failover the new Mutex starts over.
+#[test]
+fn known_bug_issue_23_item_6_the_token_floor_is_lost_on_failover() {
+    let cfg = Config {
+        lags: 0,
+        lapses: 0,
+        liveness: false,
+        ..Config::a_floor_failover()
+    };
+    breaks(cfg, &[props::FENCING]);
+}
+
+/// A status wipe while a deposed leader's `Acquired` write is in flight: the
+/// new leader sees neither the hold (wiped) nor the run's token (not yet
+/// written) and grants another run; the stale write then lands too.
+#[test]
+fn known_bug_a_status_wipe_races_a_deposed_leaders_grant() {
+    breaks(Config::a_wipe_race(), &[props::EXCLUSION, props::FENCING, props::SUPERSEDE]);
+}
+
+/// A status wipe, then a sync whose cache of runs has not seen a multi-key
+/// run's commit yet: neither the status nor the cached run shows the grant.
+#[test]
+fn known_bug_a_status_wipe_and_a_lagging_run_cache_lose_a_grant() {
+    breaks(Config::b_wipe_stale_cache(), &[props::EXCLUSION, props::FENCING]);
+}
