@@ -1,25 +1,33 @@
-//! The one place the model calls the product's decision core. When the refactor
-//! moves `crate::decide` to `crate::core::decide`, only the `use` below changes.
+//! The one place the model calls the product's decision core: `decide(&Input)`
+//! and the multi-key commit check, exactly as the controller calls them.
 
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
-pub use tekton_mutex::decide::{
-    Decision, MultiKeyRun, MultiKeys, MutexFacts, Outcome, Parent, ParentState, Phase, RunView,
-    Timeout,
+use tekton_mutex::core::decide::{commit_multikey, decide};
+pub use tekton_mutex::core::model::{
+    Decision, Input, MultiKeyRun, MultiKeys, MutexFacts, Outcome, Parent, ParentState, Phase,
+    RunView, Timeout,
 };
-use tekton_mutex::decide::{commit_multikey, decide_full};
-use tekton_mutex::mutex::{MutexSpec, MutexStatus};
+use tekton_mutex::model::mutex::{LockSpec, MutexStatus};
 
-/// The real `decide_full`, with no queue-control requests (not modelled).
+/// The real `decide`, with no queue-control requests (not modelled).
 pub fn decide_step(
-    spec: &MutexSpec,
+    spec: &LockSpec,
     prev: &MutexStatus,
     runs: &[RunView],
     now: DateTime<Utc>,
     facts: MutexFacts,
     multi: &MultiKeys,
 ) -> Decision {
-    decide_full(spec, prev, runs, now, facts, &[], multi)
+    decide(&Input {
+        spec,
+        status: prev,
+        runs,
+        now,
+        facts,
+        requests: &[],
+        multi,
+    })
 }
 
 /// The real multi-key commit check: the tokens to tell the run `Acquired` with,

@@ -7,7 +7,7 @@ use crate::config::{Broken, Config};
 use crate::plan::{self, Read};
 use crate::view::{self, now};
 use crate::world::{Api, Cache, MutexObj, Replica, State, Sync, Told};
-use tekton_mutex::mutex::MutexSpec;
+use tekton_mutex::model::mutex::LockSpec;
 
 /// A watch (one per kind): its pending events arrive together. Versions in
 /// between are skipped (events dropped until a relist), repeats change nothing.
@@ -40,10 +40,10 @@ fn empty_cache(cfg: &Config) -> Cache {
 }
 
 /// The spec every Mutex has in the model.
-pub fn spec(cfg: &Config) -> MutexSpec {
-    MutexSpec {
+pub fn spec(cfg: &Config) -> LockSpec {
+    LockSpec {
         capacity: cfg.capacity,
-        ..MutexSpec::default()
+        ..LockSpec::default()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::config::{Broken, Config};
 use crate::world::{Ledger, Life, Pod, PrPhase, State};
-use tekton_mutex::mutex::MutexStatus;
+use tekton_mutex::model::mutex::MutexStatus;
 
 /// What Tekton, a pod or a user does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -86,7 +86,7 @@ fn told_name(t: &Told) -> String {
     }
 }
 
-fn ledger(st: &tekton_mutex::mutex::MutexStatus) -> String {
+fn ledger(st: &tekton_mutex::model::mutex::MutexStatus) -> String {
     let holders: Vec<String> = st
         .holders
         .iter()

@@ -8,8 +8,8 @@ use crate::config::{Broken, Config};
 use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told};
 use chrono::{DateTime, TimeZone, Utc};
 use std::collections::BTreeMap;
-use tekton_mutex::mutex::{Age, RunKind, RunRef, Supersede};
-use tekton_mutex::params::CancelMode;
+use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
+use tekton_mutex::core::model::CancelMode;
 
 /// Time is abstract: every decision happens at the same instant (timeouts are
 /// an event of their own), so statuses do not differ by when they were written.
@@ -54,7 +54,7 @@ pub struct Fetched {
     pub parent: Option<PrObj>,
     pub pods_alive: bool,
     /// A holder whose lock run was deleted (sync.rs's deleted_holders).
-    pub deleted_holder: Option<tekton_mutex::mutex::Holder>,
+    pub deleted_holder: Option<tekton_mutex::model::mutex::Holder>,
 }
 
 /// fetch_runs + mark_draining_holders + deleted_holders for key `k`, read

@@ -4,7 +4,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use tekton_mutex::mutex::MutexStatus;
+use tekton_mutex::model::mutex::MutexStatus;
 
 /// A Mutex status, shared and hashed once (through its JSON: the product's
 /// type has no `Hash`). States are cloned and fingerprinted far more often
