@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local control plane: etcd, kube-apiserver, kube-controller-manager, the Tekton Pipelines
 # controller and the pod-runner (a kubelet stand-in that runs TaskRun steps on this host),
-# all on 127.0.0.1.
+# all on 127.0.0.1. With TEKTON_MUTEX_KUBELET=real, a real kubelet instead of the pod-runner:
+# containerd + runc, the kubelet and kube-scheduler, and a local registry (hack/kubelet.sh).
 #
 #   hack/cluster.sh up     build what is missing, start everything, prove it with a PipelineRun
 #   hack/cluster.sh down   stop exactly what `up` started (by pid) and remove the state
@@ -13,8 +14,22 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/lib.sh
 source "$here/lib.sh"
+# shellcheck source=hack/kubelet.sh
+source "$here/kubelet.sh"
 
-COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
+# The lane of a cluster that is up (or was left behind) is the one it was started with, whatever
+# TEKTON_MUTEX_KUBELET says now, so that `down` stops what `up` started.
+if [[ -f $CLUSTER_DIR/lane ]]; then LANE=$(<"$CLUSTER_DIR/lane")
+elif real_kubelet; then LANE=real
+else LANE=pod-runner
+fi
+REQUESTED_LANE=pod-runner
+real_kubelet && REQUESTED_LANE=real
+if [[ $LANE == real ]]; then
+  COMPONENTS=(etcd kube-apiserver kube-controller-manager registry tekton-controller containerd kubelet kube-scheduler) # start order
+else
+  COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
+fi
 LOGS=$CLUSTER_DIR/logs
 PIDS=$CLUSTER_DIR/pids
 KUBECONFIG_FILE=$CLUSTER_DIR/kubeconfig
@@ -111,9 +126,12 @@ sweep_leftovers() {
 stop_all() {
   local i
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
+    # The kubelet leaves its containers running when it stops: kill them while containerd is up.
+    [[ ${COMPONENTS[$i]} == containerd ]] && rk_stop_pods
     stop_component "${COMPONENTS[$i]}"
   done
   sweep_leftovers
+  if [[ $LANE == real ]]; then rk_sweep; fi
 }
 
 # fail_component NAME WHY: stop everything started so far, show the component's log tail, exit.
@@ -271,6 +289,18 @@ install_tekton() {
   for f in "$cfg"/config-*.yaml; do
     kc apply -f "$f" >/dev/null
   done
+  if [[ $LANE == real ]]; then
+    # Pods use the host's network (loopback only; there is no pod network here) and reach the
+    # apiserver at 127.0.0.1 rather than through the `kubernetes` Service (no kube-proxy).
+    kc -n "$TEKTON_NS" patch configmap config-defaults --type merge --patch-file /dev/stdin >/dev/null <<EOF
+data:
+  default-pod-template: |
+    hostNetwork: true
+    env:
+    - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
+    - {name: KUBERNETES_SERVICE_PORT, value: "$(<"$CLUSTER_DIR/apiserver.port")"}
+EOF
+  fi
   # No metrics exporters, no sidecar readiness handshake (no kubelet), no affinity assistant
   # (no scheduler), no credential init (nothing to pull).
   kc -n "$TEKTON_NS" patch configmap config-observability --type merge \
@@ -323,7 +353,7 @@ EOF
   local deadline=$(( $(date +%s) + 120 ))
   until smoke_done "$name"; do
     local c
-    for c in kube-controller-manager tekton-controller pod-runner; do
+    for c in "${COMPONENTS[@]:2}"; do
       alive "$c" || fail_component "$c" "the process exited during the readiness PipelineRun"
     done
     (( $(date +%s) < deadline )) || break
@@ -334,7 +364,13 @@ EOF
       echo "error: the readiness PipelineRun $SMOKE_NS/$name did not succeed:"
       kc -n "$SMOKE_NS" get pipelinerun "$name" -o jsonpath='{.status.conditions}' 2>&1; echo
       echo "--- last 20 lines of $LOGS/tekton-controller.log ---"; tail -n 20 "$LOGS/tekton-controller.log"
-      echo "--- last 20 lines of $LOGS/pod-runner.log ---"; tail -n 20 "$LOGS/pod-runner.log"
+      if [[ $LANE == real ]]; then
+        kc -n "$SMOKE_NS" get pods -o wide 2>&1
+        kc -n "$SMOKE_NS" describe pods 2>&1 | tail -n 30
+        echo "--- last 20 lines of $LOGS/kubelet.log ---"; tail -n 20 "$LOGS/kubelet.log"
+      else
+        echo "--- last 20 lines of $LOGS/pod-runner.log ---"; tail -n 20 "$LOGS/pod-runner.log"
+      fi
     } >&2
     stop_all
     die "the control plane started but could not run a PipelineRun"
@@ -349,31 +385,53 @@ cmd_up() {
   require_tool curl "curl (apt-get install curl)"
   require_tool setsid "util-linux (apt-get install util-linux)"
 
-  if is_up; then
+  if [[ $LANE == "$REQUESTED_LANE" ]] && is_up; then
     log "cluster is already up ($KUBECONFIG_FILE); nothing to do"
     return 0
   fi
   if [[ -e $CLUSTER_DIR ]]; then
-    log "found stale state in $CLUSTER_DIR (a previous run was killed or failed): cleaning up"
+    if [[ $LANE != "$REQUESTED_LANE" ]]; then
+      log "the cluster in $CLUSTER_DIR runs the $LANE lane, $REQUESTED_LANE was asked for: taking it down"
+    else
+      log "found stale state in $CLUSTER_DIR (a previous run was killed or failed): cleaning up"
+    fi
     stop_all
     rm -rf "$CLUSTER_DIR"
+  fi
+  LANE=$REQUESTED_LANE
+  if [[ $LANE == real ]]; then
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry tekton-controller containerd kubelet kube-scheduler)
+    rk_check_host
+    rk_install_packages
   fi
   local t0
   t0=$(date +%s)
   if [[ -z ${TEKTON_MUTEX_SKIP_BUILD:-} ]]; then
     "$here/build.sh"
   fi
+  if [[ $LANE == real ]]; then
+    # tkn-mutex is the `tkn mutex` plugin (on PATH via `env`); the kubelet replaces the pod-runner.
+    log "building tkn-mutex (cargo build -p tekton-mutex --bin tkn-mutex)"
+    (cd "$REPO_ROOT" && cargo build --quiet -p tekton-mutex --bin tkn-mutex) || die "building tkn-mutex failed"
+  else
   # pod-runner stands in for the kubelet; tkn-mutex is the `tkn mutex` plugin (on PATH via `env`).
   log "building pod-runner and tkn-mutex (cargo build -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex)"
   (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex) ||
     die "building testbed/pod-runner and tkn-mutex failed"
+  fi
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
+  echo "$LANE" >"$CLUSTER_DIR/lane"
   local ports etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port
-  ports=$(free_ports 7)
-  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port <<<"$ports"
+  local registry_port kubelet_healthz_port scheduler_port
+  ports=$(free_ports 10)
+  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port \
+    registry_port kubelet_healthz_port scheduler_port <<<"$ports"
   echo "$api_port" >"$CLUSTER_DIR/apiserver.port"
   write_pki
+  # The pod-runner lane runs pods without ServiceAccount tokens; a real kubelet mounts them.
+  local admission=(--disable-admission-plugins ServiceAccount)
+  [[ $LANE == real ]] && admission=()
 
   start etcd "$(component_bin etcd)" \
     --name local --data-dir "$CLUSTER_DIR/etcd" \
@@ -402,7 +460,7 @@ cmd_up() {
     --kubelet-certificate-authority "$CLUSTER_DIR/pki/ca.crt" \
     --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
-    --disable-admission-plugins ServiceAccount \
+    ${admission[@]+"${admission[@]}"} \
     --enable-priority-and-fairness=false \
     --profiling=false
   healthy_or_fail kube-apiserver "/readyz" 90 api_ready
@@ -426,6 +484,18 @@ cmd_up() {
   healthy_or_fail kube-controller-manager "/healthz" 60 \
     curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" "https://127.0.0.1:$kcm_port/healthz"
 
+  local images=(-entrypoint-image local/entrypoint -nop-image local/nop
+    -sidecarlogresults-image local/sidecarlogresults -workingdirinit-image local/workingdirinit
+    -shell-image local/shell -shell-image-win local/shell-win)
+  if [[ $LANE == real ]]; then
+    # Tekton's helper images and the step base image, built here, by digest in the local registry.
+    rk_start_registry_and_images "$registry_port"
+    # shellcheck disable=SC1091 # written by rk_build_images
+    source "$CLUSTER_DIR/images.env"
+    images=(-entrypoint-image "$TEKTON_ENTRYPOINT_IMAGE" -nop-image "$TEKTON_NOP_IMAGE"
+      -sidecarlogresults-image "$TEKTON_SIDECARLOGRESULTS_IMAGE" -workingdirinit-image "$TEKTON_WORKINGDIRINIT_IMAGE"
+      -shell-image "$BASE_IMAGE" -shell-image-win local/shell-win)
+  fi
   start tekton-controller env \
     SYSTEM_NAMESPACE="$TEKTON_NS" METRICS_DOMAIN=tekton.dev/pipeline \
     PROBES_PORT="$probes_port" PROFILING_PORT="$profiling_port" \
@@ -434,12 +504,15 @@ cmd_up() {
     CONFIG_DEFAULTS_NAME=config-defaults CONFIG_FEATURE_FLAGS_NAME=feature-flags CONFIG_SPIRE=config-spire \
     KUBERNETES_MIN_VERSION=v1.28.0 \
     "$(component_bin tekton-controller)" \
-    -kubeconfig "$KUBECONFIG_FILE" -disable-ha \
-    -entrypoint-image local/entrypoint -nop-image local/nop \
-    -sidecarlogresults-image local/sidecarlogresults -workingdirinit-image local/workingdirinit \
-    -shell-image local/shell -shell-image-win local/shell-win
+    -kubeconfig "$KUBECONFIG_FILE" -disable-ha "${images[@]}"
   healthy_or_fail tekton-controller "its /health probe" 60 \
     curl -sf --max-time 2 "http://127.0.0.1:$probes_port/health"
+
+  if [[ $LANE == real ]]; then
+    rk_start_containerd
+    rk_start_kubelet "$kubelet_port" "$kubelet_healthz_port"
+    rk_start_scheduler "$scheduler_port"
+  else
 
   # Node pod-runner, whose kubelet endpoint serves the step logs (kubectl logs, tkn logs).
   start pod-runner "$POD_RUNNER" \
@@ -453,6 +526,7 @@ cmd_up() {
     curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" \
     --cert "$CLUSTER_DIR/pki/apiserver-kubelet-client.crt" --key "$CLUSTER_DIR/pki/apiserver-kubelet-client.key" \
     "https://127.0.0.1:$kubelet_port/healthz"
+  fi
 
   smoke_test
   date +%s >"$CLUSTER_DIR/ready"
@@ -484,7 +558,11 @@ cmd_logs() {
     if alive "$c"; then state="running, pid $(pid_of "$c")"; else state="not running"; fi
     printf '%-18s %s (%s)\n' "$c" "$LOGS/$c.log" "$state"
   done
-  printf '%-18s %s\n' "step output" "$CLUSTER_DIR/pods/<namespace>/<pod>/<step>.log"
+  if [[ $LANE == real ]]; then
+    printf '%-18s %s\n' "step output" "kubectl logs, or $CLUSTER_DIR/pod-logs/<namespace>_<pod>_<uid>/<container>/"
+  else
+    printf '%-18s %s\n' "step output" "$CLUSTER_DIR/pods/<namespace>/<pod>/<step>.log"
+  fi
 }
 
 case "${1:-}" in
