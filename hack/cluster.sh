@@ -26,7 +26,7 @@ fi
 REQUESTED_LANE=pod-runner
 real_kubelet && REQUESTED_LANE=real
 if [[ $LANE == real ]]; then
-  COMPONENTS=(etcd kube-apiserver kube-controller-manager registry tekton-controller containerd kubelet kube-scheduler) # start order
+  COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller containerd kubelet kube-scheduler) # start order
 else
   COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
 fi
@@ -47,6 +47,14 @@ KCM_CONTROLLERS+=,deployment-controller,replicaset-controller,replicationcontrol
 KCM_CONTROLLERS+=,statefulset-controller,job-controller,cronjob-controller,ttl-after-finished-controller
 KCM_CONTROLLERS+=,disruption-controller,resourcequota-controller,endpoints-controller
 KCM_CONTROLLERS+=,endpointslice-controller,endpointslice-mirroring-controller
+# With a real kubelet: the node lifecycle controller takes the not-ready taint off the node the
+# kubelet registers with once it reports Ready (without it, nothing schedules). PersistentVolumeClaims
+# work too: the binder provisions hostPath volumes (the controller-manager's test provisioner, under
+# /tmp/hostpath_pv) for the default StorageClass, and the protection controllers let claims and
+# volumes be deleted cleanly.
+KCM_REAL_CONTROLLERS=,node-lifecycle-controller
+KCM_REAL_CONTROLLERS+=,persistentvolume-binder-controller,persistentvolume-protection-controller
+KCM_REAL_CONTROLLERS+=,persistentvolumeclaim-protection-controller
 POD_RUNNER=$REPO_ROOT/target/debug/pod-runner
 
 usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -290,6 +298,16 @@ install_tekton() {
     kc apply -f "$f" >/dev/null
   done
   if [[ $LANE == real ]]; then
+    kc apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: hostpath
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
     # Pods use the host's network (loopback only; there is no pod network here) and reach the
     # apiserver at 127.0.0.1 rather than through the `kubernetes` Service (no kube-proxy).
     kc -n "$TEKTON_NS" patch configmap config-defaults --type merge --patch-file /dev/stdin >/dev/null <<EOF
@@ -400,7 +418,7 @@ cmd_up() {
   fi
   LANE=$REQUESTED_LANE
   if [[ $LANE == real ]]; then
-    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry tekton-controller containerd kubelet kube-scheduler)
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller containerd kubelet kube-scheduler)
     rk_check_host
     rk_install_packages
   fi
@@ -423,15 +441,19 @@ cmd_up() {
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
   echo "$LANE" >"$CLUSTER_DIR/lane"
   local ports etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port
-  local registry_port kubelet_healthz_port scheduler_port
-  ports=$(free_ports 10)
+  local registry_port kubelet_healthz_port scheduler_port proxy_port
+  ports=$(free_ports 11)
   read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port \
-    registry_port kubelet_healthz_port scheduler_port <<<"$ports"
+    registry_port kubelet_healthz_port scheduler_port proxy_port <<<"$ports"
   echo "$api_port" >"$CLUSTER_DIR/apiserver.port"
   write_pki
   # The pod-runner lane runs pods without ServiceAccount tokens; a real kubelet mounts them.
-  local admission=(--disable-admission-plugins ServiceAccount)
-  [[ $LANE == real ]] && admission=()
+  local admission=(--disable-admission-plugins ServiceAccount) kcm_controllers=$KCM_CONTROLLERS kcm_extra=()
+  if [[ $LANE == real ]]; then
+    admission=()
+    kcm_controllers+=$KCM_REAL_CONTROLLERS
+    kcm_extra=(--enable-hostpath-provisioner)
+  fi
 
   start etcd "$(component_bin etcd)" \
     --name local --data-dir "$CLUSTER_DIR/etcd" \
@@ -479,7 +501,7 @@ cmd_up() {
     --tls-cert-file "$CLUSTER_DIR/pki/serving.crt" --tls-private-key-file "$CLUSTER_DIR/pki/serving.key" \
     --service-account-private-key-file "$CLUSTER_DIR/pki/sa.key" \
     --root-ca-file "$CLUSTER_DIR/pki/ca.crt" \
-    --controllers "$KCM_CONTROLLERS" \
+    --controllers "$kcm_controllers" ${kcm_extra[@]+"${kcm_extra[@]}"} \
     --leader-elect=false --profiling=false
   healthy_or_fail kube-controller-manager "/healthz" 60 \
     curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" "https://127.0.0.1:$kcm_port/healthz"
@@ -487,9 +509,12 @@ cmd_up() {
   local images=(-entrypoint-image local/entrypoint -nop-image local/nop
     -sidecarlogresults-image local/sidecarlogresults -workingdirinit-image local/workingdirinit
     -shell-image local/shell -shell-image-win local/shell-win)
+  local controller_env=()
   if [[ $LANE == real ]]; then
     # Tekton's helper images and the step base image, built here, by digest in the local registry.
     rk_start_registry_and_images "$registry_port"
+    rk_start_image_proxy "$proxy_port"
+    read -r -a controller_env <<<"$(rk_controller_env)"
     # shellcheck disable=SC1091 # written by rk_build_images
     source "$CLUSTER_DIR/images.env"
     images=(-entrypoint-image "$TEKTON_ENTRYPOINT_IMAGE" -nop-image "$TEKTON_NOP_IMAGE"
@@ -502,7 +527,7 @@ cmd_up() {
     CONFIG_LOGGING_NAME=config-logging CONFIG_OBSERVABILITY_NAME=config-observability \
     CONFIG_LEADERELECTION_NAME=config-leader-election-controller \
     CONFIG_DEFAULTS_NAME=config-defaults CONFIG_FEATURE_FLAGS_NAME=feature-flags CONFIG_SPIRE=config-spire \
-    KUBERNETES_MIN_VERSION=v1.28.0 \
+    KUBERNETES_MIN_VERSION=v1.28.0 ${controller_env[@]+"${controller_env[@]}"} \
     "$(component_bin tekton-controller)" \
     -kubeconfig "$KUBECONFIG_FILE" -disable-ha "${images[@]}"
   healthy_or_fail tekton-controller "its /health probe" 60 \

@@ -34,12 +34,13 @@ RK_BASE_DEBS=(base-files bash coreutils busybox-static libc6 libgcc-s1 gcc-12-ba
 # Node.js for the one Tekton example that runs `node` (mirror.gcr.io/node:lts-alpine3.20), on top of
 # the base image: Debian 12's nodejs 18 and its libraries.
 RK_NODE_DEBS=(nodejs libnode108 libuv1 libicu72 libssl3 libstdc++6 zlib1g libbrotli1 libc-ares2
-  libnghttp2-14 node-acorn node-cjs-module-lexer node-undici node-busboy node-streamsearch)
+  libnghttp2-14 node-acorn node-xtend node-cjs-module-lexer node-undici node-busboy)
 RK_NODE_NAMES=(node:lts-alpine3.20)
 
 rk_registry() { echo "127.0.0.1:$(<"$CLUSTER_DIR/registry.port")"; }
 crane_bin() { "$here/crane.sh" --path; }
-rk_crane() { "$(crane_bin)" "$@"; }
+# crane, its progress lines (stderr) in logs/images.log.
+rk_crane() { "$(crane_bin)" "$@" 2>>"$CLUSTER_DIR/logs/images.log"; }
 
 # rk_install_packages: containerd, runc, the CNI loopback plugin and busybox from Debian's
 # packages, installed once (like the other tools this script needs).
@@ -82,9 +83,15 @@ rk_debs() {
   done
   (( ${#missing[@]} == 0 )) && return 0
   log "real kubelet: downloading Debian packages for the step images: ${missing[*]}"
-  (cd "$dir" && apt-get download "${missing[@]}" >/dev/null 2>&1) ||
-    (cd "$dir" && apt-get update -qq && apt-get download "${missing[@]}" >/dev/null) ||
-    die "apt-get download ${missing[*]} failed"
+  # The newest version a configured archive has (an installed package may come from elsewhere).
+  local pinned=() v
+  for p in "${missing[@]}"; do
+    v=$(apt-cache madison "$p" | awk -F'|' 'NR == 1 {gsub(/ /, "", $2); print $2}')
+    [[ -n $v ]] || { apt-get update -qq; v=$(apt-cache madison "$p" | awk -F'|' 'NR == 1 {gsub(/ /, "", $2); print $2}'); }
+    [[ -n $v ]] || die "no Debian archive offers the package $p"
+    pinned+=("$p=$v")
+  done
+  (cd "$dir" && apt-get download "${pinned[@]}" 2>&1 >/dev/null | { grep -v 'unsandboxed as root' >&2 || true; }) || die "apt-get download ${pinned[*]} failed"
 }
 
 # rk_unpack_debs ROOTFS DEB...: extract packages (no maintainer scripts) into a merged-/usr rootfs.
@@ -174,7 +181,7 @@ rk_binary_layer() {
 rk_push_image() {
   local ref=$(rk_registry)/$1 layer=$2 entry=${3:-} args=()
   rk_crane append -f "$layer" -t "$ref.build" >/dev/null ||
-    die "crane append of $layer failed"
+    die "crane append of $layer failed (see $CLUSTER_DIR/logs/images.log)"
   args=(--set-platform linux/amd64 -e PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
   [[ -n $entry ]] && args+=(--entrypoint "$entry")
   rk_crane mutate "$ref.build" "${args[@]}" -t "$ref" >/dev/null || die "crane mutate of $ref failed"
@@ -265,6 +272,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   stream_server_port = "0"
   disable_apparmor = true
   enable_selinux = false
+  # This VM's root lacks CAP_SYS_RESOURCE (not even in the bounding set), so no process may lower
+  # its oom_score_adj: the sandbox's -998 (and a Guaranteed pod's -997) made runc's init fail with
+  # "can't get final child's PID from pipe: EOF". Clamp scores to containerd's own (0) instead.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -315,8 +326,8 @@ rk_shim_pids() {
   return 0
 }
 
-# rk_sweep: what the lane leaves behind once its processes are gone: shims, mounts (overlay rootfs,
-# the kubelet's tmpfs volumes) under the cluster directory.
+# rk_sweep: what the lane leaves behind once its processes are gone: shims, log links, mounts
+# (overlay rootfs, the kubelet's tmpfs volumes) under the cluster directory.
 rk_sweep() {
   local pids
   pids=$(rk_shim_pids)
@@ -325,6 +336,11 @@ rk_sweep() {
     # shellcheck disable=SC2086 # one pid per word
     kill -KILL $pids 2>/dev/null || true
   fi
+  # The kubelet links each container's log into /var/log/containers (a fixed path).
+  local l
+  for l in /var/log/containers/*.log; do
+    [[ -L $l && $(readlink "$l") == "$CLUSTER_DIR/"* ]] && rm -f "$l"
+  done
   local m
   awk -v dir="$CLUSTER_DIR/" 'index($2, dir) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
@@ -373,6 +389,10 @@ shutdownGracePeriod: 0s
 EOF
 }
 
+kubelet_untainted() {
+  [[ -z $(kc get node 127.0.0.1 -o jsonpath='{.spec.taints}' 2>/dev/null) ]]
+}
+
 kubelet_ready() {
   [[ $(kc get node 127.0.0.1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
 }
@@ -410,6 +430,7 @@ rk_start_kubelet() {
     --hostname-override 127.0.0.1 --v 1
   healthy_or_fail kubelet "/healthz" 60 curl -sf --max-time 2 "http://127.0.0.1:$healthz/healthz"
   healthy_or_fail kubelet "node 127.0.0.1 to be Ready" 90 kubelet_ready
+  healthy_or_fail kubelet "the node lifecycle controller to take the not-ready taint off" 60 kubelet_untainted
 }
 
 rk_start_scheduler() {
@@ -422,4 +443,33 @@ rk_start_scheduler() {
     --leader-elect=false --profiling=false
   healthy_or_fail kube-scheduler "/healthz" 60 \
     curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" "https://127.0.0.1:$port/healthz"
+}
+
+# The registry names the image proxy answers for the Tekton controller (docker.io's API lives at
+# index.docker.io and registry-1.docker.io).
+RK_PROXIED=(docker.io index.docker.io registry-1.docker.io mirror.gcr.io ghcr.io gcr.io quay.io
+  registry.k8s.io registry.invalid)
+
+# rk_start_image_proxy PORT: hack/image-proxy.py, with a serving certificate for RK_PROXIED.
+rk_start_image_proxy() {
+  local port=$1 sans h
+  sans=subjectAltName=
+  for h in "${RK_PROXIED[@]}"; do sans+="DNS:$h,"; done
+  sign_cert image-proxy "/CN=tekton-mutex-image-proxy" "${sans%,}\nextendedKeyUsage=serverAuth"
+  echo "$port" >"$CLUSTER_DIR/image-proxy.port"
+  start image-proxy python3 "$here/image-proxy.py" --listen "127.0.0.1:$port" --registry "$(rk_registry)" \
+    --cert "$CLUSTER_DIR/pki/image-proxy.crt" --key "$CLUSTER_DIR/pki/image-proxy.key" \
+    --hosts "$(IFS=,; echo "${RK_PROXIED[*]}")"
+  healthy_or_fail image-proxy "it to listen" 30 grep -q "listening" "$LOGS/image-proxy.log"
+}
+
+# rk_controller_env: the Tekton controller's environment in this lane: registry lookups go through
+# the image proxy and trust the cluster CA; no cloud credential probing (k8schain's Google keychain
+# would otherwise ask the GCE metadata server about mirror.gcr.io images).
+rk_controller_env() {
+  local proxy
+  proxy=http://127.0.0.1:$(<"$CLUSTER_DIR/image-proxy.port")
+  echo HTTPS_PROXY="$proxy" HTTP_PROXY="$proxy" NO_PROXY=127.0.0.1,localhost \
+    SSL_CERT_FILE="$CLUSTER_DIR/pki/ca.crt" \
+    GOOGLE_APPLICATION_CREDENTIALS="$CLUSTER_DIR/pki/no-google-credentials.json"
 }
