@@ -25,6 +25,10 @@ TIMEOUT=${EXAMPLES_TIMEOUT:-300}
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "EXAMPLES_TIMEOUT must be a positive integer"
 
 t_start=$(date +%s)
+# A cluster that is up keeps its lane (hack/cluster.sh up would restart it in the lane asked for).
+if [[ -z ${TEKTON_MUTEX_KUBELET:-} && -f $CLUSTER_DIR/lane && $(<"$CLUSTER_DIR/lane") == real ]]; then
+  export TEKTON_MUTEX_KUBELET=real
+fi
 "$here/cluster.sh" up
 export KUBECONFIG=$CLUSTER_DIR/kubeconfig
 KUBECTL=$(component_bin kubectl)
