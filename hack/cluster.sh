@@ -136,6 +136,8 @@ sweep_leftovers() {
 # whatever is left of this cluster.
 stop_all() {
   local i
+  # The hostPath volumes the controller-manager provisioned (real-kubelet lane), removed at the end.
+  if [[ $LANE == real ]] && api_ready; then rk_note_volumes; fi
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
     # The kubelet leaves its containers running when it stops: kill them while containerd is up.
     [[ ${COMPONENTS[$i]} == containerd ]] && rk_stop_pods
@@ -450,16 +452,12 @@ cmd_up() {
   if [[ -z ${TEKTON_MUTEX_SKIP_BUILD:-} ]]; then
     "$here/build.sh"
   fi
-  if [[ $LANE == real ]]; then
-    # tkn-mutex is the `tkn mutex` plugin (on PATH via `env`); the kubelet replaces the pod-runner.
-    log "building tkn-mutex (cargo build -p tekton-mutex --bin tkn-mutex)"
-    (cd "$REPO_ROOT" && cargo build --quiet -p tekton-mutex --bin tkn-mutex) || die "building tkn-mutex failed"
-  else
   # pod-runner stands in for the kubelet; tkn-mutex is the `tkn mutex` plugin (on PATH via `env`).
+  # (The real-kubelet lane builds the pod-runner too: the same cargo command as demo.sh and the
+  # default lane, so that no feature set differs and nothing is rebuilt.)
   log "building pod-runner and tkn-mutex (cargo build -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex)"
   (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex) ||
     die "building testbed/pod-runner and tkn-mutex failed"
-  fi
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
   echo "$LANE" >"$CLUSTER_DIR/lane"

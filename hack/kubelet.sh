@@ -326,6 +326,13 @@ rk_shim_pids() {
   return 0
 }
 
+# rk_note_volumes: remember the hostPath volumes provisioned for this cluster (the controller-
+# manager's test provisioner puts them under /tmp/hostpath_pv), for rk_sweep to remove.
+rk_note_volumes() {
+  kc get pv -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null |
+    grep '^/tmp/hostpath_pv/[0-9a-f-]*$' >>"$CLUSTER_DIR/volumes" || true
+}
+
 # rk_sweep: what the lane leaves behind once its processes are gone: shims, log links, mounts
 # (overlay rootfs, the kubelet's tmpfs volumes) under the cluster directory.
 rk_sweep() {
@@ -341,6 +348,10 @@ rk_sweep() {
   for l in /var/log/containers/*.log; do
     [[ -L $l && $(readlink "$l") == "$CLUSTER_DIR/"* ]] && rm -f "$l"
   done
+  local v
+  if [[ -f $CLUSTER_DIR/volumes ]]; then
+    while read -r v; do rm -rf "${v:?}"; done <"$CLUSTER_DIR/volumes"
+  fi
   local m
   awk -v dir="$CLUSTER_DIR/" 'index($2, dir) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
