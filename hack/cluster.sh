@@ -27,7 +27,7 @@ REQUESTED_LANE=pod-runner
 real_kubelet && REQUESTED_LANE=real
 set_components() {
   if [[ $LANE == real ]]; then
-    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller containerd kubelet kube-scheduler) # start order
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller containerd kubelet step-logs kube-scheduler) # start order
   else
     COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
   fi
@@ -333,6 +333,11 @@ provisioner: kubernetes.io/host-path
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
 EOF
+    # Steps act with their pod's ServiceAccount (in-cluster config) instead of the admin kubeconfig
+    # the pod-runner hands them; every ServiceAccount is cluster-admin, so that steps may do here
+    # what they do on the pod-runner (the demo's deploy, the tests' marks). A test cluster on loopback.
+    kc create clusterrolebinding tekton-mutex-steps-are-admin --clusterrole cluster-admin \
+      --group system:serviceaccounts --dry-run=client -o yaml | kc apply -f - >/dev/null
     # Pods use the host's network (loopback only; there is no pod network here) and reach the
     # apiserver at 127.0.0.1 rather than through the `kubernetes` Service (no kube-proxy).
     kc -n "$TEKTON_NS" patch configmap config-defaults --type merge --patch-file /dev/stdin >/dev/null <<EOF
@@ -557,6 +562,7 @@ cmd_up() {
   if [[ $LANE == real ]]; then
     rk_start_containerd
     rk_start_kubelet "$kubelet_port" "$kubelet_healthz_port"
+    rk_start_step_logs
     rk_start_scheduler "$scheduler_port"
   else
 

@@ -91,13 +91,6 @@ for ns in "$PIPELINES_NS" "$ENV_NS"; do
   # no controller-manager here to create it
   k -n "$ns" get serviceaccount default >/dev/null 2>&1 || k -n "$ns" create serviceaccount default >/dev/null
 done
-LANE=$(cat "$CLUSTER_DIR/lane" 2>/dev/null || echo pod-runner)
-if [[ $LANE == real ]]; then
-  # On the real kubelet a step's kubectl acts as the pod's ServiceAccount (in-cluster config), not
-  # with the admin kubeconfig the pod-runner hands it: the pipelines may manage the environment.
-  k -n "$ENV_NS" create rolebinding promote-environment --clusterrole admin \
-    --serviceaccount "$PIPELINES_NS:default" --dry-run=client -o yaml | k apply -f - >/dev/null
-fi
 for f in promote-task promote-fenced-task promote-unguarded promote-guarded promote-fenced; do
   k -n "$PIPELINES_NS" apply -f "$REPO_ROOT/examples/$f.yaml" >/dev/null
 done
@@ -172,16 +165,6 @@ EOF
     printf ', "environment": '; k -n "$ENV_NS" get configmap,service,serviceaccount -l chart-release=jx -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["items"]))'
     printf '}\n'
   } >"$WORK/state.json"
-  # The report reads each deploy step's output from <cluster>/pods/<ns>/<pod>/step-deploy.log, where
-  # the pod-runner writes it; on the real kubelet it comes from `kubectl logs`.
-  if [[ $LANE == real ]]; then
-    local pod
-    for pod in $(k -n "$PIPELINES_NS" get pods -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.containers[*].name}{"\n"}{end}' |
-      awk '/ step-deploy( |$)/ {print $1}'); do
-      mkdir -p "$CLUSTER_DIR/pods/$PIPELINES_NS/$pod"
-      k -n "$PIPELINES_NS" logs "$pod" -c step-deploy >"$CLUSTER_DIR/pods/$PIPELINES_NS/$pod/step-deploy.log" 2>&1 || true
-    done
-  fi
   local out timeline=()
   (( round == 1 )) && timeline=("$PICTURE_DIR/timeline.json") # the picture shows the first round
   out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS" "${timeline[@]}")

@@ -10,6 +10,8 @@
 #   kube-scheduler  the same module and version: binds pods to the node through the real path
 #   image-proxy     an HTTPS proxy for the Tekton controller only: its image-entrypoint lookups of
 #                   docker.io & co. are answered by the local registry (hack/image-proxy.py)
+#   step-logs       copies each container's output from the kubelet's log files to where the
+#                   pod-runner keeps it, <cluster>/pods/<ns>/<pod>/<container>.log (hack/step-logs.py)
 # docs/kubelets.md explains what this lane proves, and what cgroup v1 needed.
 # shellcheck shell=bash
 
@@ -31,6 +33,7 @@ RK_BASE_NAMES=(
 # Debian packages the step base image is made of (dpkg-deb -x, no maintainer scripts).
 RK_BASE_DEBS=(base-files bash coreutils busybox-static libc6 libgcc-s1 gcc-12-base libtinfo6
   libacl1 libattr1 libselinux1 libpcre2-8-0 libgmp10)
+RK_BASE_RECIPE=2 # bump when rk_base_layer changes what it puts in the image
 # Node.js for the one Tekton example that runs `node` (mirror.gcr.io/node:lts-alpine3.20), on top of
 # the base image: Debian 12's nodejs 18 and its libraries.
 RK_NODE_DEBS=(nodejs libnode108 libuv1 libicu72 libssl3 libstdc++6 zlib1g libbrotli1 libc-ares2
@@ -118,7 +121,7 @@ rk_layer() {
 # rk_base_layer: the step base image's layer, built once per package set and kubectl.
 rk_base_layer() {
   local key dir rootfs out
-  key=$(printf '%s\n' "${RK_BASE_DEBS[@]}" "$(sha256sum "$(component_bin kubectl)")" | sha256sum | cut -c1-12)
+  key=$(printf '%s\n' "$RK_BASE_RECIPE" "${RK_BASE_DEBS[@]}" "$(sha256sum "$(component_bin kubectl)")" | sha256sum | cut -c1-12)
   out=$RK_IMAGES/base-$key.tar
   [[ -f $out ]] && { echo "$out"; return 0; }
   dir=$RK_IMAGES/debs
@@ -127,8 +130,9 @@ rk_base_layer() {
   local debs=() p
   for p in "${RK_BASE_DEBS[@]}"; do debs+=("$(compgen -G "$dir/${p}_*.deb" | head -n1)"); done
   rk_unpack_debs "$rootfs" "${debs[@]}"
-  # busybox for every applet GNU coreutils and bash do not provide, and as /bin/sh (Alpine's sh,
-  # which Tekton's examples are written for: `[ a == b ]` works, unlike in dash).
+  # busybox for every applet GNU coreutils and bash do not provide. /bin/sh is bash (`[ a == b ]`
+  # works, unlike in dash): busybox's sh would run its own applets before those on PATH, and its
+  # `date` here has no %N, which the tests' and the chaos campaign's marks need.
   local applet target
   while read -r applet; do
     target=$applet
@@ -137,7 +141,7 @@ rk_base_layer() {
     mkdir -p "$(dirname "$rootfs/$target")"
     ln -s /bin/busybox "$rootfs/$target"
   done < <("$rootfs/usr/bin/busybox" --list-full)
-  ln -sf busybox "$rootfs/usr/bin/sh"
+  ln -sf bash "$rootfs/usr/bin/sh"
   install -D -m 0755 "$(component_bin kubectl)" "$rootfs/usr/local/bin/kubectl"
   mkdir -p "$rootfs/etc" "$rootfs/tmp" "$rootfs/root" "$rootfs/home/nonroot" "$rootfs/workspace"
   chmod 1777 "$rootfs/tmp"
@@ -333,8 +337,27 @@ rk_note_volumes() {
     grep '^/tmp/hostpath_pv/[0-9a-f-]*$' >>"$CLUSTER_DIR/volumes" || true
 }
 
+# rk_unfirewall: the iptables chains the kubelet creates on the host (KUBE-FIREWALL in filter
+# INPUT/OUTPUT, its canary and hint chains), unless another kubelet still runs on this machine.
+rk_unfirewall() {
+  pgrep -x kubelet >/dev/null && return 0
+  local ipt table chain
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    while "$ipt" -t filter -D INPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+    while "$ipt" -t filter -D OUTPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+    for table in filter mangle nat; do
+      for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+        "$ipt" -t "$table" -F "$chain" 2>/dev/null && "$ipt" -t "$table" -X "$chain" 2>/dev/null
+      done
+    done
+  done
+  return 0
+}
+
 # rk_sweep: what the lane leaves behind once its processes are gone: shims, log links, mounts
-# (overlay rootfs, the kubelet's tmpfs volumes) under the cluster directory.
+# (overlay rootfs, the kubelet's tmpfs volumes) under the cluster directory, hostPath volumes,
+# the kubelet's iptables chains.
 rk_sweep() {
   local pids
   pids=$(rk_shim_pids)
@@ -348,6 +371,7 @@ rk_sweep() {
   for l in /var/log/containers/*.log; do
     [[ -L $l && $(readlink "$l") == "$CLUSTER_DIR/"* ]] && rm -f "$l"
   done
+  rk_unfirewall
   local v
   if [[ -f $CLUSTER_DIR/volumes ]]; then
     while read -r v; do rm -rf "${v:?}"; done <"$CLUSTER_DIR/volumes"
@@ -442,6 +466,12 @@ rk_start_kubelet() {
   healthy_or_fail kubelet "/healthz" 60 curl -sf --max-time 2 "http://127.0.0.1:$healthz/healthz"
   healthy_or_fail kubelet "node 127.0.0.1 to be Ready" 90 kubelet_ready
   healthy_or_fail kubelet "the node lifecycle controller to take the not-ready taint off" 60 kubelet_untainted
+}
+
+# rk_start_step_logs: each step's output also where the pod-runner lane keeps it (hack/step-logs.py).
+rk_start_step_logs() {
+  start step-logs python3 "$here/step-logs.py" --from "$CLUSTER_DIR/pod-logs" --to "$CLUSTER_DIR/pods"
+  healthy_or_fail step-logs "it to start" 30 grep -q "following" "$LOGS/step-logs.log"
 }
 
 rk_start_scheduler() {
