@@ -611,7 +611,8 @@ cmd_logs() {
     printf '%-18s %s (%s)\n' "$c" "$LOGS/$c.log" "$state"
   done
   if [[ $LANE == real ]]; then
-    printf '%-18s %s\n' "step output" "kubectl logs, or $CLUSTER_DIR/pod-logs/<namespace>_<pod>_<uid>/<container>/"
+    printf '%-18s %s\n' "step output" "kubectl logs; $CLUSTER_DIR/pod-logs/<namespace>_<pod>_<uid>/<container>/ (the kubelet's)"
+    printf '%-18s %s\n' "" "$CLUSTER_DIR/pods/<namespace>/<pod>/<container>.log (copied by step-logs)"
   else
     printf '%-18s %s\n' "step output" "$CLUSTER_DIR/pods/<namespace>/<pod>/<step>.log"
   fi

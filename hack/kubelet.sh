@@ -41,6 +41,7 @@ RK_NODE_DEBS=(nodejs libnode108 libuv1 libicu72 libssl3 libstdc++6 zlib1g libbro
 RK_NODE_NAMES=(node:lts-alpine3.20)
 
 rk_registry() { echo "127.0.0.1:$(<"$CLUSTER_DIR/registry.port")"; }
+# shellcheck disable=SC2154 # here: the sourcing script's directory (hack/cluster.sh sets it)
 crane_bin() { "$here/crane.sh" --path; }
 # crane, its progress lines (stderr) in logs/images.log.
 rk_crane() { "$(crane_bin)" "$@" 2>>"$CLUSTER_DIR/logs/images.log"; }
@@ -183,7 +184,8 @@ rk_binary_layer() {
 # rk_push_image REPO:TAG LAYER [ENTRYPOINT]: an image of LAYER on an empty base, pushed; prints
 # its digest. Deterministic (same layer, same digest), so a re-push is a no-op.
 rk_push_image() {
-  local ref=$(rk_registry)/$1 layer=$2 entry=${3:-} args=()
+  local ref layer=$2 entry=${3:-} args=()
+  ref=$(rk_registry)/$1
   rk_crane append -f "$layer" -t "$ref.build" >/dev/null ||
     die "crane append of $layer failed (see $CLUSTER_DIR/logs/images.log)"
   args=(--set-platform linux/amd64 -e PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)

@@ -118,7 +118,7 @@ wait
 ok=0
 for f in "${files[@]}"; do
   ns=$(ns_of "$f")
-  read -r state secs <"$WORK/$ns.result" 2>/dev/null || { state=failed; secs=?; }
+  read -r state secs <"$WORK/$ns.result" 2>/dev/null || { state=failed; secs='?'; }
   if [[ $state == ok ]]; then
     ok=$(( ok + 1 ))
     printf 'ok      %-62s %4ss\n' "$(basename "$f")" "$secs"
