@@ -27,7 +27,7 @@ REQUESTED_LANE=pod-runner
 real_kubelet && REQUESTED_LANE=real
 set_components() {
   if [[ $LANE == real ]]; then
-    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller containerd kubelet step-logs kube-scheduler) # start order
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller step-rbac containerd kubelet step-logs kube-scheduler) # start order
   else
     COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
   fi
@@ -333,11 +333,6 @@ provisioner: kubernetes.io/host-path
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
 EOF
-    # Steps act with their pod's ServiceAccount (in-cluster config) instead of the admin kubeconfig
-    # the pod-runner hands them; every ServiceAccount is cluster-admin, so that steps may do here
-    # what they do on the pod-runner (the demo's deploy, the tests' marks). A test cluster on loopback.
-    kc create clusterrolebinding tekton-mutex-steps-are-admin --clusterrole cluster-admin \
-      --group system:serviceaccounts --dry-run=client -o yaml | kc apply -f - >/dev/null
     # Pods use the host's network (loopback only; there is no pod network here) and reach the
     # apiserver at 127.0.0.1 rather than through the `kubernetes` Service (no kube-proxy).
     kc -n "$TEKTON_NS" patch configmap config-defaults --type merge --patch-file /dev/stdin >/dev/null <<EOF
@@ -560,6 +555,7 @@ cmd_up() {
     curl -sf --max-time 2 "http://127.0.0.1:$probes_port/health"
 
   if [[ $LANE == real ]]; then
+    rk_start_step_rbac
     rk_start_containerd
     rk_start_kubelet "$kubelet_port" "$kubelet_healthz_port"
     rk_start_step_logs

@@ -10,6 +10,8 @@
 #   kube-scheduler  the same module and version: binds pods to the node through the real path
 #   image-proxy     an HTTPS proxy for the Tekton controller only: its image-entrypoint lookups of
 #                   docker.io & co. are answered by the local registry (hack/image-proxy.py)
+#   step-rbac       makes each namespace's `default` ServiceAccount (Tekton's pods') cluster-admin,
+#                   as steps are on the pod-runner (hack/step-rbac.py)
 #   step-logs       copies each container's output from the kubelet's log files to where the
 #                   pod-runner keeps it, <cluster>/pods/<ns>/<pod>/<container>.log (hack/step-logs.py)
 # docs/kubelets.md explains what this lane proves, and what cgroup v1 needed.
@@ -468,6 +470,15 @@ rk_start_kubelet() {
   healthy_or_fail kubelet "/healthz" 60 curl -sf --max-time 2 "http://127.0.0.1:$healthz/healthz"
   healthy_or_fail kubelet "node 127.0.0.1 to be Ready" 90 kubelet_ready
   healthy_or_fail kubelet "the node lifecycle controller to take the not-ready taint off" 60 kubelet_untainted
+}
+
+# rk_start_step_rbac: steps act with their pod's ServiceAccount (in-cluster config) instead of the
+# admin kubeconfig the pod-runner hands them; hack/step-rbac.py makes each namespace's `default`
+# ServiceAccount cluster-admin, so that steps may do what they do on the pod-runner (the demo's
+# deploy, the tests' marks). Other ServiceAccounts keep their RBAC (tests use some as restricted users).
+rk_start_step_rbac() {
+  start step-rbac python3 "$here/step-rbac.py" --kubectl "$(component_bin kubectl)" --kubeconfig "$KUBECONFIG_FILE"
+  healthy_or_fail step-rbac "it to watch namespaces" 30 grep -q "watching namespaces" "$LOGS/step-rbac.log"
 }
 
 # rk_start_step_logs: each step's output also where the pod-runner lane keeps it (hack/step-logs.py).
