@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane from Go modules: etcd, kube-apiserver,
-# kube-controller-manager, kubectl, the Tekton Pipelines controller and tkn. Each binary
+# kube-controller-manager, kubectl, the Tekton Pipelines controller and tkn (and, with
+# TEKTON_MUTEX_KUBELET=real, the kubelet, kube-scheduler, Tekton's helper binaries and pause). Each binary
 # lands in a cache outside the repo, keyed by its wrapper module's go.mod+go.sum, and is
 # skipped when present.
 #
@@ -31,6 +32,19 @@ components=(
   "tekton-controller|tekton|github.com/tektoncd/pipeline/cmd/controller|"
   "tkn|tkn|github.com/tektoncd/cli/cmd/tkn|-X github.com/tektoncd/cli/pkg/cmd/version.clientVersion=$tkn_ver"
 )
+# The real-kubelet lane (TEKTON_MUTEX_KUBELET=real) also needs the kubelet and kube-scheduler at the
+# apiserver's version, the binaries of Tekton's helper images, and the pod sandbox's pause.
+if real_kubelet; then
+  components+=(
+    "kubelet|kubernetes|k8s.io/kubernetes/cmd/kubelet|$kube_ldflags"
+    "kube-scheduler|kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|$kube_ldflags"
+    "tekton-entrypoint|tekton|github.com/tektoncd/pipeline/cmd/entrypoint|"
+    "tekton-nop|tekton|github.com/tektoncd/pipeline/cmd/nop|"
+    "tekton-workingdirinit|tekton|github.com/tektoncd/pipeline/cmd/workingdirinit|"
+    "tekton-sidecarlogresults|tekton|github.com/tektoncd/pipeline/cmd/sidecarlogresults|"
+    "pause|pause|.|"
+  )
+fi
 
 total_start=$(date +%s)
 for entry in "${components[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local control plane: etcd, kube-apiserver, kube-controller-manager, the Tekton Pipelines
 # controller and the pod-runner (a kubelet stand-in that runs TaskRun steps on this host),
-# all on 127.0.0.1.
+# all on 127.0.0.1. With TEKTON_MUTEX_KUBELET=real, a real kubelet instead of the pod-runner:
+# containerd + runc, the kubelet and kube-scheduler, and a local registry (hack/kubelet.sh).
 #
 #   hack/cluster.sh up     build what is missing, start everything, prove it with a PipelineRun
 #   hack/cluster.sh down   stop exactly what `up` started (by pid) and remove the state
@@ -13,8 +14,25 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/lib.sh
 source "$here/lib.sh"
+# shellcheck source=hack/kubelet.sh
+source "$here/kubelet.sh"
 
-COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
+# The lane of a cluster that is up (or was left behind) is the one it was started with, whatever
+# TEKTON_MUTEX_KUBELET says now, so that `down` stops what `up` started.
+if [[ -f $CLUSTER_DIR/lane ]]; then LANE=$(<"$CLUSTER_DIR/lane")
+elif real_kubelet; then LANE=real
+else LANE=pod-runner
+fi
+REQUESTED_LANE=pod-runner
+real_kubelet && REQUESTED_LANE=real
+set_components() {
+  if [[ $LANE == real ]]; then
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager registry image-proxy tekton-controller step-rbac containerd kubelet step-logs kube-scheduler) # start order
+  else
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager tekton-controller pod-runner) # start order
+  fi
+}
+set_components
 LOGS=$CLUSTER_DIR/logs
 PIDS=$CLUSTER_DIR/pids
 KUBECONFIG_FILE=$CLUSTER_DIR/kubeconfig
@@ -32,6 +50,14 @@ KCM_CONTROLLERS+=,deployment-controller,replicaset-controller,replicationcontrol
 KCM_CONTROLLERS+=,statefulset-controller,job-controller,cronjob-controller,ttl-after-finished-controller
 KCM_CONTROLLERS+=,disruption-controller,resourcequota-controller,endpoints-controller
 KCM_CONTROLLERS+=,endpointslice-controller,endpointslice-mirroring-controller
+# With a real kubelet: the node lifecycle controller takes the not-ready taint off the node the
+# kubelet registers with once it reports Ready (without it, nothing schedules). PersistentVolumeClaims
+# work too: the binder provisions hostPath volumes (the controller-manager's test provisioner, under
+# /tmp/hostpath_pv) for the default StorageClass, and the protection controllers let claims and
+# volumes be deleted cleanly.
+KCM_REAL_CONTROLLERS=,node-lifecycle-controller
+KCM_REAL_CONTROLLERS+=,persistentvolume-binder-controller,persistentvolume-protection-controller
+KCM_REAL_CONTROLLERS+=,persistentvolumeclaim-protection-controller
 POD_RUNNER=$REPO_ROOT/target/debug/pod-runner
 
 usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -110,10 +136,15 @@ sweep_leftovers() {
 # whatever is left of this cluster.
 stop_all() {
   local i
+  # The hostPath volumes the controller-manager provisioned (real-kubelet lane), removed at the end.
+  if [[ $LANE == real ]] && api_ready; then rk_note_volumes; fi
   for (( i=${#COMPONENTS[@]}-1; i>=0; i-- )); do
+    # The kubelet leaves its containers running when it stops: kill them while containerd is up.
+    [[ ${COMPONENTS[$i]} == containerd ]] && rk_stop_pods
     stop_component "${COMPONENTS[$i]}"
   done
   sweep_leftovers
+  if [[ $LANE == real ]]; then rk_sweep; fi
 }
 
 # fail_component NAME WHY: stop everything started so far, show the component's log tail, exit.
@@ -197,6 +228,22 @@ strip_conversion() {
   ' "$1"
 }
 
+# unrequire_step_names: a CRD whose Step schema no longer requires `name`. Tekton's admission webhook
+# (not run here) defaults an unnamed step's name before the schema is checked; without it, a Task
+# with an unnamed step (one of Tekton's examples) is refused, though the controller names such
+# steps itself (step-unnamed-<i>). Real-kubelet lane only, so the pod-runner lane stays as it was.
+unrequire_step_names() {
+  awk '
+    /description: Step runs a subcomponent of a Task/ { step = 1 }
+    step && /^ *required:$/ {
+      req = $0
+      if ((getline nxt) > 0 && nxt ~ /^ *- name$/) { step = 0; next }
+      print req; print nxt; step = 0; next
+    }
+    { print }
+  '
+}
+
 is_up() {
   [[ -f $CLUSTER_DIR/ready ]] || return 1
   local c
@@ -264,13 +311,39 @@ install_tekton() {
   log "installing Tekton namespace, CRDs and config from $cfg"
   kc apply -f "$cfg/100-namespace" >/dev/null
   for crd in "$cfg"/300-crds/*.yaml; do
-    strip_conversion "$crd" | kc apply --server-side -f - >/dev/null
+    if [[ $LANE == real ]]; then
+      strip_conversion "$crd" | unrequire_step_names | kc apply --server-side -f - >/dev/null
+    else
+      strip_conversion "$crd" | kc apply --server-side -f - >/dev/null
+    fi
   done
   kc wait --for=condition=Established crd --all --timeout=60s >/dev/null
   local f
   for f in "$cfg"/config-*.yaml; do
     kc apply -f "$f" >/dev/null
   done
+  if [[ $LANE == real ]]; then
+    kc apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: hostpath
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
+    # Pods use the host's network (loopback only; there is no pod network here) and reach the
+    # apiserver at 127.0.0.1 rather than through the `kubernetes` Service (no kube-proxy).
+    kc -n "$TEKTON_NS" patch configmap config-defaults --type merge --patch-file /dev/stdin >/dev/null <<EOF
+data:
+  default-pod-template: |
+    hostNetwork: true
+    env:
+    - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
+    - {name: KUBERNETES_SERVICE_PORT, value: "$(<"$CLUSTER_DIR/apiserver.port")"}
+EOF
+  fi
   # No metrics exporters, no sidecar readiness handshake (no kubelet), no affinity assistant
   # (no scheduler), no credential init (nothing to pull).
   kc -n "$TEKTON_NS" patch configmap config-observability --type merge \
@@ -323,7 +396,7 @@ EOF
   local deadline=$(( $(date +%s) + 120 ))
   until smoke_done "$name"; do
     local c
-    for c in kube-controller-manager tekton-controller pod-runner; do
+    for c in "${COMPONENTS[@]:2}"; do
       alive "$c" || fail_component "$c" "the process exited during the readiness PipelineRun"
     done
     (( $(date +%s) < deadline )) || break
@@ -334,7 +407,13 @@ EOF
       echo "error: the readiness PipelineRun $SMOKE_NS/$name did not succeed:"
       kc -n "$SMOKE_NS" get pipelinerun "$name" -o jsonpath='{.status.conditions}' 2>&1; echo
       echo "--- last 20 lines of $LOGS/tekton-controller.log ---"; tail -n 20 "$LOGS/tekton-controller.log"
-      echo "--- last 20 lines of $LOGS/pod-runner.log ---"; tail -n 20 "$LOGS/pod-runner.log"
+      if [[ $LANE == real ]]; then
+        kc -n "$SMOKE_NS" get pods -o wide 2>&1
+        kc -n "$SMOKE_NS" describe pods 2>&1 | tail -n 30
+        echo "--- last 20 lines of $LOGS/kubelet.log ---"; tail -n 20 "$LOGS/kubelet.log"
+      else
+        echo "--- last 20 lines of $LOGS/pod-runner.log ---"; tail -n 20 "$LOGS/pod-runner.log"
+      fi
     } >&2
     stop_all
     die "the control plane started but could not run a PipelineRun"
@@ -349,14 +428,24 @@ cmd_up() {
   require_tool curl "curl (apt-get install curl)"
   require_tool setsid "util-linux (apt-get install util-linux)"
 
-  if is_up; then
+  if [[ $LANE == "$REQUESTED_LANE" ]] && is_up; then
     log "cluster is already up ($KUBECONFIG_FILE); nothing to do"
     return 0
   fi
   if [[ -e $CLUSTER_DIR ]]; then
-    log "found stale state in $CLUSTER_DIR (a previous run was killed or failed): cleaning up"
+    if [[ $LANE != "$REQUESTED_LANE" ]]; then
+      log "the cluster in $CLUSTER_DIR runs the $LANE lane, $REQUESTED_LANE was asked for: taking it down"
+    else
+      log "found stale state in $CLUSTER_DIR (a previous run was killed or failed): cleaning up"
+    fi
     stop_all
     rm -rf "$CLUSTER_DIR"
+  fi
+  LANE=$REQUESTED_LANE
+  set_components
+  if [[ $LANE == real ]]; then
+    rk_check_host
+    rk_install_packages
   fi
   local t0
   t0=$(date +%s)
@@ -364,16 +453,28 @@ cmd_up() {
     "$here/build.sh"
   fi
   # pod-runner stands in for the kubelet; tkn-mutex is the `tkn mutex` plugin (on PATH via `env`).
+  # (The real-kubelet lane builds the pod-runner too: the same cargo command as demo.sh and the
+  # default lane, so that no feature set differs and nothing is rebuilt.)
   log "building pod-runner and tkn-mutex (cargo build -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex)"
   (cd "$REPO_ROOT" && cargo build --quiet -p pod-runner -p tekton-mutex --bin pod-runner --bin tkn-mutex) ||
     die "building testbed/pod-runner and tkn-mutex failed"
 
   mkdir -p "$LOGS" "$PIDS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pods"
+  echo "$LANE" >"$CLUSTER_DIR/lane"
   local ports etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port
-  ports=$(free_ports 7)
-  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port <<<"$ports"
+  local registry_port kubelet_healthz_port scheduler_port proxy_port
+  ports=$(free_ports 11)
+  read -r etcd_port peer_port api_port kcm_port probes_port profiling_port kubelet_port \
+    registry_port kubelet_healthz_port scheduler_port proxy_port <<<"$ports"
   echo "$api_port" >"$CLUSTER_DIR/apiserver.port"
   write_pki
+  # The pod-runner lane runs pods without ServiceAccount tokens; a real kubelet mounts them.
+  local admission=(--disable-admission-plugins ServiceAccount) kcm_controllers=$KCM_CONTROLLERS kcm_extra=()
+  if [[ $LANE == real ]]; then
+    admission=()
+    kcm_controllers+=$KCM_REAL_CONTROLLERS
+    kcm_extra=(--enable-hostpath-provisioner)
+  fi
 
   start etcd "$(component_bin etcd)" \
     --name local --data-dir "$CLUSTER_DIR/etcd" \
@@ -402,7 +503,7 @@ cmd_up() {
     --kubelet-certificate-authority "$CLUSTER_DIR/pki/ca.crt" \
     --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
-    --disable-admission-plugins ServiceAccount \
+    ${admission[@]+"${admission[@]}"} \
     --enable-priority-and-fairness=false \
     --profiling=false
   healthy_or_fail kube-apiserver "/readyz" 90 api_ready
@@ -421,25 +522,45 @@ cmd_up() {
     --tls-cert-file "$CLUSTER_DIR/pki/serving.crt" --tls-private-key-file "$CLUSTER_DIR/pki/serving.key" \
     --service-account-private-key-file "$CLUSTER_DIR/pki/sa.key" \
     --root-ca-file "$CLUSTER_DIR/pki/ca.crt" \
-    --controllers "$KCM_CONTROLLERS" \
+    --controllers "$kcm_controllers" ${kcm_extra[@]+"${kcm_extra[@]}"} \
     --leader-elect=false --profiling=false
   healthy_or_fail kube-controller-manager "/healthz" 60 \
     curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" "https://127.0.0.1:$kcm_port/healthz"
 
+  local images=(-entrypoint-image local/entrypoint -nop-image local/nop
+    -sidecarlogresults-image local/sidecarlogresults -workingdirinit-image local/workingdirinit
+    -shell-image local/shell -shell-image-win local/shell-win)
+  local controller_env=()
+  if [[ $LANE == real ]]; then
+    # Tekton's helper images and the step base image, built here, by digest in the local registry.
+    rk_start_registry_and_images "$registry_port"
+    rk_start_image_proxy "$proxy_port"
+    read -r -a controller_env <<<"$(rk_controller_env)"
+    # shellcheck disable=SC1091 # written by rk_build_images
+    source "$CLUSTER_DIR/images.env"
+    images=(-entrypoint-image "$TEKTON_ENTRYPOINT_IMAGE" -nop-image "$TEKTON_NOP_IMAGE"
+      -sidecarlogresults-image "$TEKTON_SIDECARLOGRESULTS_IMAGE" -workingdirinit-image "$TEKTON_WORKINGDIRINIT_IMAGE"
+      -shell-image "$BASE_IMAGE" -shell-image-win local/shell-win)
+  fi
   start tekton-controller env \
     SYSTEM_NAMESPACE="$TEKTON_NS" METRICS_DOMAIN=tekton.dev/pipeline \
     PROBES_PORT="$probes_port" PROFILING_PORT="$profiling_port" \
     CONFIG_LOGGING_NAME=config-logging CONFIG_OBSERVABILITY_NAME=config-observability \
     CONFIG_LEADERELECTION_NAME=config-leader-election-controller \
     CONFIG_DEFAULTS_NAME=config-defaults CONFIG_FEATURE_FLAGS_NAME=feature-flags CONFIG_SPIRE=config-spire \
-    KUBERNETES_MIN_VERSION=v1.28.0 \
+    KUBERNETES_MIN_VERSION=v1.28.0 ${controller_env[@]+"${controller_env[@]}"} \
     "$(component_bin tekton-controller)" \
-    -kubeconfig "$KUBECONFIG_FILE" -disable-ha \
-    -entrypoint-image local/entrypoint -nop-image local/nop \
-    -sidecarlogresults-image local/sidecarlogresults -workingdirinit-image local/workingdirinit \
-    -shell-image local/shell -shell-image-win local/shell-win
+    -kubeconfig "$KUBECONFIG_FILE" -disable-ha "${images[@]}"
   healthy_or_fail tekton-controller "its /health probe" 60 \
     curl -sf --max-time 2 "http://127.0.0.1:$probes_port/health"
+
+  if [[ $LANE == real ]]; then
+    rk_start_step_rbac
+    rk_start_containerd
+    rk_start_kubelet "$kubelet_port" "$kubelet_healthz_port"
+    rk_start_step_logs
+    rk_start_scheduler "$scheduler_port"
+  else
 
   # Node pod-runner, whose kubelet endpoint serves the step logs (kubectl logs, tkn logs).
   start pod-runner "$POD_RUNNER" \
@@ -453,6 +574,7 @@ cmd_up() {
     curl -sf --max-time 2 --cacert "$CLUSTER_DIR/pki/ca.crt" \
     --cert "$CLUSTER_DIR/pki/apiserver-kubelet-client.crt" --key "$CLUSTER_DIR/pki/apiserver-kubelet-client.key" \
     "https://127.0.0.1:$kubelet_port/healthz"
+  fi
 
   smoke_test
   date +%s >"$CLUSTER_DIR/ready"
@@ -484,7 +606,12 @@ cmd_logs() {
     if alive "$c"; then state="running, pid $(pid_of "$c")"; else state="not running"; fi
     printf '%-18s %s (%s)\n' "$c" "$LOGS/$c.log" "$state"
   done
-  printf '%-18s %s\n' "step output" "$CLUSTER_DIR/pods/<namespace>/<pod>/<step>.log"
+  if [[ $LANE == real ]]; then
+    printf '%-18s %s\n' "step output" "kubectl logs; $CLUSTER_DIR/pod-logs/<namespace>_<pod>_<uid>/<container>/ (the kubelet's)"
+    printf '%-18s %s\n' "" "$CLUSTER_DIR/pods/<namespace>/<pod>/<container>.log (copied by step-logs)"
+  else
+    printf '%-18s %s\n' "step output" "$CLUSTER_DIR/pods/<namespace>/<pod>/<step>.log"
+  fi
 }
 
 case "${1:-}" in

@@ -30,10 +30,24 @@ component_dir() {
 component_bin() {
   case "$1" in
     etcd) echo "$(component_dir etcd)/etcd" ;;
-    kube-apiserver|kube-controller-manager|kubectl) echo "$(component_dir kubernetes)/$1" ;;
+    kube-apiserver|kube-controller-manager|kubectl|kubelet|kube-scheduler) echo "$(component_dir kubernetes)/$1" ;;
     tekton-controller) echo "$(component_dir tekton)/controller" ;;
+    # Tekton's helper images' binaries and the pod sandbox's pause (the real-kubelet lane only).
+    tekton-entrypoint|tekton-nop|tekton-workingdirinit|tekton-sidecarlogresults)
+      echo "$(component_dir tekton)/${1#tekton-}" ;;
+    pause) echo "$(component_dir pause)/pause" ;;
     tkn) echo "$(component_dir tkn)/tkn" ;;
     *) die "unknown component $1" ;;
+  esac
+}
+
+# real_kubelet: true when this run uses the real-kubelet lane (TEKTON_MUTEX_KUBELET=real: containerd,
+# runc and a kubelet built from k8s.io/kubernetes) instead of testbed/pod-runner. See docs/kubelets.md.
+real_kubelet() {
+  case ${TEKTON_MUTEX_KUBELET:-} in
+    ''|pod-runner) return 1 ;;
+    real) return 0 ;;
+    *) die "TEKTON_MUTEX_KUBELET must be 'real' or unset (the pod-runner), got '$TEKTON_MUTEX_KUBELET'" ;;
   esac
 }
 

@@ -1,0 +1,3 @@
+module tekton-mutex.dev/hack/tools/pause
+
+go 1.26
