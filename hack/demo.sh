@@ -99,7 +99,10 @@ done
 reset_namespaces() {
   k -n "$PIPELINES_NS" delete pipelinerun,taskrun,customrun --all --wait=true >/dev/null
   k -n "$PIPELINES_NS" delete pod --all --grace-period=0 --force --wait=true >/dev/null 2>&1 || true
-  k -n "$PIPELINES_NS" delete mutexes --all --wait=true >/dev/null
+  # An idle Mutex carries no finalizer, so it goes even before the controller starts. One still in
+  # use (a demo interrupted mid-round) waits for a controller: the next reset, with ours running.
+  k -n "$PIPELINES_NS" delete mutexes --all --wait=true --timeout=60s >/dev/null ||
+    log "demo: a Mutex is still in use (an interrupted demo?); the controller lets it go once it runs"
   rm -rf "${CLUSTER_DIR:?}/pods/$PIPELINES_NS"
   k -n "$ENV_NS" delete configmap,service,serviceaccount -l chart-release=jx --wait=true >/dev/null
   k annotate namespace "$ENV_NS" tekton-mutex.dev/deploy-token- >/dev/null 2>&1 || true

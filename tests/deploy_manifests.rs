@@ -6,10 +6,12 @@
 mod support;
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::ConfigMap;
 use support::controller::ControllerProcess;
 use support::ops::service_account_kubeconfig;
 use support::pipelines::*;
 use support::*;
+use tekton_mutex::model::mutex::Mutex;
 
 /// Every kind of write: create the Mutex, write its status, patch run statuses,
 /// cancel a superseded PipelineRun, record Events, hold a Lease.
@@ -44,6 +46,35 @@ async fn exercise_every_write(ns: &TestNamespace, c: &ControllerProcess) -> Resu
     );
     release(ns, "a").await?;
     wait_reason(ns, &lock_run("c"), "Acquired", slow()).await?;
+    // Idle again: the last token goes into the ledger ConfigMap, the finalizer comes off.
+    release(ns, "c").await?;
+    let (mutexes, key) = (ns.api::<Mutex>(), ns.name());
+    wait_until("the idle Mutex to lose its finalizer", slow(), || async {
+        let m = mutexes.get(key).await?;
+        Ok(m.metadata
+            .finalizers
+            .unwrap_or_default()
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    let ledger = ns
+        .api::<ConfigMap>()
+        .get("tekton-mutex-token-floors")
+        .await?;
+    let entry = ledger
+        .data
+        .unwrap_or_default()
+        .remove(&format!("mutex.{key}"));
+    ensure!(
+        entry.as_deref() == Some("2"),
+        "the ledger holds c's token: {entry:?}"
+    );
+    let log = c.log_text();
+    ensure!(
+        !log.contains("forbidden"),
+        "the controller hit a permission error:\n{log}"
+    );
     Ok(())
 }
 

@@ -5,7 +5,6 @@ use super::backoff::Backoff;
 use super::cache::index::Indexed;
 use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
-use super::reconcile::token_floor::TokenFloors;
 use crate::metrics::Metrics;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
@@ -28,6 +27,8 @@ pub enum Error {
     MissingCrd(&'static str, String),
     #[error("cannot serve http: {0}")]
     Http(#[from] std::io::Error),
+    #[error("token ledger {0}")]
+    Ledger(String),
     #[error("leader election: {0}")]
     Lease(#[from] kube_lease_manager::LeaseManagerError),
     #[error("lost the leader Lease to another replica; exiting so that only one acts")]
@@ -43,6 +44,7 @@ impl Error {
             Error::Kube(_) => "transport",
             Error::Conflict => "conflict",
             Error::MissingCrd(..) => "missing-crd",
+            Error::Ledger(_) => "ledger",
             Error::Http(_) => "io",
             Error::Lease(_) | Error::LostLease => "lease",
         }
@@ -90,8 +92,8 @@ pub struct Context {
     pub(crate) cluster_written: Written<ClusterMutex>,
     /// Whether this replica acts (holds the Lease, or runs without election).
     pub(crate) acting: watch::Receiver<bool>,
-    /// The last tokens of Mutexes this replica let go.
-    pub(crate) token_floors: TokenFloors,
+    /// Where the ClusterMutexes' token ledger lives (token_floor.rs): the controller's namespace.
+    pub(crate) ledger_namespace: String,
 }
 
 impl Context {

@@ -8,7 +8,7 @@ use super::apply::events;
 use super::cache::index::{Index, Indexed};
 use super::cache::triggers::run_tags;
 use super::context::{Context, Error};
-use super::reconcile::finalizer;
+use super::reconcile::{finalizer, token_floor};
 use super::reconcile::{intake, lock as sync};
 use super::wiring::{error_policy, intake_when_acting};
 use crate::metrics::Metrics;
@@ -37,6 +37,7 @@ const CUSTOM_RUNS: &str = "/apis/tekton.dev/v1beta1/namespaces/ns/customruns";
 const PIPELINE_RUNS: &str = "/apis/tekton.dev/v1/namespaces/ns/pipelineruns";
 const CLUSTER_MUTEXES: &str = "/apis/tekton-mutex.dev/v1alpha1/clustermutexes";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+const LEDGER: &str = "/api/v1/namespaces/ns/configmaps";
 
 /// One request the controller made: "METHOD /path", and its JSON body (Null if none).
 type Seen = (String, Value);
@@ -68,7 +69,7 @@ fn context(
         written: Default::default(),
         cluster_written: Default::default(),
         acting: watch::channel(true).1,
-        token_floors: Default::default(),
+        ledger_namespace: "tekton-mutex".into(),
     };
     (Arc::new(ctx), handle)
 }
@@ -738,6 +739,7 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
     // The sync starts from the cached Mutex; the release reads it fresh.
     let respond = move |line: &str, body: &Value| match line {
         l if l == format!("GET {MUTEXES}/k") => (200, deleting(json!({"lastToken": 1}))),
+        l if l == format!("GET {LEDGER}/{}", token_floor::LEDGER) => (404, status(404, "NotFound")),
         l if l.starts_with("GET /api/v1/namespaces/ns/pods") => (
             200,
             json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": []}),
@@ -758,10 +760,14 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
         [
             format!("PUT {MUTEXES}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/b-lock/status"),
+            format!("POST {LEDGER}"),
             format!("PATCH {MUTEXES}/k"),
             format!("POST {MUTEXES}"),
-        ]
+        ],
+        "the last token is in the ledger before the finalizer comes off"
     );
+    let ledger = seen.iter().find(|(l, _)| *l == format!("POST {LEDGER}"));
+    assert_eq!(ledger.unwrap().1["data"], json!({"mutex.k": "1"}));
     let told = seen
         .iter()
         .find(|(l, _)| l.ends_with("b-lock/status"))
@@ -876,4 +882,109 @@ async fn runs_are_told_only_what_the_current_lock_state_backs() {
             "server at resourceVersion {server_version}"
         );
     }
+}
+
+/// The token ledger as the API server holds it: `data`, at resourceVersion 9.
+fn ledger(data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "data": data,
+           "metadata": {"name": token_floor::LEDGER, "namespace": NS, "resourceVersion": "9"}})
+}
+
+/// a is done: the Mutex is idle, so it records its last token, then lets go of its finalizer
+/// (an idle Mutex may then be deleted with no controller running). Nothing is created again.
+#[tokio::test]
+async fn an_idle_mutex_records_its_last_token_then_loses_its_finalizer() {
+    let mut done = pipeline_run("a", "2026-11-30T11:58:00Z");
+    done.status = Some(
+        serde_json::from_value(json!({"conditions": [
+            {"type": "Succeeded", "status": "True", "reason": "Succeeded"}]}))
+        .unwrap(),
+    );
+    let acquired = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+                          "results": [{"name": "token", "value": "1"}]});
+    let (ctx, handle) = context(vec![lock_run("a", "none", acquired)], vec![done], vec![]);
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {MUTEXES}/k") => (200, mutex("2", json!({"lastToken": 1}))),
+        l if l == format!("GET {LEDGER}/{}", token_floor::LEDGER) => {
+            (200, ledger(json!({"mutex.other": "4"})))
+        }
+        l if l.starts_with("GET /api/v1/namespaces/ns/pods") => (
+            200,
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": []}),
+        ),
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(cached(mutex("1", holder_of_a())), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?} {seen:?}");
+    let writes: Vec<&str> = lines(&seen)
+        .into_iter()
+        .filter(|l| !l.starts_with("GET"))
+        .collect();
+    let put = format!("PUT {LEDGER}/{}", token_floor::LEDGER);
+    assert_eq!(
+        writes,
+        [
+            format!("PUT {MUTEXES}/k/status"),
+            put.clone(),
+            format!("PATCH {MUTEXES}/k")
+        ]
+    );
+    let body = |line: &str| &seen.iter().find(|(l, _)| l == line).unwrap().1;
+    let recorded = body(&put);
+    assert_eq!(
+        recorded["data"],
+        json!({"mutex.other": "4", "mutex.k": "1"})
+    );
+    assert_eq!(
+        recorded["metadata"]["resourceVersion"], "9",
+        "a compare-and-swap"
+    );
+    let unprotected = body(&format!("PATCH {MUTEXES}/k"));
+    assert_eq!(unprotected["metadata"]["finalizers"], json!([]));
+    assert_eq!(
+        unprotected["metadata"]["resourceVersion"], "2",
+        "on the fresh read"
+    );
+}
+
+/// A Mutex of a key whose earlier Mutex went (and whose runs are gone): its first grant is
+/// above the ledger's floor, not token 1.
+#[tokio::test]
+async fn a_new_mutex_hands_out_tokens_above_the_ledger() {
+    let (ctx, handle) = context(
+        vec![lock_run("a", "none", json!({}))],
+        vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {LEDGER}/{}", token_floor::LEDGER) => {
+            (200, ledger(json!({"mutex.k": "7", "mutex.other": "40"})))
+        }
+        _ => ok(line, body),
+    };
+    let mut fresh = mutex("1", json!({}));
+    fresh.as_object_mut().unwrap().remove("status");
+    fresh["metadata"]["finalizers"] = json!([]);
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(cached(fresh), ctx)
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("GET {LEDGER}/{}", token_floor::LEDGER),
+            format!("PATCH {MUTEXES}/k"),
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ]
+    );
+    let st = &seen[2].1["status"];
+    assert_eq!(
+        (&st["lastToken"], &st["holders"][0]["token"]),
+        (&json!(8), &json!(8))
+    );
 }

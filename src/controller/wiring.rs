@@ -140,7 +140,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         written: Default::default(),
         cluster_written: Default::default(),
         acting: acting_rx.clone(),
-        token_floors: Default::default(),
+        ledger_namespace: super::reconcile::token_floor::controller_namespace(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();

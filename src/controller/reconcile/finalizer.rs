@@ -1,13 +1,19 @@
-//! The Mutex object is protected: a finalizer keeps a Mutex that has holders or
-//! waiters from being removed. `kubectl delete` only marks it; the sync keeps
-//! serving its holders and waiters, admits no one new, and takes the finalizer
-//! off once the Mutex is empty. The newcomers then get a new Mutex, whose
-//! lock state is rebuilt from the runs (their tokens), never reset, and whose
-//! tokens continue above the last one of the Mutex that went (token_floor.rs).
+//! A lock object in use is protected: a finalizer keeps a Mutex or ClusterMutex
+//! that has holders, waiters or reservations from being removed. `kubectl delete`
+//! then only marks it; the sync keeps serving its holders and waiters, admits no
+//! one new, and takes the finalizer off once the lock is empty. The newcomers then
+//! get a new Mutex, whose lock state is rebuilt from the runs (their tokens), never
+//! reset, and whose tokens continue above the last one of the lock that went.
+//!
+//! The finalizer is on only while the lock is in use: it comes off as soon as the
+//! lock is idle, once its `lastToken` is in the token ledger (token_floor.rs). So
+//! an idle lock can be deleted with no controller running (an uninstall, a namespace
+//! deletion, a GitOps prune), and nothing is stranded.
 
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::lock_object::LockObject;
+use crate::controller::reconcile::token_floor;
 use crate::core::model::Decision;
 use crate::core::scope::Scope;
 use kube::ResourceExt;
@@ -15,7 +21,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tracing::info;
 
-/// Keeps a Mutex with holders or waiters from being removed.
+/// Keeps a lock with holders, waiters or reservations from being removed.
 pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";
 
 /// Does this Mutex carry our finalizer?
@@ -59,34 +65,36 @@ pub async fn protect<L: LockObject>(ctx: &Context, mut mutex: L) -> Result<L, Er
     }
 }
 
-/// Take the finalizer off an empty Mutex marked for deletion, so it goes.
-/// Read fresh (the status was just written) and patched with a compare-and-swap,
-/// so a change in between (someone joined) is decided again first. True if removed.
-pub async fn release<L: LockObject>(
+/// Take the finalizer off a lock that is idle (no holder, waiter or reservation), so that it can
+/// be deleted with no controller running: an idle lock has nothing to lose but its `lastToken`,
+/// and that is recorded in the token ledger first (token_floor.rs). Read fresh (the status was
+/// just written) and patched with a compare-and-swap, so a change in between (someone joined) is
+/// decided again first. True if removed.
+pub async fn unprotect<L: LockObject>(
     ctx: &Context,
     scope: &Scope,
     key: &str,
 ) -> Result<bool, Error> {
     let api = L::api(&ctx.client, scope);
-    let ns = scope.label();
-    let Some(mutex) = api.get_opt(key).await? else {
+    let Some(lock) = api.get_opt(key).await? else {
         return Ok(false);
     };
-    if !protected(&mutex) || mutex.meta().deletion_timestamp.is_none() {
+    if !protected(&lock) {
         return Ok(false);
     }
-    let status = mutex.lock_status().cloned().unwrap_or_default();
-    if !status.holders.is_empty() || !status.queue.is_empty() {
+    let status = lock.lock_status().cloned().unwrap_or_default();
+    if !status.holders.is_empty() || !status.queue.is_empty() || !status.reservations.is_empty() {
         return Err(Error::Conflict);
     }
-    let finalizers: Vec<&String> = mutex
+    token_floor::record(ctx, scope, key, status.last_token).await?;
+    let finalizers: Vec<&String> = lock
         .finalizers()
         .iter()
         .filter(|f| *f != LOCK_STATE_FINALIZER)
         .collect();
     let patch = json!({"metadata": {
         "finalizers": finalizers,
-        "resourceVersion": mutex.resource_version(),
+        "resourceVersion": lock.resource_version(),
     }});
     ctx.metrics.api_write("patch", L::PLURAL);
     match api
@@ -94,13 +102,12 @@ pub async fn release<L: LockObject>(
         .await
     {
         Ok(_) => {
-            let uid = mutex.uid().unwrap_or_default();
-            ctx.token_floors.remember(ns, key, &uid, status.last_token);
             info!(
                 key,
-                namespace = ns,
+                namespace = scope.label(),
                 last_token = status.last_token,
-                "the Mutex marked for deletion is empty: finalizer removed"
+                deleting = lock.meta().deletion_timestamp.is_some(),
+                "the lock is idle: its last token recorded, finalizer removed"
             );
             Ok(true)
         }

@@ -10,8 +10,8 @@ use crate::controller::apply::{acknowledge, events, multi_key_commit, writes};
 use crate::controller::cache::shared;
 use crate::controller::context::{Context, Error, Fault};
 use crate::controller::lock_object::LockObject;
-use crate::controller::reconcile::finalizer;
 use crate::controller::reconcile::members::{self, Member};
+use crate::controller::reconcile::{finalizer, token_floor};
 use crate::core::decide;
 use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
 use crate::core::requests::{Request, Unreadable, requests_from};
@@ -59,7 +59,7 @@ async fn sync_lock<L: LockObject>(
     let now = Utc::now();
     let members = members::gather(ctx, &lock, &current, now).await?;
     let requests = requests_from(lock.annotations());
-    let facts = lock_facts(ctx, &lock, &current);
+    let facts = lock_facts(ctx, &lock).await?;
     let decision = decide_on(&lock, &current, &members, now, facts, &requests);
     let unchanged = decision.status == current;
     if from_cache
@@ -69,28 +69,31 @@ async fn sync_lock<L: LockObject>(
     {
         return Err(Error::Conflict);
     }
-    // Only a lock with requests on it, or one being deleted, is needed again after the write.
+    // Only a lock with requests on it, or one that may lose its finalizer, is needed again after the write.
     let asked = (!requests.is_empty()).then(|| lock.clone());
-    let going = facts.deleting.then(|| lock.clone());
-    apply(ctx, lock, &current, &decision, &members, now).await?;
+    let idle = !finalizer::in_use(&decision);
+    let settles = (idle && (facts.deleting || finalizer::protected(&lock))).then(|| lock.clone());
+    apply(ctx, lock, &current, &decision, &members, facts, now).await?;
     if let Some(asked) = asked {
         acknowledge::acknowledge(ctx, &asked, &current, &decision, &requests).await?;
     }
-    if let Some(gone) = going.filter(|_| !finalizer::in_use(&decision)) {
-        hand_over(ctx, &gone, &decision).await?;
+    if let Some(idle) = settles {
+        hand_over(ctx, &idle, &decision, facts.deleting).await?;
     }
     Ok(next_wake(&members, &decision, now))
 }
 
-/// An emptied lock object marked for deletion goes; the runs it kept out (told
-/// it is being deleted) get a new one where runs may create one, whose lock
-/// state is rebuilt from the runs and whose tokens continue above the floor.
+/// An idle lock loses its finalizer (its last token recorded first), so it may
+/// be deleted with no controller. One marked for deletion then goes; the runs it
+/// kept out (told it is being deleted) get a new one where runs may create one,
+/// whose lock state is rebuilt from the runs and whose tokens continue above the floor.
 async fn hand_over<L: LockObject>(
     ctx: &Context,
-    gone: &L,
+    idle: &L,
     decision: &Decision,
+    deleting: bool,
 ) -> Result<(), Error> {
-    if !finalizer::release::<L>(ctx, &gone.scope(), &gone.name_any()).await? {
+    if !finalizer::unprotect::<L>(ctx, &idle.scope(), &idle.name_any()).await? || !deleting {
         return Ok(());
     }
     let kept_out = decision
@@ -98,7 +101,7 @@ async fn hand_over<L: LockObject>(
         .iter()
         .any(|(_, o)| *o == Outcome::MutexDeleting);
     if kept_out {
-        L::recreate_for_waiters(ctx, gone).await;
+        L::recreate_for_waiters(ctx, idle).await;
     }
     Ok(())
 }
@@ -127,18 +130,18 @@ async fn still_current<L: LockObject>(ctx: &Context, lock: &L) -> Result<bool, E
 }
 
 /// The lock object's own facts: whether it is being deleted, and the token
-/// floor left by an earlier object of its name.
-fn lock_facts<L: LockObject>(ctx: &Context, lock: &L, current: &MutexStatus) -> MutexFacts {
-    let (scope, name) = (lock.scope(), lock.name_any());
-    MutexFacts {
+/// floor left by earlier objects of its name. The floor is read only while the
+/// object has no status: its first status write includes it (`lastToken` is
+/// never below it), and from then on the API server keeps `lastToken` from going down.
+async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts, Error> {
+    let token_floor = match lock.lock_status() {
+        Some(_) => 0,
+        None => token_floor::floor(ctx, &lock.scope(), &lock.name_any()).await?,
+    };
+    Ok(MutexFacts {
         deleting: lock.meta().deletion_timestamp.is_some(),
-        token_floor: ctx.token_floors.floor(
-            scope.label(),
-            &name,
-            lock.uid().as_deref(),
-            current.last_token,
-        ),
-    }
+        token_floor,
+    })
 }
 
 fn decide_on<L: LockObject>(
@@ -182,16 +185,22 @@ async fn apply<L: LockObject>(
     current: &MutexStatus,
     decision: &Decision,
     members: &[Member],
+    facts: MutexFacts,
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let (scope, name) = (lock.scope(), lock.name_any());
+    let protected = finalizer::protected(&lock);
     // Protected before anyone is written into it: a delete then only marks it.
-    let deleting = lock.meta().deletion_timestamp.is_some();
-    let lock = if finalizer::in_use(decision) && !deleting && !finalizer::protected(&lock) {
+    let lock = if finalizer::in_use(decision) && !facts.deleting && !protected {
         finalizer::protect(ctx, lock).await?
     } else {
         lock
     };
+    // An unprotected lock may go at any time: a token it hands out is recorded first.
+    let raised = decision.status.last_token > current.last_token.max(facts.token_floor);
+    if !protected && !finalizer::in_use(decision) && raised {
+        token_floor::record(ctx, &scope, &name, decision.status.last_token).await?;
+    }
     write_lock_state(ctx, lock, current, decision, now).await?;
     exit_if_asked_after_lock_write(ctx, decision);
     let (grants, others): (Vec<_>, Vec<_>) = decision

@@ -1,42 +1,193 @@
-//! Tokens continue across a Mutex's deletion. The finalizer keeps a Mutex in use, but once it is
-//! empty it goes, and the runs that showed its last tokens may be gone too (deleted with their
-//! PipelineRuns). Then a new Mutex rebuilt from the runs alone would hand out token 1 again, and a
-//! deploy fenced by tokens would see a token it has seen before. So the replica that lets a Mutex
-//! go remembers its `lastToken`, and the key's next Mutex continues above it. (A controller
-//! restarted in between has forgotten it; then the runs' tokens are all there is.)
+//! Tokens continue across a lock object's deletion, across restarts, and after every run that
+//! showed them is gone. A lock object keeps its `lastToken` in its status, but an idle one may be
+//! deleted (GitOps prune, `kubectl delete`, a namespace's cleanup) without the controller, since
+//! the finalizer is on only while the lock is in use (finalizer.rs). So before the finalizer comes
+//! off, the controller records the object's `lastToken` in a ledger in the API server, and a new
+//! object of the name (one with no status yet) starts above it.
+//!
+//! The ledger is one ConfigMap, [`LEDGER`], per namespace that has Mutexes (entry `mutex.NAME`),
+//! and one in the controller's own namespace for ClusterMutexes (entry `clustermutex.NAME`).
+//! Why a ConfigMap: it needs no new CRD, RBAC can narrow `get` and `update` to this one name, it is
+//! deleted with its namespace (as are the Mutexes and runs whose tokens it continues), and it
+//! survives an uninstall, so a reinstall continues the tokens. Entries only rise (max), writes are
+//! compare-and-swap. Past [`MAX_ENTRIES`] keys, the entries fold into one floor for the whole
+//! ledger: higher floors are always safe, and the ConfigMap stays far below its 1 MiB limit.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use crate::controller::context::{Context, Error};
+use crate::core::scope::Scope;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 
-/// The `lastToken` of the Mutexes this replica let go, by namespace and key, with the uid of the
-/// last one that went.
-#[derive(Debug, Default)]
-pub struct TokenFloors(Mutex<HashMap<(String, String), (String, i64)>>);
+/// The ledger ConfigMap's name, in every namespace that has one.
+pub const LEDGER: &str = "tekton-mutex-token-floors";
+/// The entry that floors every name of the ledger (after folding).
+const FOLDED: &str = "folded";
+/// Entries kept one by one (each at most ~270 bytes); beyond that they fold into [`FOLDED`].
+pub const MAX_ENTRIES: usize = 2000;
+/// The longest ConfigMap data key.
+const MAX_ENTRY: usize = 253;
+/// Namespace of the ClusterMutexes' ledger, when POD_NAMESPACE is not set.
+const DEFAULT_NAMESPACE: &str = "tekton-mutex";
+const ATTEMPTS: usize = 5;
 
-impl TokenFloors {
-    /// A Mutex of this key (uid `gone`) went with this `lastToken`.
-    pub fn remember(&self, ns: &str, key: &str, gone: &str, last_token: i64) {
-        let mut floors = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let floor = floors.entry((ns.into(), key.into())).or_default();
-        *floor = (gone.to_string(), floor.1.max(last_token));
+type Data = BTreeMap<String, String>;
+
+/// The controller's own namespace (POD_NAMESPACE), where the ClusterMutexes' ledger lives.
+pub fn controller_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.into())
+}
+
+/// The ledger entry of lock `name` of `scope`: a valid ConfigMap key (a name too long for one is
+/// cut, with a hash of the whole name: two names sharing an entry only share the higher floor).
+pub fn entry(scope: &Scope, name: &str) -> String {
+    let kind = match scope {
+        Scope::Namespace(_) => "mutex",
+        Scope::Cluster => "clustermutex",
+    };
+    let whole = format!("{kind}.{name}");
+    if whole.len() <= MAX_ENTRY {
+        return whole;
     }
+    let digest = Sha256::digest(name.as_bytes());
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{kind}.{}.{hash}", &name[..200])
+}
 
-    /// The token the key's Mutex (uid `uid`) must not go below, given the `lastToken` it has now.
-    /// Forgotten once a new Mutex has caught up: the API server keeps `lastToken` from going
-    /// down. The Mutex that went, still seen in a cache or read late, is not a new one: it must
-    /// not make the floor forgotten before its successor has passed it.
-    pub fn floor(&self, ns: &str, key: &str, uid: Option<&str>, last_token: i64) -> i64 {
-        let mut floors = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (ns.to_string(), key.to_string());
-        match floors.get(&id) {
-            Some((gone, floor)) if Some(gone.as_str()) == uid => *floor,
-            Some((_, floor)) if *floor > last_token => *floor,
-            Some(_) => {
-                floors.remove(&id);
-                0
-            }
-            None => 0,
+fn token_of(data: &Data, key: &str) -> Result<i64, String> {
+    match data.get(key) {
+        None => Ok(0),
+        Some(v) => v.trim().parse().map_err(|_| {
+            format!("entry {key} is {v:?}, not an integer: set it to the last token handed out")
+        }),
+    }
+}
+
+/// The floor for `entry`: its own, or the folded one, whichever is higher.
+pub fn floor_in(data: &Data, entry: &str) -> Result<i64, String> {
+    Ok(token_of(data, entry)?.max(token_of(data, FOLDED)?))
+}
+
+/// The ledger's data once `token` is recorded for `entry`; None if it already floors it that high.
+pub fn recorded(data: &Data, entry: &str, token: i64) -> Result<Option<Data>, String> {
+    if floor_in(data, entry)? >= token {
+        return Ok(None);
+    }
+    let mut data = data.clone();
+    data.insert(entry.to_string(), token.to_string());
+    if data.len() > MAX_ENTRIES {
+        // Unparsable entries fold in as nothing: they floored nothing either.
+        let top = data
+            .values()
+            .filter_map(|v| v.trim().parse::<i64>().ok())
+            .max();
+        data = [(FOLDED.to_string(), top.unwrap_or(token).to_string())].into();
+    }
+    Ok(Some(data))
+}
+
+/// Where the ledger of a lock of `scope` lives.
+fn ledger(ctx: &Context, scope: &Scope) -> (Api<ConfigMap>, String) {
+    let ns = match scope {
+        Scope::Namespace(ns) => ns.clone(),
+        Scope::Cluster => ctx.ledger_namespace.clone(),
+    };
+    (Api::namespaced(ctx.client.clone(), &ns), ns)
+}
+
+fn failed(ns: &str, e: impl std::fmt::Display) -> Error {
+    Error::Ledger(format!("ConfigMap {ns}/{LEDGER}: {e}"))
+}
+
+fn api_failed(ns: &str, e: kube::Error) -> Error {
+    match &e {
+        kube::Error::Api(s) if s.code == 403 => failed(
+            ns,
+            format!(
+                "{e} (the controller needs get and update on this ConfigMap, and create on configmaps: see config/rbac.yaml)"
+            ),
+        ),
+        kube::Error::Api(s) if s.code == 404 => failed(
+            ns,
+            format!(
+                "{e} (the ClusterMutexes' ledger lives in the controller's namespace, POD_NAMESPACE or else {DEFAULT_NAMESPACE}: create it)"
+            ),
+        ),
+        _ => failed(ns, e),
+    }
+}
+
+/// The token floor of lock `name`: above every token a lock of this name handed out before.
+/// Read from the API server, never a cache: a cache could miss the last write.
+pub async fn floor(ctx: &Context, scope: &Scope, name: &str) -> Result<i64, Error> {
+    let (api, ns) = ledger(ctx, scope);
+    let cm = api.get_opt(LEDGER).await.map_err(|e| api_failed(&ns, e))?;
+    let data = cm.and_then(|c| c.data).unwrap_or_default();
+    floor_in(&data, &entry(scope, name)).map_err(|e| failed(&ns, e))
+}
+
+/// Record that lock `name` handed out tokens up to `token`: before it may go without us.
+pub async fn record(ctx: &Context, scope: &Scope, name: &str, token: i64) -> Result<(), Error> {
+    let (api, ns) = ledger(ctx, scope);
+    let key = entry(scope, name);
+    for _ in 0..ATTEMPTS {
+        let cm = api.get_opt(LEDGER).await.map_err(|e| api_failed(&ns, e))?;
+        let exists = cm.is_some();
+        let mut cm = cm.unwrap_or_else(|| new_ledger(&ns));
+        let data = cm.data.take().unwrap_or_default();
+        let Some(data) = recorded(&data, &key, token).map_err(|e| failed(&ns, e))? else {
+            return Ok(());
+        };
+        cm.data = Some(data);
+        let verb = if exists { "update" } else { "create" };
+        ctx.metrics.api_write(verb, "configmaps");
+        let written = match exists {
+            // A compare-and-swap on the resourceVersion read.
+            true => api.replace(LEDGER, &PostParams::default(), &cm).await,
+            false => api.create(&PostParams::default(), &cm).await,
+        };
+        match written {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            // Its namespace is going, with every lock and run whose tokens it would continue.
+            Err(kube::Error::Api(e)) if !exists && terminating(scope, &e) => return Ok(()),
+            Err(e) => return Err(api_failed(&ns, e)),
         }
+    }
+    Err(Error::Conflict)
+}
+
+fn terminating(scope: &Scope, e: &kube::core::Status) -> bool {
+    matches!(scope, Scope::Namespace(_)) && e.code == 403 && e.message.contains("being terminated")
+}
+
+fn new_ledger(ns: &str) -> ConfigMap {
+    let labels = [
+        ("app.kubernetes.io/managed-by", "tekton-mutex"),
+        ("app.kubernetes.io/component", "token-ledger"),
+    ];
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(LEDGER.into()),
+            namespace: Some(ns.into()),
+            labels: Some(labels.map(|(k, v)| (k.into(), v.into())).into()),
+            annotations: Some(
+                [(
+                    "tekton-mutex.dev/about".to_string(),
+                    "the last fencing token of each lock that may be deleted while idle; \
+                     a new lock of that name continues above it. Do not lower an entry."
+                        .to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 
@@ -44,34 +195,52 @@ impl TokenFloors {
 mod tests {
     use super::*;
 
-    const NEW: Option<&str> = Some("uid-new");
-
-    #[test]
-    fn a_floor_holds_until_the_new_mutex_is_past_it() {
-        let floors = TokenFloors::default();
-        assert_eq!(floors.floor("ns", "k", NEW, 0), 0);
-        floors.remember("ns", "k", "uid-a", 7);
-        floors.remember("ns", "k", "uid-b", 5);
-        assert_eq!(floors.floor("ns", "other", NEW, 0), 0);
-        assert_eq!(floors.floor("other", "k", NEW, 0), 0);
-        assert_eq!(floors.floor("ns", "k", NEW, 0), 7);
-        assert_eq!(floors.floor("ns", "k", NEW, 7), 0, "caught up: forgotten");
-        assert_eq!(floors.floor("ns", "k", NEW, 0), 0);
+    fn ns() -> Scope {
+        Scope::Namespace("ns".into())
     }
 
-    /// The fencing violation of chaos seed 303: a sync of the Mutex that had just gone (still
-    /// in the cache, `lastToken` 1) made the floor forgotten, and its successor granted token 1
-    /// again.
     #[test]
-    fn the_mutex_that_went_does_not_make_the_floor_forgotten() {
-        let floors = TokenFloors::default();
-        floors.remember("ns", "k", "uid-old", 1);
-        assert_eq!(floors.floor("ns", "k", Some("uid-old"), 1), 1);
-        assert_eq!(
-            floors.floor("ns", "k", NEW, 0),
-            1,
-            "the new Mutex continues above it"
-        );
-        assert_eq!(floors.floor("ns", "k", NEW, 2), 0);
+    fn entries_only_rise_and_kinds_do_not_share() {
+        let data = Data::new();
+        let a = entry(&ns(), "k");
+        let data = recorded(&data, &a, 7).unwrap().expect("written");
+        assert_eq!(floor_in(&data, &a), Ok(7));
+        assert_eq!(recorded(&data, &a, 5), Ok(None), "never lowered");
+        assert_eq!(recorded(&data, &a, 7), Ok(None), "nothing to write");
+        assert_eq!(floor_in(&data, &entry(&Scope::Cluster, "k")), Ok(0));
+        assert_eq!(floor_in(&data, &entry(&ns(), "other")), Ok(0));
+    }
+
+    #[test]
+    fn every_name_makes_a_configmap_key() {
+        let long = "a".repeat(253);
+        let e = entry(&Scope::Cluster, &long);
+        assert!(e.len() <= MAX_ENTRY, "{}", e.len());
+        assert_ne!(e, entry(&Scope::Cluster, &"a".repeat(252)));
+        let valid = |c: char| c.is_ascii_alphanumeric() || "-._".contains(c);
+        assert!(e.chars().all(valid));
+        assert_eq!(entry(&ns(), "prod.eu-1"), "mutex.prod.eu-1");
+    }
+
+    #[test]
+    fn a_full_ledger_folds_into_one_floor_that_is_never_lower() {
+        let mut data = Data::new();
+        for i in 0..MAX_ENTRIES {
+            let e = entry(&ns(), &format!("k{i}"));
+            data = recorded(&data, &e, i as i64 + 1).unwrap().unwrap();
+        }
+        assert_eq!(data.len(), MAX_ENTRIES);
+        let data = recorded(&data, &entry(&ns(), "new"), 3).unwrap().unwrap();
+        assert_eq!(data.len(), 1, "folded");
+        for name in ["k0", "k1999", "new", "never-seen"] {
+            assert_eq!(floor_in(&data, &entry(&ns(), name)), Ok(MAX_ENTRIES as i64));
+        }
+    }
+
+    #[test]
+    fn an_edited_entry_is_an_error_not_a_zero() {
+        let data: Data = [("mutex.k".to_string(), "seven".to_string())].into();
+        let err = floor_in(&data, "mutex.k").unwrap_err();
+        assert!(err.contains("not an integer"), "{err}");
     }
 }

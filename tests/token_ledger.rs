@@ -1,0 +1,284 @@
+//! Tokens that never go back, and finalizers that never strand anything (issue 23, items 6 and
+//! 12), on the local control plane with the real Tekton controller. An idle lock carries no
+//! finalizer, so it can be deleted with no controller running; its last token is in the token
+//! ledger (ConfigMap tekton-mutex-token-floors) first, so the next lock object of its name hands
+//! out tokens above every earlier one, even after a restart and with every earlier run gone.
+
+mod support;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::PostParams;
+use kube::{Api, Resource};
+use serde_json::json;
+use support::controller::ControllerProcess;
+use support::pipelines::*;
+use support::*;
+use tekton_mutex::model::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
+use tekton_mutex::model::mutex::Mutex;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+
+const KEY: &str = "k";
+const LEDGER: &str = "tekton-mutex-token-floors";
+const FINALIZER: &str = "tekton-mutex.dev/lock-state";
+
+/// A cluster-wide controller would act in the other tests' namespaces too:
+/// the test that starts one runs alone.
+static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Pipeline `deploy`: the lock (a Mutex of key [`KEY`]), then a gated deploy.
+async fn mutex_pipeline(ns: &TestNamespace) -> Result<()> {
+    let opts = Opts {
+        lock_params: &[("key", KEY), ("supersede", "none")],
+        ..Default::default()
+    };
+    ns.apply(&pipeline("deploy", &opts)).await?;
+    Ok(())
+}
+
+/// Pipeline `deploy` whose lock is ClusterMutex `name`.
+async fn cluster_mutex_pipeline(ns: &TestNamespace, name: &str) -> Result<()> {
+    let opts = Opts {
+        lock_params: &[("supersede", "none")],
+        mutex_name: Some(name),
+        ..Default::default()
+    };
+    let yaml = pipeline("deploy", &opts);
+    let kind = r#""kind":"Mutex""#;
+    ensure!(yaml.contains(kind), "the lock task's taskRef: {yaml}");
+    ns.apply(&yaml.replace(kind, r#""kind":"ClusterMutex""#))
+        .await?;
+    Ok(())
+}
+
+async fn token_of(ns: &TestNamespace, pr: &str) -> Result<i64> {
+    result_of(ns, &lock_run(pr), "token")
+        .await?
+        .with_context(|| format!("{pr} has no token"))?
+        .parse()
+        .context("token is an integer")
+}
+
+/// PipelineRun `pr` through the lock: granted, deploys, done. Its token.
+async fn pass(ns: &TestNamespace, pr: &str) -> Result<i64> {
+    ns.apply(&pipeline_run(pr, "deploy", &[])).await?;
+    wait_reason(ns, &lock_run(pr), "Acquired", slow()).await?;
+    release(ns, pr).await?;
+    succeeded(ns, pr).await?;
+    token_of(ns, pr).await
+}
+
+/// Every run that showed a token goes: the PipelineRuns and their lock runs.
+async fn forget_runs(ns: &TestNamespace, prs: &[&str]) -> Result<()> {
+    for pr in prs {
+        ns.kubectl(&["delete", "pipelinerun", pr, "--ignore-not-found"])?;
+        ns.kubectl(&["delete", "customrun", &lock_run(pr), "--ignore-not-found"])?;
+    }
+    wait_until("the lock runs to be gone", slow(), || async {
+        let runs = ns.api::<CustomRun>().list(&Default::default()).await?;
+        Ok(runs.items.is_empty().then_some(()))
+    })
+    .await
+}
+
+/// Waits until lock object `lock` (as read by `get`) is idle and carries no finalizer of ours.
+async fn wait_unprotected<K, F, Fut>(what: &str, get: F) -> Result<()>
+where
+    K: Resource,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<K, kube::Error>>,
+{
+    let mut get = get;
+    wait_until(&format!("{what} to lose its finalizer"), slow(), || {
+        let read = get();
+        async move {
+            let lock = read.await?;
+            let fins = lock.meta().finalizers.clone().unwrap_or_default();
+            Ok((!fins.iter().any(|f| f == FINALIZER)).then_some(()))
+        }
+    })
+    .await
+}
+
+/// `kubectl delete ... --wait`, bounded: an error instead of a hang if something holds it.
+fn delete_bounded(ns: Option<&TestNamespace>, what: &[&str]) -> Result<()> {
+    let mut args = vec!["delete"];
+    args.extend(what);
+    args.extend(["--wait=true", "--timeout=30s"]);
+    match ns {
+        Some(ns) => ns.kubectl(&args),
+        None => kubectl(&args),
+    }
+    .map(drop)
+    .with_context(|| format!("kubectl {args:?} did not finish"))
+}
+
+/// The ledger's entry for a lock, as the API server holds it.
+async fn ledger_entry(namespace: &str, entry: &str) -> Result<Option<i64>> {
+    let api: Api<ConfigMap> = Api::namespaced(client().await?, namespace);
+    let cm = api.get_opt(LEDGER).await?;
+    let value = cm.and_then(|c| c.data).and_then(|d| d.get(entry).cloned());
+    value
+        .map(|v| v.parse().context("a ledger entry"))
+        .transpose()
+}
+
+/// Item 6: GitOps prunes an idle Mutex, every run that showed its tokens goes, the controller
+/// restarts (its memory is gone); a new run must still get a token above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn tokens_climb_after_an_idle_mutex_is_pruned_and_the_controller_restarts() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("floor-prune").await?;
+    let mut c = ControllerProcess::start(ns.name()).await?;
+    mutex_pipeline(&ns).await?;
+    let (a, b) = (pass(&ns, "a").await?, pass(&ns, "b").await?);
+    ensure!(a < b, "tokens rise: a {a}, b {b}");
+    // The prune, with the controller running; then the runs go, then a restart.
+    delete_bounded(Some(&ns), &["mutex", KEY])?;
+    forget_runs(&ns, &["a", "b"]).await?;
+    c.kill();
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let d = pass(&ns, "d").await?;
+    ensure!(
+        d > b,
+        "a token handed out again after the prune and a restart: a {a}, b {b}, then d {d}"
+    );
+    let st = mutex_status(&ns, KEY).await?;
+    ensure!(st.last_token == d, "{st:?}");
+    let entry = format!("mutex.{KEY}");
+    ensure!(
+        ledger_entry(ns.name(), &entry).await? >= Some(b),
+        "the ledger keeps b's token"
+    );
+    Ok(())
+}
+
+/// Item 12: an idle Mutex carries no finalizer, so it is deleted with no controller running
+/// (`kubectl delete --wait` returns); the key still grants afterwards, above the old tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn an_idle_mutex_deletes_with_no_controller_and_the_key_still_grants() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("floor-nocontroller").await?;
+    let mut c = ControllerProcess::start(ns.name()).await?;
+    mutex_pipeline(&ns).await?;
+    let a = pass(&ns, "a").await?;
+    let mutexes = ns.api::<Mutex>();
+    wait_unprotected("the idle Mutex", || mutexes.get(KEY)).await?;
+    c.kill();
+    delete_bounded(Some(&ns), &["mutex", KEY])?;
+    ensure!(mutexes.get_opt(KEY).await?.is_none(), "the Mutex is gone");
+    forget_runs(&ns, &["a"]).await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let d = pass(&ns, "d").await?;
+    ensure!(d > a, "the key grants again, above a's token {a}: d {d}");
+    Ok(())
+}
+
+/// Deletes the (cluster-scoped) ClusterMutex if the test ends early, its finalizer taken off
+/// first: the controller that would is stopped with the test.
+struct ClusterMutexGuard(Api<ClusterMutex>, String);
+
+impl Drop for ClusterMutexGuard {
+    fn drop(&mut self) {
+        let (api, name) = (self.0.clone(), self.1.clone());
+        let no_finalizers = json!({"metadata": {"finalizers": null}});
+        tokio::spawn(async move {
+            let merge = kube::api::Patch::Merge(&no_finalizers);
+            let _ = api.patch(&name, &Default::default(), &merge).await;
+            api.delete(&name, &Default::default()).await
+        });
+    }
+}
+
+/// Item 6 for a ClusterMutex: deleted while idle (controller running), runs gone, a restart,
+/// created again by its administrator: tokens continue above the old ones. Then, idle again, it
+/// is deleted with no controller running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn cluster_mutex_tokens_climb_across_its_deletion_and_a_restart() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let ns = TestNamespace::create("floor-cluster").await?;
+    let name = format!("floor-{}", ns.name().rsplit('-').next().unwrap_or("x"));
+    let api: Api<ClusterMutex> = Api::all(ns.client());
+    let spec: ClusterMutexSpec = serde_json::from_value(json!({"namespaces": [ns.name()]}))?;
+    let object = ClusterMutex::new(&name, spec);
+    let create = || async { api.create(&PostParams::default(), &object).await };
+    create().await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let mut c = ControllerProcess::start_cluster_wide("floor-cluster").await?;
+    cluster_mutex_pipeline(&ns, &name).await?;
+    let (a, b) = (pass(&ns, "a").await?, pass(&ns, "b").await?);
+    delete_bounded(None, &["clustermutex", &name])?;
+    forget_runs(&ns, &["a", "b"]).await?;
+    c.kill();
+    create().await?;
+    let mut c = ControllerProcess::start_cluster_wide("floor-cluster").await?;
+    let d = pass(&ns, "d").await?;
+    ensure!(
+        d > b,
+        "a token handed out again after the ClusterMutex was deleted and the controller restarted: a {a}, b {b}, then d {d}"
+    );
+    let entry = format!("clustermutex.{name}");
+    ensure!(
+        ledger_entry("tekton-mutex", &entry).await? >= Some(b),
+        "the ledger keeps b's token"
+    );
+    wait_unprotected("the idle ClusterMutex", || api.get(&name)).await?;
+    c.kill();
+    delete_bounded(None, &["clustermutex", &name])?;
+    ensure!(
+        api.get_opt(&name).await?.is_none(),
+        "the ClusterMutex is gone"
+    );
+    Ok(())
+}
+
+/// The uninstall order of the README: the runs end, the lock objects are deleted while the
+/// controller still runs (a lock in use goes once empty), then the controller goes. Nothing is
+/// left Terminating, nothing was created again, and the ledger keeps the tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn the_uninstall_order_leaves_nothing_terminating() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("floor-uninstall").await?;
+    let c = ControllerProcess::start(ns.name()).await?;
+    mutex_pipeline(&ns).await?;
+    ns.apply(&pipeline_run("a", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    ns.apply(&pipeline_run("b", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
+    // 1. The runs end (here: they finish; cancelling them is the same).
+    for pr in ["a", "b"] {
+        release(&ns, pr).await?;
+    }
+    for pr in ["a", "b"] {
+        succeeded(&ns, pr).await?;
+    }
+    // 2. The lock objects go while the controller runs.
+    delete_bounded(Some(&ns), &["mutexes", "--all"])?;
+    // 3. The controller goes (then the CRD, which waits only for objects with finalizers).
+    c.terminate()?;
+    let mutexes = ns.api::<Mutex>();
+    let left = mutexes.list(&Default::default()).await?;
+    ensure!(
+        left.items.is_empty(),
+        "left behind: {:?}",
+        left.items
+            .iter()
+            .map(|m| (
+                &m.metadata.name,
+                &m.metadata.deletion_timestamp,
+                &m.metadata.finalizers
+            ))
+            .collect::<Vec<_>>()
+    );
+    let b = token_of(&ns, "b").await?;
+    let entry = format!("mutex.{KEY}");
+    ensure!(
+        ledger_entry(ns.name(), &entry).await? == Some(b),
+        "the ledger keeps b's token {b}"
+    );
+    Ok(())
+}
