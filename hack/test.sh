@@ -75,9 +75,31 @@ for arg in "$@"; do
     cargo_args+=("$arg")
   fi
 done
-cargo test --workspace --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || status=$?
-"$here/chaos.sh" --ci || status=$? # a short fault campaign (fixed seeds); README: Chaos campaign
+# The model checker's own tests run in release, from hack/verify.sh (in debug they take minutes).
+cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || status=$?
 phase "cargo test --workspace"
+"$here/chaos.sh" --ci || status=$? # a short fault campaign (fixed seeds); docs/testing.md
+phase "chaos campaign"
+full_run=$(( ${#cargo_args[@]} == 0 && ${#test_args[@]} == 0 ))
+if (( full_run )); then
+  "$here/verify.sh" || status=$? # the model checks (issue 25); docs/testing.md
+  phase "model checks"
+fi
+# The real-kubelet lane (docs/kubelets.md): containerd, runc and a kubelet instead of the
+# pod-runner, for what depends on pod lifecycle: the founding scenario (hack/demo.sh), the holders
+# that drain, and Tekton's own examples. Skip it with TEKTON_MUTEX_SKIP_REAL_KUBELET=1.
+if (( full_run )) && [[ -z ${TEKTON_MUTEX_SKIP_REAL_KUBELET:-} && ${TEKTON_MUTEX_KUBELET:-} != real ]]; then
+  "$here/cluster.sh" down
+  export TEKTON_MUTEX_KUBELET=real
+  "$here/cluster.sh" up || status=$? # builds what only this lane needs (kubelet, images)
+  phase "real kubelet: cluster up"
+  cargo test --test holder_drains --no-fail-fast -- --include-ignored || status=$?
+  phase "real kubelet: holder_drains"
+  "$here/demo.sh" || status=$?
+  phase "real kubelet: demo (the founding scenario)"
+  EXAMPLES_MIN=38 "$here/tekton-examples.sh" || status=$?
+  phase "real kubelet: Tekton's examples"
+fi
 if (( status != 0 )); then
   log "test: FAILED (cargo test exit code $status)"
 fi

@@ -42,6 +42,11 @@ log "verify: building the model checker (release)"
 log "verify: checking ${args[*]}${broken:+ (broken capacity)}"
 status=0
 "$REPO_ROOT/target/release/verify" "${args[@]}" --threads "$threads" || status=$?
+if [[ -z $broken ]]; then
+  # The model's own tests: 0 counterexamples with the real guards, one for each removed guard.
+  log "verify: the model's tests (cargo test --release -p verify)"
+  (cd "$REPO_ROOT" && cargo test --quiet --release -p verify) || status=$?
+fi
 elapsed=$(( $(date +%s) - t0 ))
 if (( status == 0 )); then
   log "verify: no property violated (${elapsed}s)"

@@ -226,15 +226,43 @@ impl Config {
     /// Found by this model: a status wipe while a deposed leader still has a
     /// grant's `Acquired` write in flight (config A, a wipe and a lease lapse).
     pub fn a_wipe_race() -> Config {
-        let users = Users { cancel: false, delete_run: false, delete_pr: false, delete_mutex: false, timeout: false, ..Users::ALL };
-        Config { name: "A-wipe-race", users, crashes: 0, lags: 0, liveness: false, ..Config::a() }
+        let users = Users {
+            cancel: false,
+            delete_run: false,
+            delete_pr: false,
+            delete_mutex: false,
+            timeout: false,
+            ..Users::ALL
+        };
+        Config {
+            name: "A-wipe-race",
+            users,
+            crashes: 0,
+            lags: 0,
+            liveness: false,
+            ..Config::a()
+        }
     }
 
     /// Found by this model: a status wipe, then a sync whose run cache lags
     /// behind a fresh multi-key commit (config B, one replica).
     pub fn b_wipe_stale_cache() -> Config {
-        let users = Users { cancel: false, delete_run: false, delete_pr: false, delete_mutex: false, timeout: false, ..Users::ALL };
-        Config { name: "B-wipe-stale-cache", users, crashes: 0, lapses: 0, liveness: false, ..Config::b() }
+        let users = Users {
+            cancel: false,
+            delete_run: false,
+            delete_pr: false,
+            delete_mutex: false,
+            timeout: false,
+            ..Users::ALL
+        };
+        Config {
+            name: "B-wipe-stale-cache",
+            users,
+            crashes: 0,
+            lapses: 0,
+            liveness: false,
+            ..Config::b()
+        }
     }
 
     /// What hack/verify.sh checks: each configuration exhaustively, with the
@@ -244,14 +272,51 @@ impl Config {
     pub fn suite() -> Vec<Config> {
         let a = Config::a();
         let b = Config::b();
-        let no_wipe = Users { wipe: false, ..Users::ALL };
+        let no_wipe = Users {
+            wipe: false,
+            ..Users::ALL
+        };
         vec![
-            Config { name: "A[users,crash]", lags: 0, lapses: 0, ..a.clone() },
-            Config { name: "A[crash,lapse,lag]", disrupt: 0, ..a.clone() },
-            Config { name: "A[users-but-wipe,lapse]", users: no_wipe, crashes: 0, lags: 0, ..a.clone() },
-            Config { name: "B[users-but-wipe,lag]", users: Users { wipe: false, ..b.users }, crashes: 0, lapses: 0, ..b.clone() },
-            Config { name: "B[crash,lapse]", disrupt: 0, lags: 0, ..b },
-            Config { name: "A-floor[prune+wipe,lag]", crashes: 0, lapses: 0, ..Config::a_floor() },
+            Config {
+                name: "A[users,crash]",
+                lags: 0,
+                lapses: 0,
+                ..a.clone()
+            },
+            Config {
+                name: "A[crash,lapse,lag]",
+                disrupt: 0,
+                ..a.clone()
+            },
+            Config {
+                name: "A[users-but-wipe,lapse]",
+                users: no_wipe,
+                crashes: 0,
+                lags: 0,
+                ..a.clone()
+            },
+            Config {
+                name: "B[users-but-wipe,lag]",
+                users: Users {
+                    wipe: false,
+                    ..b.users
+                },
+                crashes: 0,
+                lapses: 0,
+                ..b.clone()
+            },
+            Config {
+                name: "B[crash,lapse]",
+                disrupt: 0,
+                lags: 0,
+                ..b
+            },
+            Config {
+                name: "A-floor[prune+wipe,lag]",
+                crashes: 0,
+                lapses: 0,
+                ..Config::a_floor()
+            },
         ]
     }
 

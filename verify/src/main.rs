@@ -67,7 +67,11 @@ fn main() {
     println!(
         "summary: {total} states in {:.0} s, {}",
         start.elapsed().as_secs_f64(),
-        if failed { "a property is violated" } else { "no property violated" }
+        if failed {
+            "a property is violated"
+        } else {
+            "no property violated"
+        }
     );
     std::process::exit(i32::from(failed));
 }

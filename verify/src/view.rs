@@ -8,8 +8,8 @@ use crate::config::{Broken, Config};
 use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told};
 use chrono::{DateTime, TimeZone, Utc};
 use std::collections::BTreeMap;
-use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
 use tekton_mutex::core::model::CancelMode;
+use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
 
 /// Time is abstract: every decision happens at the same instant (timeouts are
 /// an event of their own), so statuses do not differ by when they were written.

@@ -149,12 +149,18 @@ fn known_bug_issue_23_item_6_the_token_floor_is_lost_on_failover() {
 /// written) and grants another run; the stale write then lands too.
 #[test]
 fn known_bug_a_status_wipe_races_a_deposed_leaders_grant() {
-    breaks(Config::a_wipe_race(), &[props::EXCLUSION, props::FENCING, props::SUPERSEDE]);
+    breaks(
+        Config::a_wipe_race(),
+        &[props::EXCLUSION, props::FENCING, props::SUPERSEDE],
+    );
 }
 
 /// A status wipe, then a sync whose cache of runs has not seen a multi-key
 /// run's commit yet: neither the status nor the cached run shows the grant.
 #[test]
 fn known_bug_a_status_wipe_and_a_lagging_run_cache_lose_a_grant() {
-    breaks(Config::b_wipe_stale_cache(), &[props::EXCLUSION, props::FENCING]);
+    breaks(
+        Config::b_wipe_stale_cache(),
+        &[props::EXCLUSION, props::FENCING],
+    );
 }
