@@ -4,4 +4,5 @@
 
 pub mod cluster_mutex;
 pub mod mutex;
+pub mod requests;
 pub mod tekton;

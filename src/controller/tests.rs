@@ -685,7 +685,7 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
     let cm: ClusterMutex = serde_json::from_value(json!({
         "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
         "metadata": {"name": "prod", "resourceVersion": "1"},
-        "spec": {"namespaces": [NS]}}))
+        "spec": {"namespaces": [NS]}, "status": {}}))
     .unwrap();
     let (result, seen) = exchange(ctx, handle, ok, |ctx| sync::reconcile(Arc::new(cm), ctx)).await;
     assert!(result.is_ok(), "{result:?}");

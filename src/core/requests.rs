@@ -10,8 +10,9 @@
 //! writes the status: the Mutex's RBAC decides who may ask, and the
 //! controller stays the only writer of lock state.
 
+pub use crate::model::requests::{Action, Dismissal, Dismissed, ObservedRequest, Verdict};
+
 use chrono::{DateTime, Utc};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -23,27 +24,6 @@ pub const MAX_OBSERVED_REQUESTS: usize = 20;
 pub const RELEASED_BY_ANNOTATION: &str = "tekton-mutex.dev/released-by";
 /// On a PipelineRun cancelled because the queue it waited in was cleared.
 pub const CLEARED_BY_ANNOTATION: &str = "tekton-mutex.dev/cleared-by";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    /// Take the slot from a holder and cancel its PipelineRun (needs `force`).
-    Release,
-    /// Fail every waiter with reason `Cleared`.
-    Clear,
-    /// Move one waiter to the front of the queue, once.
-    Promote,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Release => "release",
-            Action::Clear => "clear",
-            Action::Promote => "promote",
-        }
-    }
-}
 
 /// A request, as the annotation value says it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,57 +84,6 @@ pub fn requests_from(annotations: &BTreeMap<String, String>) -> Vec<Result<Reque
 pub struct Unreadable {
     pub id: String,
     pub error: String,
-}
-
-/// How the controller answered a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Verdict {
-    Done,
-    /// Nothing changed: the message says why.
-    Refused,
-}
-
-/// A request the controller has acted on: the acknowledgement the CLI waits for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ObservedRequest {
-    pub id: String,
-    /// release, clear or promote; absent for an unreadable request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub action: Option<Action>,
-    /// Who asked, as the client reported it.
-    #[serde(default)]
-    pub by: String,
-    pub verdict: Verdict,
-    pub message: String,
-    pub at: DateTime<Utc>,
-}
-
-/// Why a PipelineRun was let go by a person.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Dismissal {
-    /// Its hold was released (`tkn mutex release --force`).
-    Released,
-    /// The queue it waited in was cleared (`tkn mutex clear`).
-    Cleared,
-}
-
-/// A PipelineRun (or standalone run) a person let go. Kept while anything of
-/// it can still run, so that it neither re-enters the queue nor is rebuilt as
-/// a holder from its `Acquired` status, and its cancel is redone after a crash.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Dismissed {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pipeline_run: Option<String>,
-    /// The PipelineRun's uid, or the run's own for a standalone run.
-    pub uid: String,
-    pub dismissal: Dismissal,
-    /// What its lock runs are told (and its PipelineRun's annotation says).
-    pub message: String,
-    /// Leave its PipelineRun running (clear --keep-pipelineruns).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub keep_pipeline_run: bool,
 }
 
 #[cfg(test)]

@@ -148,12 +148,12 @@ pub struct MutexStatus {
     /// spec.frozen as the controller last acted on it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub frozen: bool,
-    /// Queue-control requests acted on, the most recent last (see [`crate::core::requests`]).
+    /// Queue-control requests acted on, the most recent last (see [`crate::model::requests`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub observed_requests: Vec<crate::core::requests::ObservedRequest>,
+    pub observed_requests: Vec<crate::model::requests::ObservedRequest>,
     /// PipelineRuns let go by a person, while anything of them can still run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub dismissed: Vec<crate::core::requests::Dismissed>,
+    pub dismissed: Vec<crate::model::requests::Dismissed>,
     /// Waiters moved to the front by a person (run uids), the latest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub promoted: Vec<String>,
