@@ -148,7 +148,7 @@ pub struct MutexStatus {
     /// spec.frozen as the controller last acted on it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub frozen: bool,
-    /// Queue-control requests acted on, the most recent last (see [`crate::model::requests`]).
+    /// Queue-control requests acted on, the most recent last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub observed_requests: Vec<crate::model::requests::ObservedRequest>,
     /// PipelineRuns let go by a person, while anything of them can still run.
