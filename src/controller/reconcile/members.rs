@@ -196,7 +196,6 @@ async fn fetched<L: LockObject>(
     if !known && !obj.enrols(&config, parent_object) {
         return Ok(None);
     }
-    drop(o);
     Ok(Some(Fetched {
         run: obj,
         config,
