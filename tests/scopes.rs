@@ -12,6 +12,7 @@ use anyhow::{Context, Result, ensure};
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use support::controller::ControllerProcess;
+use support::locks::ClusterMutexGuard;
 use support::pipelines::{
     condition_of, create_gate, lock_run, mark, mark_exists, mutex_status, slow, succeeded,
     wait_reason,
@@ -210,22 +211,6 @@ async fn repo_url_keys_each_get_their_own_mutex() -> Result<()> {
         "p lost its slot"
     );
     Ok(())
-}
-
-/// Deletes the (cluster-scoped) ClusterMutex when the test ends, taking off its
-/// finalizer first: the controller that would is stopped with the test.
-struct ClusterMutexGuard(kube::Api<ClusterMutex>, String);
-
-impl Drop for ClusterMutexGuard {
-    fn drop(&mut self) {
-        let (api, name) = (self.0.clone(), self.1.clone());
-        let no_finalizers = json!({"metadata": {"finalizers": null}});
-        tokio::spawn(async move {
-            let merge = kube::api::Patch::Merge(&no_finalizers);
-            let _ = api.patch(&name, &Default::default(), &merge).await;
-            api.delete(&name, &Default::default()).await
-        });
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

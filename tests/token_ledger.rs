@@ -12,6 +12,7 @@ use kube::api::PostParams;
 use kube::{Api, Resource};
 use serde_json::json;
 use support::controller::ControllerProcess;
+use support::locks::ClusterMutexGuard;
 use support::pipelines::*;
 use support::*;
 use tekton_mutex::model::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
@@ -174,22 +175,6 @@ async fn an_idle_mutex_deletes_with_no_controller_and_the_key_still_grants() -> 
     let d = pass(&ns, "d").await?;
     ensure!(d > a, "the key grants again, above a's token {a}: d {d}");
     Ok(())
-}
-
-/// Deletes the (cluster-scoped) ClusterMutex if the test ends early, its finalizer taken off
-/// first: the controller that would is stopped with the test.
-struct ClusterMutexGuard(Api<ClusterMutex>, String);
-
-impl Drop for ClusterMutexGuard {
-    fn drop(&mut self) {
-        let (api, name) = (self.0.clone(), self.1.clone());
-        let no_finalizers = json!({"metadata": {"finalizers": null}});
-        tokio::spawn(async move {
-            let merge = kube::api::Patch::Merge(&no_finalizers);
-            let _ = api.patch(&name, &Default::default(), &merge).await;
-            api.delete(&name, &Default::default()).await
-        });
-    }
 }
 
 /// Item 6 for a ClusterMutex: deleted while idle (controller running), runs gone, a restart,

@@ -107,7 +107,7 @@ impl Lock {
 
 /// Deletes the (cluster-scoped) ClusterMutex when the test ends, taking off its
 /// finalizer first: the controller that would is stopped with the test.
-struct ClusterMutexGuard(kube::Api<ClusterMutex>, String);
+pub struct ClusterMutexGuard(pub kube::Api<ClusterMutex>, pub String);
 
 impl Drop for ClusterMutexGuard {
     fn drop(&mut self) {
