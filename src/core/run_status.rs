@@ -76,6 +76,29 @@ pub const SUPERSEDED_PREFIX: &str = "Superseded:";
 /// run ended superseded (its PipelineRun's cancel is redone from it after a crash).
 pub const SUPERSEDED_BY_FIELD: &str = "supersededBy";
 
+/// `status.extraFields` key naming the kind of lock that wrote the status (beside
+/// `key`, the lock's name): a grant is bound to the lock that made it.
+pub const LOCK_KIND_FIELD: &str = "lockKind";
+/// `status.extraFields` key naming the lock (its name) that wrote the status.
+pub const LOCK_KEY_FIELD: &str = "key";
+
+/// Was this run's status written by a lock other than the `kind` named `key`? A
+/// run re-pointed at another key (its `key` param or `customRef` patched after it
+/// was told) still says what the first lock told it, and the second lock never
+/// adopts its grant. A status from before the kind was written names the key alone.
+pub fn told_by_another_lock(status: &RunStatus, kind: &str, key: &str) -> bool {
+    let Some(fields) = status.extra_fields.as_ref() else {
+        return false;
+    };
+    let differs = |field: &str, ours: &str| {
+        fields
+            .get(field)
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|theirs| theirs != ours)
+    };
+    differs(LOCK_KEY_FIELD, key) || differs(LOCK_KIND_FIELD, kind)
+}
+
 /// Did this run end superseded? By our marker, or by the reason older versions wrote.
 pub fn superseded(status: &RunStatus) -> bool {
     let marked = status
@@ -315,6 +338,52 @@ mod tests {
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+    }
+
+    /// Issue 23 item 2: a grant binds to the lock that made it, by kind and name.
+    #[test]
+    fn a_grant_is_bound_to_the_lock_that_made_it() {
+        let status = |fields: serde_json::Value| RunStatus {
+            extra_fields: Some(fields),
+            ..RunStatus::default()
+        };
+        let rows = [
+            (
+                json!({"key": "prod", "lockKind": "Mutex"}),
+                "Mutex",
+                "prod",
+                false,
+            ),
+            (
+                json!({"key": "prod", "lockKind": "Mutex"}),
+                "Mutex",
+                "staging",
+                true,
+            ),
+            (
+                json!({"key": "prod", "lockKind": "Mutex"}),
+                "ClusterMutex",
+                "prod",
+                true,
+            ),
+            // Written before the kind was: the key alone decides.
+            (json!({"key": "prod"}), "ClusterMutex", "prod", false),
+            (json!({"key": "prod"}), "Mutex", "staging", true),
+            (json!({}), "Mutex", "prod", false),
+        ];
+        for (fields, kind, key, another) in rows {
+            let s = status(fields.clone());
+            assert_eq!(
+                told_by_another_lock(&s, kind, key),
+                another,
+                "{fields} by {kind} {key}"
+            );
+        }
+        assert!(!told_by_another_lock(
+            &RunStatus::default(),
+            "Mutex",
+            "prod"
+        ));
     }
 
     #[test]

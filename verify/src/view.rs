@@ -75,8 +75,13 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
             _ => continue,
         };
         let parent = fetch_parent(cache, api, i);
-        let unknown_grant = token_for(cfg, &obj, i, k).is_some_and(|t| t > st.last_token);
-        let holds = unknown_grant || st.holders.iter().any(|h| h.run.uid == run_ref(i).uid);
+        // members.rs's may_hold: a holder, a reserved run, a sibling of a holder's
+        // token, or a grant the status does not know of.
+        let uid = run_ref(i).uid;
+        let told = token_for(cfg, &obj, i, k);
+        let holds = st.holders.iter().any(|h| h.run.uid == uid)
+            || st.reservations.iter().any(|r| r.waiter.run.uid == uid)
+            || told.is_some_and(|t| t > st.last_token || st.holders.iter().any(|h| h.token == t));
         let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
         let pods_alive = holds && ended && pods_alive(cfg, api, i);
         out.push(Fetched {

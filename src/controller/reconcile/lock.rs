@@ -212,6 +212,7 @@ async fn apply<L: LockObject>(
     let tell = Tell {
         ctx,
         key: &name,
+        lock_kind: L::kind(&()),
         members,
         now,
     };
@@ -350,6 +351,8 @@ async fn write_lock_state<L: LockObject>(
 struct Tell<'a> {
     ctx: &'a Context,
     key: &'a str,
+    /// The lock's kind, written beside its name into every status it writes.
+    lock_kind: std::borrow::Cow<'static, str>,
     members: &'a [Member],
     now: DateTime<Utc>,
 }
@@ -383,9 +386,12 @@ impl Tell<'_> {
             }
             None => run_status::patch(run.kind, key, outcome, &m.status, rv, self.now),
         };
-        let Some(patch) = patch else {
+        let Some(mut patch) = patch else {
             return Ok(());
         };
+        // The grant (and every other word) is bound to this lock: another never adopts it.
+        patch["status"]["extraFields"][run_status::LOCK_KIND_FIELD] =
+            serde_json::json!(self.lock_kind.as_ref());
         // Our last patch of this version landed; its watch event brings the key back.
         if ctx.told.pending(&run.uid, rv) {
             return Ok(());

@@ -58,15 +58,19 @@ pub async fn gather<L: LockObject>(
     status: &MutexStatus,
     now: DateTime<Utc>,
 ) -> Result<Vec<Member>, Error> {
+    let key = lock.name_any();
     let mut fetched = fetch_runs(ctx, lock, status).await?;
-    mark_draining_holders(ctx, status, &mut fetched).await?;
+    mark_draining_holders(ctx, status, &key, &mut fetched).await?;
     mark_done_sections(ctx, &mut fetched).await?;
     let mut members: Vec<Member> = fetched.iter().map(|f| view_of(lock, f, now)).collect();
     members.extend(deleted_holders(ctx, &lock.scope(), status, &members).await?);
-    let key = lock.name_any();
+    let kind = L::kind(&());
     for m in &mut members {
         if let Some(tokens) = m.multi.as_ref().and_then(|x| x.acquired.as_ref()) {
             m.facts.view.acquired_token = tokens.get(&key).copied(); // this key's token
+        } else if run_status::told_by_another_lock(&m.status, &kind, &key) {
+            // Re-pointed after its grant: that hold is the other lock's, never this one's.
+            m.facts.view.acquired_token = None;
         }
     }
     Ok(members)
@@ -259,21 +263,37 @@ fn view_of<L: LockObject>(lock: &L, f: &Fetched, now: DateTime<Utc>) -> Member {
 async fn mark_draining_holders(
     ctx: &Context,
     status: &MutexStatus,
+    key: &str,
     fetched: &mut [Fetched],
 ) -> Result<(), Error> {
     for f in fetched.iter_mut() {
+        let holds = may_hold(f, status, key);
         let o = f.run.observe();
-        let (uid, ns) = (o.uid.clone(), o.namespace.clone());
-        // A grant the status does not know of (it was wiped or replaced) is
-        // rebuilt as a hold: it drains like one.
-        let unknown_grant =
-            run_status::acquired_token(&o.status).is_some_and(|t| t > status.last_token);
-        let holds = unknown_grant || status.holders.iter().any(|h| h.run.uid == uid);
+        let ns = o.namespace.clone();
         if let Some(p) = f.parent.as_mut().filter(|p| holds && p.ended()) {
             p.pods_alive = pods_alive(ctx, &ns, &p.name, &p.uid).await?;
         }
     }
     Ok(())
+}
+
+/// Could this run hold a slot of the key, so that its pods must be asked for
+/// before the slot goes? A holder; a run the key keeps a reservation for (a run
+/// of several keys may have been told `Acquired` by the commit, and the key turns
+/// the slot into a hold and judges its release in one sync); a sibling lock run
+/// told `Acquired` with a holder's token; and a grant the status does not know of
+/// (it was wiped or replaced), which is rebuilt as a hold.
+fn may_hold(f: &Fetched, status: &MutexStatus, key: &str) -> bool {
+    let o = f.run.observe();
+    let uid = o.uid.as_str();
+    let told = match multi_key_commit::run_of(&f.config, &o.status) {
+        Some(m) => m.acquired.and_then(|t| t.get(key).copied()), // this key's token
+        None => run_status::acquired_token(&o.status),
+    };
+    status.holders.iter().any(|h| h.run.uid == uid)
+        || status.reservations.iter().any(|r| r.waiter.run.uid == uid)
+        || told
+            .is_some_and(|t| t > status.last_token || status.holders.iter().any(|h| h.token == t))
 }
 
 /// A run told Acquired with `release-after`, whose PipelineRun still runs:

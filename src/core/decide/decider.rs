@@ -92,12 +92,15 @@ impl<'a> Decider<'a> {
 
     /// A holder keeps the slot until nothing of its PipelineRun can still run
     /// (done or deleted, and every pod ended), even if its lock run was deleted.
-    /// A standalone run holds until it is deleted.
+    /// A standalone run holds until it is deleted. The hold is the PipelineRun's:
+    /// a sibling lock run told `Acquired` with the same token (re-entry) keeps it
+    /// too, each by its own rule (one may have a `release-after` section that is
+    /// over while the other's is not), so the last of them releases it.
     pub(super) fn release_ended_holders(&mut self) {
-        let runs = &self.runs;
+        let all = self.all;
         self.st
             .holders
-            .retain(|h| runs.get(h.run.uid.as_str()).is_some_and(|r| still_holds(r)));
+            .retain(|h| all.iter().any(|r| shares_hold(h, r) && still_holds(r)));
     }
 
     /// Waiters leave when deleted, done, cancelled, timed out, superseded, or
@@ -576,6 +579,16 @@ pub(super) fn still_holds(r: &RunView) -> bool {
         Some(p) => !p.state.released(),
         None => r.phase != Phase::Deleted,
     }
+}
+
+/// Is `r` the holder's run, or a lock run of the same PipelineRun told
+/// `Acquired` with the holder's token?
+fn shares_hold(h: &Holder, r: &RunView) -> bool {
+    if r.run.uid == h.run.uid {
+        return true;
+    }
+    let sibling = r.parent.as_ref().is_some_and(|p| is_parent(h.party(), p));
+    sibling && r.acquired_token == Some(h.token)
 }
 
 pub(super) fn waiter_of(r: &RunView) -> Waiter {

@@ -31,7 +31,8 @@
 //! all slots kept commits; so a crash between two writes leaves nothing stuck.
 //!
 //! Why no deadlock and no starvation: every key orders its waiters by the same
-//! rule (priority, then age, then uid), and a reservation is kept only while its
+//! rule (priority, then age oldest first, then uid; a key's `order: newest-first`
+//! is set aside while it deals with runs of several keys), and a reservation is kept only while its
 //! run is within the key's free slots in that order. Take the first waiting run
 //! in that order among all keys: on each of its keys only holders can be ahead of
 //! it, so once they finish every key reserves it (slots kept for runs behind it
@@ -178,7 +179,10 @@ impl Decider<'_> {
     /// reserved runs; a kept slot beyond the free slots is revoked.
     pub(super) fn grant_with_reservations(&mut self) {
         let room = (self.spec.capacity as usize).saturating_sub(self.st.holders.len());
-        let order = self.spec.order;
+        // One global order on every key that deals with runs of several keys, whatever
+        // the key's own `order`: were two keys to rank two runs differently, each could
+        // keep a slot for a different one and neither run could commit.
+        let order = Order::OldestFirst;
         let mut ranked: Vec<(&Waiter, bool)> = self
             .st
             .reservations

@@ -1724,3 +1724,46 @@ fn a_grant_or_an_arrival_changes_as_many_run_statuses_whatever_the_queue_length(
         assert_eq!(queue(&d).last(), Some(&format!("pr{}", waiters + 1)));
     }
 }
+
+/// Issue 23 item 1: two lock runs of one PipelineRun on one key, the first with
+/// `release-after`. Its section ending does not free the slot while the sibling
+/// (re-entered with the same token) still guards a running section: the hold is
+/// the PipelineRun's, released by the last of its lock runs, each by its own rule.
+#[test]
+fn a_release_after_sibling_keeps_the_hold_until_the_last_lock_run_lets_go() {
+    let d = Case {
+        runs: vec![run(0), run(1)],
+        at: 1,
+        then: then(2, |runs| runs.push(sibling(0, 2))),
+        holders: Some(&["pr0"]),
+        ..Case::default()
+    }
+    .check();
+    expect_uid(&d.last, "uid-0-2", Told::Token(1));
+    let mut runs = d.runs;
+    apply(&mut runs, &d.last);
+    // The first lock run's release-after task is done; the sibling's PipelineRun runs on.
+    set_parent(&mut runs, 0, ParentState::SectionDone);
+    let d3 = decide(&LockSpec::default(), &d.last.status, &runs, t(3));
+    assert_eq!(
+        holders(&d3),
+        ["pr0"],
+        "the sibling still guards its section"
+    );
+    assert_eq!(queue(&d3), ["pr1"]);
+    let granted_pr1 = |d: &Decision| {
+        d.outcomes
+            .iter()
+            .any(|(r, o)| r.uid == "uid-1" && matches!(o, Outcome::Acquired { .. }))
+    };
+    assert!(!granted_pr1(&d3), "pr1 must not deploy beside the sibling");
+    // The next sync (say after a restart, status as written) does not adopt a second holder.
+    let d4 = decide(&LockSpec::default(), &d3.status, &runs, t(4));
+    assert_eq!(holders(&d4), ["pr0"]);
+    // The PipelineRun ends: now the slot goes to pr1.
+    set_parent(&mut runs, 0, ParentState::Done);
+    set_parent(&mut runs, 2, ParentState::Done);
+    let d5 = decide(&LockSpec::default(), &d4.status, &runs, t(5));
+    assert_eq!(holders(&d5), ["pr1"]);
+    told_is("released by the last", &d5, "uid-1", &Told::Token(2));
+}

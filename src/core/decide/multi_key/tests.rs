@@ -421,8 +421,15 @@ proptest! {
     fn no_partial_grant_no_deadlock_no_starvation(
         ops in proptest::collection::vec(op(), 1..80),
         capacities in proptest::array::uniform3(1..3u32),
+        newest_first in proptest::array::uniform3(proptest::bool::weighted(0.3)),
     ) {
         let mut w = World::new(capacities);
+        // Keys may order their queues differently (issue 23 item 4).
+        for (k, newest) in KEYS.iter().zip(newest_first) {
+            if newest {
+                w.spec.get_mut(*k).unwrap().order = Order::NewestFirst;
+            }
+        }
         for op in &ops {
             w.run_op(op);
             w.check()?;
@@ -687,4 +694,25 @@ fn one_key_alone_decides_as_before() {
         &MultiKeys::default(),
     );
     assert_eq!(plain, hooked);
+}
+
+/// Issue 23 item 4: keys `a` (oldest first) and `b` (newest first) with two runs
+/// of both. Were each key to rank by its own order, `a` would keep a slot for the
+/// older run and `b` for the newer, and neither could ever commit. While a key
+/// deals with runs of several keys it ranks by the one global order instead.
+#[test]
+fn a_key_ordered_newest_first_does_not_deadlock_runs_of_several_keys() {
+    let mut w = world(&["ab", "ab"]);
+    w.spec.get_mut("b").unwrap().order = Order::NewestFirst;
+    w.refresh(0);
+    w.refresh(1);
+    w.sync("a");
+    w.sync("b");
+    assert_eq!(w.ledgers["a"].reservations[0].waiter.run.uid, "uid-0");
+    assert_eq!(w.ledgers["b"].reservations[0].waiter.run.uid, "uid-0");
+    for k in KEYS {
+        w.refresh_ledger(k);
+    }
+    w.commit(0);
+    assert!(w.holds(0), "the older run takes both keys");
 }

@@ -1,0 +1,75 @@
+//! No way around the lock (issue 23): ordinary user actions that used to get
+//! around exclusion, on the local control plane with the real Tekton controller.
+
+mod support;
+
+use anyhow::{Result, ensure};
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use support::controller::ControllerProcess;
+use support::pipelines::*;
+use support::*;
+use tekton_mutex::model::tekton::customrun::CustomRun;
+
+/// Item 2: a held lock run whose `key` param is patched to another key keeps its
+/// hold on the first key (its PipelineRun still runs), and the second key never
+/// adopts it: each key has at most its capacity of holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_granted_run_repointed_at_another_key_is_never_adopted() -> Result<()> {
+    let ns = TestNamespace::create("repoint").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    for key in ["prod", "staging"] {
+        let o = Opts {
+            lock_params: &[("key", key)],
+            ..Opts::default()
+        };
+        ns.apply(&pipeline(&format!("deploy-{key}"), &o)).await?;
+    }
+    ns.apply(&pipeline_run("a", "deploy-prod", &[])).await?;
+    ns.apply(&pipeline_run("b", "deploy-staging", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    wait_reason(&ns, &lock_run("b"), "Acquired", slow()).await?;
+
+    // The user re-points a's granted lock run at staging, which b holds.
+    let patch = json!({"spec": {"params": [{"name": "key", "value": "staging"}]}});
+    ns.api::<CustomRun>()
+        .patch(
+            &lock_run("a"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    // A newcomer on each key: once it is told it waits, its key has synced since the patch.
+    ns.apply(&pipeline_run("c", "deploy-staging", &[])).await?;
+    ns.apply(&pipeline_run("d", "deploy-prod", &[])).await?;
+    wait_reason(&ns, &lock_run("c"), "Waiting", slow()).await?;
+    wait_reason(&ns, &lock_run("d"), "Waiting", slow()).await?;
+
+    let holders = |st: tekton_mutex::model::mutex::MutexStatus| -> Vec<String> {
+        st.holders
+            .iter()
+            .filter_map(|h| h.pipeline_run.clone())
+            .collect()
+    };
+    let staging = holders(mutex_status(&ns, "staging").await?);
+    ensure!(
+        staging == ["b"],
+        "staging adopted the re-pointed run: {staging:?}"
+    );
+    let prod = holders(mutex_status(&ns, "prod").await?);
+    ensure!(
+        prod == ["a"],
+        "prod let a go while its deploy runs: {prod:?}"
+    );
+
+    // a ends: prod goes to d; b ends: staging goes to c.
+    release(&ns, "a").await?;
+    wait_reason(&ns, &lock_run("d"), "Acquired", slow()).await?;
+    release(&ns, "b").await?;
+    wait_reason(&ns, &lock_run("c"), "Acquired", slow()).await?;
+    for pr in ["c", "d"] {
+        release(&ns, pr).await?;
+    }
+    Ok(())
+}
