@@ -311,6 +311,7 @@ impl Config {
                 lags: 0,
                 ..b
             },
+            Config::b_cancel_reserved(),
             Config {
                 name: "A-floor[prune+wipe,lag]",
                 crashes: 0,

@@ -116,13 +116,13 @@ fn without_the_token_floor_a_token_is_reused() {
 
 // Bugs of the real code the model finds (see docs/model-counterexample.md).
 
-/// A multi-key run committed on every key, whose PipelineRun is cancelled and
-/// done while its pod is in its grace period: the key that still keeps its
-/// slot as a reservation converts and releases it in one sync, with no pod
-/// check (sync.rs's mark_draining_holders looks only at holders).
+/// Found by the model, fixed: a multi-key run committed on every key, whose
+/// PipelineRun is cancelled and done while its pod is in its grace period. The
+/// key that still keeps its slot as a reservation converts and judges it in one
+/// sync; the pod check now covers reserved runs (members.rs's may_hold).
 #[test]
-fn known_bug_a_cancelled_multi_key_run_frees_its_reserved_slot_early() {
-    breaks(Config::b_cancel_reserved(), &[props::EXCLUSION]);
+fn b_cancel_reserved_holds_with_the_real_guards() {
+    holds(Config::b_cancel_reserved());
 }
 
 /// Issue 23 item 5: the same with the multi-key lock run deleted.
