@@ -34,6 +34,7 @@ pub async fn whoami(client: &Client) -> String {
 /// Ok(message) when done; a Failure when refused, forbidden or not answered in time.
 pub async fn submit(target: &Target, key: &str, mut r: Request, wait: Wait) -> Result<String> {
     r.by = whoami(&target.client).await;
+    control::within_bounds(&r).map_err(|e| Failure(format!("not sent: {e}")))?;
     r.id = control::new_id(Utc::now(), rand_nonce());
     let (name, value) = r.annotation();
     let mut annotations = Map::new();

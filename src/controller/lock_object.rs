@@ -49,6 +49,10 @@ pub trait LockObject:
         ns: &str,
         seen: &mut NamespaceLabels,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// The share of the queue one namespace may fill (a ClusterMutex's tenants).
+    fn namespace_share(&self) -> Option<u32> {
+        None
+    }
     /// Names and group of a run of namespace `ns`, as this lock's status writes them.
     fn qualify(&self, ns: &str, view: &mut RunView);
     /// After an emptied object marked for deletion went: give the runs it kept

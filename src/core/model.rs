@@ -147,9 +147,12 @@ pub enum Outcome {
         why: String,
     },
     TimedOut,
-    /// Not admitted: the key already has `limit` runs waiting (`spec.maxQueue`).
+    /// Not admitted: the key already has `limit` runs waiting (`spec.maxQueue`),
+    /// or, with `namespace`, that namespace has its share of a ClusterMutex's
+    /// queue waiting (`spec.maxQueuePerNamespace`).
     QueueFull {
         limit: u32,
+        namespace: Option<String>,
     },
     /// Not admitted yet: the Mutex is being deleted. It is created again once
     /// its holders and waiters are gone, and the run joins that one.
@@ -199,6 +202,9 @@ pub struct MutexFacts {
     pub deleting: bool,
     /// The `lastToken` of an earlier Mutex of this key, since deleted: tokens continue above it.
     pub token_floor: i64,
+    /// A ClusterMutex's share of its queue for one namespace: one tenant cannot
+    /// fill the queue and deny the lock to the others. None for a Mutex.
+    pub namespace_share: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -63,20 +63,46 @@ pub fn new_id(now: DateTime<Utc>, nonce: u32) -> String {
     format!("{}-{:08x}", now.format("%Y%m%dt%H%M%S%3f"), nonce)
 }
 
+/// The longest `reason`, `by` or PipelineRun name a request may carry, in bytes
+/// (`spec.frozenReason` has the same bound in the CRD). What a request says is
+/// copied into the status and into messages: unbounded, one request could grow
+/// the status past what the API server accepts, and then the key grants nothing.
+pub const MAX_TEXT: usize = 1024;
+
 /// The requests on a Mutex, oldest id first; an unreadable one is kept as an error
 /// so that it is refused (and removed) rather than ignored.
 pub fn requests_from(annotations: &BTreeMap<String, String>) -> Vec<Result<Request, Unreadable>> {
     annotations
         .iter()
         .filter_map(|(k, v)| Some((k.strip_prefix(REQUEST_PREFIX)?, v)))
-        .map(|(id, v)| match serde_json::from_str::<Request>(v) {
-            Ok(r) => Ok(Request { id: id.into(), ..r }),
-            Err(e) => Err(Unreadable {
+        .map(|(id, v)| {
+            let unreadable = |error: String| Unreadable {
                 id: id.into(),
-                error: e.to_string(),
-            }),
+                error,
+            };
+            let r = serde_json::from_str::<Request>(v).map_err(|e| unreadable(e.to_string()))?;
+            within_bounds(&r).map_err(unreadable)?;
+            Ok(Request { id: id.into(), ..r })
         })
         .collect()
+}
+
+/// Refuses a request whose words are longer than [`MAX_TEXT`], naming the field.
+pub fn within_bounds(r: &Request) -> Result<(), String> {
+    let fields = [
+        ("reason", r.reason.as_deref()),
+        ("by", Some(r.by.as_str())),
+        ("pipelineRun", r.pipeline_run.as_deref()),
+    ];
+    for (name, text) in fields {
+        let len = text.map_or(0, str::len);
+        if len > MAX_TEXT {
+            return Err(format!(
+                "its {name} is {len} bytes, at most {MAX_TEXT} are allowed: shorten it and ask again"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A request annotation whose value is not a request.
@@ -107,6 +133,41 @@ mod tests {
         assert!(name.len() <= 63 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
         let read = requests_from(&[(k, v), ("other".into(), "x".into())].into());
         assert_eq!(read, vec![Ok(r)]);
+    }
+
+    /// Issue 23 item 8: a 200 KB reason is refused, never copied into the status.
+    #[test]
+    fn a_request_with_words_past_the_bound_is_refused_naming_the_field() {
+        let long = "x".repeat(200 * 1024);
+        let at_bound = "y".repeat(MAX_TEXT);
+        let request = |reason: &str, by: &str| Request {
+            id: "r".into(),
+            action: Action::Clear,
+            pipeline_run: None,
+            reason: Some(reason.into()),
+            by: by.into(),
+            force: false,
+            keep_pipeline_runs: false,
+        };
+        for (r, field) in [
+            (request(&long, "alice"), Some("reason")),
+            (request("ok", &long), Some("by")),
+            (request(&at_bound, &at_bound), None),
+        ] {
+            let read = requests_from(&[r.annotation()].into());
+            match (&read[..], field) {
+                ([Err(u)], Some(f)) => {
+                    assert!(
+                        u.error.contains(f) && u.error.contains("at most 1024"),
+                        "{}",
+                        u.error
+                    );
+                    assert!(u.error.len() < 200, "the refusal is short: {}", u.error);
+                }
+                ([Ok(_)], None) => {}
+                (other, _) => panic!("{field:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

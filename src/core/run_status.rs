@@ -147,10 +147,23 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             Reason::TimedOut(kind),
             format!("timed out waiting for {key}"),
         ),
-        Outcome::QueueFull { limit } => (
+        Outcome::QueueFull {
+            limit,
+            namespace: None,
+        } => (
             Reason::QueueFull,
             format!(
                 "the queue for {key} is full: {limit} runs already wait (spec.maxQueue of Mutex {key} is {limit})"
+            ),
+        ),
+        Outcome::QueueFull {
+            limit,
+            namespace: Some(ns),
+        } => (
+            Reason::QueueFull,
+            format!(
+                "namespace {ns} has its share of the queue for {key}: {limit} of its runs already wait \
+                 (spec.maxQueuePerNamespace of ClusterMutex {key} is {limit}); retry once one is granted"
             ),
         ),
         Outcome::Frozen {

@@ -45,6 +45,11 @@ pub struct ClusterMutexSpec {
     /// too; by default supersede stays within a namespace.
     #[serde(default)]
     pub cross_namespace_supersede: bool,
+    /// How many runs of one namespace may wait at once; one more fails with
+    /// reason `QueueFull`, naming the namespace. Default: `maxQueue / 4`, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_queue_per_namespace: Option<u32>,
 }
 
 /// A label selector over namespaces, as Kubernetes writes them.
@@ -94,6 +99,12 @@ impl NamespaceSelector {
 }
 
 impl ClusterMutexSpec {
+    /// The queue's share for one namespace: no tenant can fill it for the others.
+    pub fn namespace_share(&self) -> u32 {
+        self.max_queue_per_namespace
+            .unwrap_or((self.lock.max_queue / 4).max(1))
+    }
+
     /// Must the namespace's labels be read to know whether it is allowed?
     pub fn needs_labels(&self, namespace: &str) -> bool {
         !self.namespaces.iter().any(|n| n == namespace) && self.namespace_selector.is_some()

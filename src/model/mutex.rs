@@ -64,8 +64,9 @@ pub struct LockSpec {
     /// queued (reason `Frozen`) and their timeouts still apply.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub frozen: bool,
-    /// Why it is frozen: shown in every waiter's message.
+    /// Why it is frozen: shown in every waiter's message (at most 1024 characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub frozen_reason: Option<String>,
 }
 

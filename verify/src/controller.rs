@@ -107,6 +107,7 @@ pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     let facts = MutexFacts {
         deleting: m.deleting,
         token_floor: token_floor(cfg, &mut s.replicas[rep], k, &m),
+        namespace_share: None, // Mutexes only
     };
     let writes = decide_writes(cfg, &s.api, &s.replicas[rep].cache, k, &m, !retry, facts);
     if writes.is_empty() {

@@ -141,6 +141,7 @@ async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts
     Ok(MutexFacts {
         deleting: lock.meta().deletion_timestamp.is_some(),
         token_floor,
+        namespace_share: lock.namespace_share(),
     })
 }
 

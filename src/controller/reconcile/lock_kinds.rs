@@ -126,6 +126,10 @@ impl LockObject for ClusterMutex {
         cluster_admission::allowed(ctx, &self.spec, ns, seen).await
     }
 
+    fn namespace_share(&self) -> Option<u32> {
+        Some(self.spec.namespace_share())
+    }
+
     fn qualify(&self, ns: &str, v: &mut RunView) {
         let scope = Scope::Cluster;
         v.run.name = scope.status_name(ns, &v.run.name);

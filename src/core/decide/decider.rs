@@ -149,8 +149,15 @@ impl<'a> Decider<'a> {
                 }
                 Leaving::Stay if r.wait && self.st.queue.len() >= self.spec.max_queue as usize => {
                     let limit = self.spec.max_queue;
-                    self.outcomes
-                        .push((r.run.clone(), Outcome::QueueFull { limit }));
+                    let full = Outcome::QueueFull {
+                        limit,
+                        namespace: None,
+                    };
+                    self.outcomes.push((r.run.clone(), full));
+                }
+                Leaving::Stay if r.wait && self.over_namespace_share(r).is_some() => {
+                    let full = self.over_namespace_share(r).expect("checked in the guard");
+                    self.outcomes.push((r.run.clone(), full));
                 }
                 Leaving::Stay if r.wait => {
                     self.arrive(r);
@@ -368,6 +375,27 @@ impl<'a> Decider<'a> {
                 .clone()
                 .unwrap_or_else(|| m.newest.name.clone()),
         )
+    }
+
+    /// A ClusterMutex's queue already holds `r`'s namespace's share of waiters
+    /// (names in its status are `namespace/name`): the refusal to give, if so.
+    fn over_namespace_share(&self, r: &RunView) -> Option<Outcome> {
+        let share = self.facts.namespace_share?;
+        fn ns(name: &str) -> Option<&str> {
+            crate::model::cluster_mutex::unqualify(name).map(|(ns, _)| ns)
+        }
+        let own = ns(&r.run.name)?;
+        let waiting = self
+            .st
+            .queue
+            .iter()
+            .chain(self.reserved_waiters())
+            .filter(|w| ns(&w.run.name) == Some(own))
+            .count();
+        (waiting >= share as usize).then(|| Outcome::QueueFull {
+            limit: share,
+            namespace: Some(own.to_string()),
+        })
     }
 
     /// A second Mutex task of a PipelineRun that already holds this key (a

@@ -1512,7 +1512,12 @@ fn an_arrival_beyond_max_queue_fails_queue_full() {
         ..Default::default()
     };
     let runs: Vec<RunView> = (0..5).map(run).collect();
-    let full = || Told::Is(Outcome::QueueFull { limit: 2 });
+    let full = || {
+        Told::Is(Outcome::QueueFull {
+            limit: 2,
+            namespace: None,
+        })
+    };
     let d = Case {
         spec: spec.clone(),
         runs: runs.clone(),
@@ -1766,4 +1771,42 @@ fn a_release_after_sibling_keeps_the_hold_until_the_last_lock_run_lets_go() {
     let d5 = decide(&LockSpec::default(), &d4.status, &runs, t(5));
     assert_eq!(holders(&d5), ["pr1"]);
     told_is("released by the last", &d5, "uid-1", &Told::Token(2));
+}
+
+/// Issue 23 item 7: one tenant cannot fill a ClusterMutex's queue for the
+/// others. With a share of 2 per namespace, team-a's third waiter is refused,
+/// naming the namespace, and team-b still joins.
+#[test]
+fn a_namespace_beyond_its_share_of_a_cluster_mutex_queue_is_refused() {
+    let of = |ns: &str, i: usize| {
+        with(run(i), |r| {
+            r.run.name = format!("{ns}/pr{i}-lock");
+            r.parent.as_mut().unwrap().name = format!("{ns}/pr{i}");
+        })
+    };
+    let runs = vec![
+        of("team-a", 0),
+        of("team-a", 1),
+        of("team-a", 2),
+        of("team-a", 3),
+        of("team-b", 4),
+    ];
+    let facts = MutexFacts {
+        namespace_share: Some(2),
+        ..Default::default()
+    };
+    let d = decide_with(
+        &LockSpec::default(),
+        &MutexStatus::default(),
+        &runs,
+        t(5),
+        facts,
+    );
+    assert_eq!(holders(&d), ["team-a/pr0"]);
+    assert_eq!(queue(&d), ["team-a/pr1", "team-a/pr2", "team-b/pr4"]);
+    let refused = Outcome::QueueFull {
+        limit: 2,
+        namespace: Some("team-a".into()),
+    };
+    told_is("over its share", &d, "uid-3", &Told::Is(refused));
 }
