@@ -64,7 +64,9 @@ TEKTON_MUTEX_TKN=$(component_bin tkn)
 export TEKTON_MUTEX_KUBECTL TEKTON_MUTEX_TKN
 
 cd "$REPO_ROOT"
-status=0
+status=0 failed=()
+# failed PHASE: record a failed phase; the summary at the end names every one (CI shows the tail).
+failed() { failed+=("$1"); }
 cargo_args=() test_args=() after_dashes=0
 for arg in "$@"; do
   if (( after_dashes )); then
@@ -76,13 +78,21 @@ for arg in "$@"; do
   fi
 done
 # The model checker's own tests run in release, from hack/verify.sh (in debug they take minutes).
-cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || status=$?
+cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || { status=$?; failed "cargo test --workspace"; }
 phase "cargo test --workspace"
-"$here/chaos.sh" --ci || status=$? # a short fault campaign (fixed seeds); docs/testing.md
+# A short fault campaign (fixed seeds); docs/testing.md. Its output is kept, and its end repeated
+# in the summary if it fails: the report says which round and invariant.
+chaos_log=$REPO_ROOT/target/chaos-ci.log
+mkdir -p "$(dirname "$chaos_log")"
+set +e
+"$here/chaos.sh" --ci 2>&1 | tee "$chaos_log"
+chaos_status=${PIPESTATUS[0]}
+set -e
+(( chaos_status == 0 )) || { status=$chaos_status; failed "chaos campaign"; }
 phase "chaos campaign"
 full_run=$(( ${#cargo_args[@]} == 0 && ${#test_args[@]} == 0 ))
 if (( full_run )); then
-  "$here/verify.sh" || status=$? # the model checks (issue 25); docs/testing.md
+  "$here/verify.sh" || { status=$?; failed "model checks"; } # the model checks (issue 25); docs/testing.md
   phase "model checks"
 fi
 # The real-kubelet lane (docs/kubelets.md): containerd, runc and a kubelet instead of the
@@ -91,16 +101,20 @@ fi
 if (( full_run )) && [[ -z ${TEKTON_MUTEX_SKIP_REAL_KUBELET:-} && ${TEKTON_MUTEX_KUBELET:-} != real ]]; then
   "$here/cluster.sh" down
   export TEKTON_MUTEX_KUBELET=real
-  "$here/cluster.sh" up || status=$? # builds what only this lane needs (kubelet, images)
+  "$here/cluster.sh" up || { status=$?; failed "real kubelet: cluster up"; } # builds what only this lane needs
   phase "real kubelet: cluster up"
-  cargo test --test holder_drains --no-fail-fast -- --include-ignored || status=$?
+  cargo test --test holder_drains --no-fail-fast -- --include-ignored || { status=$?; failed "real kubelet: holder_drains"; }
   phase "real kubelet: holder_drains"
-  "$here/demo.sh" || status=$?
+  "$here/demo.sh" || { status=$?; failed "real kubelet: demo"; }
   phase "real kubelet: demo (the founding scenario)"
-  EXAMPLES_MIN=38 "$here/tekton-examples.sh" || status=$?
+  EXAMPLES_MIN=38 "$here/tekton-examples.sh" || { status=$?; failed "real kubelet: Tekton's examples"; }
   phase "real kubelet: Tekton's examples"
 fi
 if (( status != 0 )); then
-  log "test: FAILED (cargo test exit code $status)"
+  if (( chaos_status != 0 )); then
+    log "test: the end of the chaos campaign's output ($chaos_log):"
+    tail -n 40 "$chaos_log" >&2
+  fi
+  log "test: FAILED (exit code $status) in: ${failed[*]}"
 fi
 exit "$status"
