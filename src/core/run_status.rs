@@ -147,24 +147,9 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             Reason::TimedOut(kind),
             format!("timed out waiting for {key}"),
         ),
-        Outcome::QueueFull {
-            limit,
-            namespace: None,
-        } => (
+        Outcome::QueueFull { limit, namespace } => (
             Reason::QueueFull,
-            format!(
-                "the queue for {key} is full: {limit} runs already wait (spec.maxQueue of Mutex {key} is {limit})"
-            ),
-        ),
-        Outcome::QueueFull {
-            limit,
-            namespace: Some(ns),
-        } => (
-            Reason::QueueFull,
-            format!(
-                "namespace {ns} has its share of the queue for {key}: {limit} of its runs already wait \
-                 (spec.maxQueuePerNamespace of ClusterMutex {key} is {limit}); retry once one is granted"
-            ),
+            queue_full(key, *limit, namespace.as_deref()),
         ),
         Outcome::Frozen {
             next,
@@ -214,6 +199,19 @@ pub fn acquired_token(status: &RunStatus) -> Option<i64> {
         return None;
     }
     status.result(TOKEN_RESULT)?.parse().ok().filter(|t| *t > 0)
+}
+
+/// Why a run was not admitted: the whole queue is full, or its namespace's share of it.
+fn queue_full(key: &str, limit: u32, namespace: Option<&str>) -> String {
+    match namespace {
+        None => format!(
+            "the queue for {key} is full: {limit} runs already wait (spec.maxQueue of Mutex {key} is {limit})"
+        ),
+        Some(ns) => format!(
+            "namespace {ns} has its share of the queue for {key}: {limit} of its runs already wait \
+             (spec.maxQueuePerNamespace of ClusterMutex {key} is {limit}); retry once one is granted"
+        ),
+    }
 }
 
 fn holders_text(holders: &[String]) -> String {
