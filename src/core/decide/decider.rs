@@ -147,22 +147,13 @@ impl<'a> Decider<'a> {
                 Leaving::Stay if self.facts.deleting => {
                     self.outcomes.push((r.run.clone(), Outcome::MutexDeleting));
                 }
-                Leaving::Stay if r.wait && self.st.queue.len() >= self.spec.max_queue as usize => {
-                    let limit = self.spec.max_queue;
-                    let full = Outcome::QueueFull {
-                        limit,
-                        namespace: None,
-                    };
-                    self.outcomes.push((r.run.clone(), full));
-                }
-                Leaving::Stay if r.wait && self.over_namespace_share(r).is_some() => {
-                    let full = self.over_namespace_share(r).expect("checked in the guard");
-                    self.outcomes.push((r.run.clone(), full));
-                }
-                Leaving::Stay if r.wait => {
-                    self.arrive(r);
-                    self.grant();
-                }
+                Leaving::Stay if r.wait => match self.queue_full(r) {
+                    Some(full) => self.outcomes.push((r.run.clone(), full)),
+                    None => {
+                        self.arrive(r);
+                        self.grant();
+                    }
+                },
                 Leaving::Stay => self.try_without_waiting(r),
                 leaving => self.depart(r, leaving),
             }
@@ -377,20 +368,24 @@ impl<'a> Decider<'a> {
         )
     }
 
-    /// A ClusterMutex's queue already holds `r`'s namespace's share of waiters
-    /// (names in its status are `namespace/name`): the refusal to give, if so.
-    fn over_namespace_share(&self, r: &RunView) -> Option<Outcome> {
-        let share = self.facts.namespace_share?;
-        fn ns(name: &str) -> Option<&str> {
-            crate::model::cluster_mutex::unqualify(name).map(|(ns, _)| ns)
+    /// The refusal for an arrival that would wait, if the queue is full
+    /// (`spec.maxQueue`) or already holds its namespace's share of a ClusterMutex's
+    /// waiters (names in its status are `namespace/name`).
+    fn queue_full(&self, r: &RunView) -> Option<Outcome> {
+        if self.st.queue.len() >= self.spec.max_queue as usize {
+            return Some(Outcome::QueueFull {
+                limit: self.spec.max_queue,
+                namespace: None,
+            });
         }
-        let own = ns(&r.run.name)?;
+        let share = self.facts.namespace_share?;
+        let own = namespace_of(&r.run.name)?;
         let waiting = self
             .st
             .queue
             .iter()
             .chain(self.reserved_waiters())
-            .filter(|w| ns(&w.run.name) == Some(own))
+            .filter(|w| namespace_of(&w.run.name) == Some(own))
             .count();
         (waiting >= share as usize).then(|| Outcome::QueueFull {
             limit: share,
@@ -607,6 +602,11 @@ pub(super) fn still_holds(r: &RunView) -> bool {
         Some(p) => !p.state.released(),
         None => r.phase != Phase::Deleted,
     }
+}
+
+/// The namespace of a run as a ClusterMutex's status names it (`namespace/name`).
+fn namespace_of(name: &str) -> Option<&str> {
+    crate::model::cluster_mutex::unqualify(name).map(|(ns, _)| ns)
 }
 
 /// Is `r` the holder's run, or a lock run of the same PipelineRun told
