@@ -6,6 +6,7 @@ mod clear;
 mod describe;
 mod freeze;
 mod list;
+mod lock;
 pub mod output;
 mod promote;
 mod release;

@@ -110,11 +110,13 @@ mod tests {
     fn cluster_install_has_everything_once_pinned_and_labelled() {
         let objs = docs(&render(Install::Cluster, IMAGE, "1.2.3").unwrap());
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-        let operator = objs
-            .iter()
-            .filter(|o| o["kind"] == "ClusterRole")
-            .find(|o| o["metadata"]["name"] == "tekton-mutex-operator");
-        assert!(operator.is_some(), "the tekton-mutex-operator ClusterRole");
+        for role in ["tekton-mutex-operator", "tekton-mutex-cluster-operator"] {
+            let found = objs
+                .iter()
+                .filter(|o| o["kind"] == "ClusterRole")
+                .any(|o| o["metadata"]["name"] == role);
+            assert!(found, "the {role} ClusterRole");
+        }
         let crds = kinds.iter().filter(|k| **k == "CustomResourceDefinition");
         assert_eq!(crds.count(), 2, "Mutex and ClusterMutex in {kinds:?}");
         for kind in [

@@ -16,33 +16,6 @@ use tekton_mutex::model::mutex::Mutex;
 use tekton_mutex::model::tekton::customrun::CustomRun;
 use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
-/// The tests of lock behaviour that hold for both kinds, once against a Mutex
-/// and once against a ClusterMutex: one engine serves both.
-macro_rules! for_both_kinds {
-    ($($name:ident => $body:expr;)*) => {
-        mod mutex {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs hack/cluster.sh up"]
-                async fn $name() -> Result<()> {
-                    ($body)(Kind::Mutex).await
-                }
-            )*
-        }
-        mod cluster_mutex {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs hack/cluster.sh up"]
-                async fn $name() -> Result<()> {
-                    ($body)(Kind::ClusterMutex).await
-                }
-            )*
-        }
-    };
-}
-
 for_both_kinds! {
     mutual_exclusion_of_eight_concurrent_runs_with_two_replicas => exclusion_case;
     released_when_holder_fails => |k| release_case(k, Ending::Fails);

@@ -1,7 +1,8 @@
 //! Queue control by people (issue 15) on the local control plane: the real
 //! Tekton controller runs real Pipelines, tekton-mutex runs as a process, and
 //! every command goes through `tkn-mutex` (describe also through the real
-//! `tkn mutex`, found on PATH by tkn's plugin convention).
+//! `tkn mutex`, found on PATH by tkn's plugin convention). Each command is
+//! tried on a Mutex and, with `--cluster`, on a ClusterMutex.
 
 mod support;
 
@@ -15,53 +16,85 @@ use kube::config::Kubeconfig;
 use serde_json::json;
 use support::cli::{tkn_mutex, tkn_plugin};
 use support::controller::ControllerProcess;
+use support::locks::{self, Kind, Lock};
 use support::pipelines::*;
 use support::*;
 use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 const KEY: &str = "staging";
 
-/// A namespace with the controller serving it, the pipeline, and PipelineRuns
-/// `prs` created one after the other; the first holds `staging`, the rest wait.
-async fn queued(prefix: &str, prs: &[&str]) -> Result<(TestNamespace, ControllerProcess)> {
+for_both_kinds! {
+    describe_lists_the_exact_queue_order => describe_case;
+    freeze_holds_back_a_waiter_and_unfreeze_lets_it_through => freeze_case;
+    release_force_hands_over_with_a_higher_token => release_case;
+    clear_fails_every_waiter_with_cleared => clear_case;
+    promote_moves_a_waiter_to_the_front => promote_case;
+}
+
+/// A test's queue: its namespace, its lock (a Mutex named after the namespace,
+/// or a ClusterMutex), and PipelineRuns `prs` created one after the other; the
+/// first holds the lock, the rest wait.
+struct Queued {
+    ns: TestNamespace,
+    lock: Lock,
+}
+
+async fn queued(kind: Kind, prefix: &str, prs: &[&str]) -> Result<Queued> {
     let ns = TestNamespace::create(prefix).await?;
-    let controller = ControllerProcess::start(ns.name()).await?;
-    let opts = Opts {
-        lock_params: &[("key", KEY), ("supersede", "none")],
+    let lock = Lock::new(kind, &ns).await?;
+    let opts = lock.opts(Opts {
+        lock_params: &[("supersede", "none")],
         ..Default::default()
-    };
+    });
     ns.apply(&pipeline("deploy", &opts)).await?;
     for (i, pr) in prs.iter().enumerate() {
         ns.apply(&pipeline_run(pr, "deploy", &[])).await?;
         // One at a time, so the queue order is the creation order.
         wait_until(&format!("{pr} to be enrolled"), slow(), || async {
-            let st = mutex_status(&ns, KEY).await?;
+            let st = lock.status(&ns).await?;
             Ok((st.holders.len() + st.queue.len() == i + 1).then_some(()))
         })
         .await?;
     }
     wait_reason(&ns, &lock_run(prs[0]), "Acquired", slow()).await?;
-    Ok((ns, controller))
+    Ok(Queued { ns, lock })
 }
 
-async fn queue(ns: &TestNamespace) -> Result<Vec<String>> {
-    let st = mutex_status(ns, KEY).await?;
-    Ok(st
-        .queue
-        .iter()
-        .filter_map(|w| w.pipeline_run.clone())
-        .collect())
+impl Queued {
+    /// The lock's name: `tkn mutex`'s KEY argument.
+    fn key(&self) -> &str {
+        self.ns.name()
+    }
+
+    /// The waiting PipelineRuns in grant order, by their names in this namespace.
+    async fn queue(&self) -> Result<Vec<String>> {
+        let st = self.lock.status(&self.ns).await?;
+        Ok(st
+            .queue
+            .iter()
+            .filter_map(|w| w.pipeline_run.as_deref())
+            .map(|pr| pr.rsplit('/').next().unwrap_or(pr).to_string())
+            .collect())
+    }
+
+    /// `tkn-mutex ARGS -n NS`, with `--cluster` for a ClusterMutex.
+    fn tkn_mutex(&self, args: &[&str]) -> Result<support::cli::Ran> {
+        tkn_mutex(&[args, &self.flags()].concat())
+    }
+
+    fn flags(&self) -> Vec<&str> {
+        let mut flags = vec!["-n", self.ns.name()];
+        if self.lock.kind == Kind::ClusterMutex {
+            flags.push("--cluster");
+        }
+        flags
+    }
 }
 
-fn tkn_mutex_in(ns: &TestNamespace, args: &[&str]) -> Result<support::cli::Ran> {
-    tkn_mutex(&[args, &["-n", ns.name()]].concat())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn describe_lists_the_exact_queue_order() -> Result<()> {
-    let (ns, _c) = queued("qc-describe", &["run-1", "run-2", "run-3", "run-4"]).await?;
-    let text = tkn_plugin(&["describe", KEY, "-n", ns.name()])?.stdout()?;
+async fn describe_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-describe", &["run-1", "run-2", "run-3", "run-4"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let text = tkn_plugin(&[&["describe", key][..], &q.flags()].concat())?.stdout()?;
     let queue_text = text
         .split("Queue (in grant order)\n")
         .nth(1)
@@ -72,58 +105,63 @@ async fn describe_lists_the_exact_queue_order() -> Result<()> {
         .take_while(|l| !l.trim().is_empty())
         .filter_map(|l| l.split_whitespace().nth(1))
         .collect();
-    ensure!(
-        listed == ["run-2", "run-3", "run-4"],
-        "describe said:\n{text}"
-    );
+    let expected: Vec<String> = ["run-2", "run-3", "run-4"]
+        .iter()
+        .map(|pr| q.lock.name_of(pr))
+        .collect();
+    ensure!(listed == expected, "describe said:\n{text}");
     ensure!(
         text.contains("run-1-lock"),
         "the holder and its lock run:\n{text}"
     );
     let json: serde_json::Value =
-        serde_json::from_str(&tkn_mutex_in(&ns, &["describe", KEY, "-o", "json"])?.stdout()?)?;
+        serde_json::from_str(&q.tkn_mutex(&["describe", key, "-o", "json"])?.stdout()?)?;
     let order: Vec<&str> = json["queue"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|w| w["pipelineRun"].as_str())
         .collect();
-    ensure!(
-        order == queue(&ns).await?,
-        "-o json {order:?} vs the status"
-    );
+    ensure!(order == expected, "-o json {order:?} vs the status");
     ensure!(json["holders"][0]["state"] == "Running", "{json}");
-    let list = tkn_plugin(&["list", "-n", ns.name()])?.stdout()?;
+    let list = tkn_plugin(&[&["list"][..], &q.flags()].concat())?.stdout()?;
     ensure!(
         list.starts_with("KEY ") && list.contains("run-1 (") && list.contains(" ago)"),
         "list said:\n{list}"
     );
-    let by_context = tkn_mutex_in(&ns, &["list", "--context", "tekton-mutex-local"])?.stdout()?;
+    let by_context = q
+        .tkn_mutex(&["list", "--context", "tekton-mutex-local"])?
+        .stdout()?;
     ensure!(by_context.contains("run-1 ("), "{by_context}");
-    let no_context = tkn_mutex_in(&ns, &["list", "--context", "nope"])?;
+    let no_context = q.tkn_mutex(&["list", "--context", "nope"])?;
     ensure!(
         no_context.code == Some(1) && no_context.stderr.contains("kubeconfig"),
         "{no_context:?}"
     );
-    let unknown = tkn_mutex_in(&ns, &["describe", "nope"])?;
+    let unknown = q.tkn_mutex(&["describe", "nope"])?;
+    let kind_name = match kind {
+        Kind::Mutex => "Mutex",
+        Kind::ClusterMutex => "ClusterMutex",
+    };
     ensure!(
-        unknown.code == Some(1) && unknown.stderr.contains("no Mutex \"nope\""),
+        unknown.code == Some(1) && unknown.stderr.contains(&format!("no {kind_name} \"nope\"")),
         "{unknown:?}"
     );
-    release(&ns, "run-1").await?;
+    release(ns, "run-1").await?;
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn freeze_holds_back_a_waiter_and_unfreeze_lets_it_through() -> Result<()> {
-    let (ns, _c) = queued("qc-freeze", &["run-1", "run-2"]).await?;
-    let out = tkn_mutex_in(&ns, &["freeze", KEY, "--reason", "change freeze"])?.stdout()?;
+async fn freeze_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-freeze", &["run-1", "run-2"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let out = q
+        .tkn_mutex(&["freeze", key, "--reason", "change freeze"])?
+        .stdout()?;
     ensure!(out.contains("frozen"), "{out}");
-    release(&ns, "run-1").await?;
+    release(ns, "run-1").await?;
     ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "run-1", slow())
         .await?;
-    let c = wait_reason(&ns, &lock_run("run-2"), "Frozen", slow()).await?;
+    let c = wait_reason(ns, &lock_run("run-2"), "Frozen", slow()).await?;
     ensure!(
         c.status == "Unknown"
             && c.message
@@ -133,61 +171,47 @@ async fn freeze_holds_back_a_waiter_and_unfreeze_lets_it_through() -> Result<()>
     );
     // The holder is gone and the waiter still waits: frozen, not merely slow.
     wait_until("run-1 to be released", slow(), || async {
-        Ok(mutex_status(&ns, KEY)
-            .await?
-            .holders
-            .is_empty()
-            .then_some(()))
+        Ok(q.lock.status(ns).await?.holders.is_empty().then_some(()))
     })
     .await?;
-    ensure!(queue(&ns).await? == ["run-2"]);
+    ensure!(q.queue().await? == ["run-2"]);
     ensure!(
-        condition_of(&ns, &lock_run("run-2"))
+        condition_of(ns, &lock_run("run-2"))
             .await?
             .and_then(|c| c.reason)
             .as_deref()
             == Some("Frozen")
     );
-    tkn_mutex_in(&ns, &["unfreeze", KEY])?.stdout()?;
-    wait_reason(&ns, &lock_run("run-2"), "Acquired", slow()).await?;
-    release(&ns, "run-2").await?;
+    q.tkn_mutex(&["unfreeze", key])?.stdout()?;
+    wait_reason(ns, &lock_run("run-2"), "Acquired", slow()).await?;
+    release(ns, "run-2").await?;
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn release_force_hands_over_with_a_higher_token() -> Result<()> {
-    let (ns, _c) = queued("qc-release", &["run-1", "run-2"]).await?;
-    let old: i64 = result_of(&ns, &lock_run("run-1"), "token")
+async fn release_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-release", &["run-1", "run-2"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let old: i64 = result_of(ns, &lock_run("run-1"), "token")
         .await?
         .unwrap_or_default()
         .parse()?;
-    let unforced = tkn_mutex_in(&ns, &["release", KEY, "--holder", "run-1"])?;
+    let unforced = q.tkn_mutex(&["release", key, "--holder", "run-1"])?;
     ensure!(
         unforced.code == Some(1) && unforced.stderr.contains("--force"),
         "{unforced:?}"
     );
-    let wrong = tkn_mutex_in(&ns, &["release", KEY, "--holder", "run-2", "--force"])?;
+    let wrong = q.tkn_mutex(&["release", key, "--holder", "run-2", "--force"])?;
     ensure!(
         wrong.code == Some(1) && wrong.stderr.contains("does not hold"),
         "{wrong:?}"
     );
-    let out = tkn_mutex_in(
-        &ns,
-        &[
-            "release",
-            KEY,
-            "--holder",
-            "run-1",
-            "--force",
-            "--reason",
-            "hung in finally",
-        ],
-    )?
-    .stdout()?;
-    ensure!(out.contains("released run-1"), "{out}");
-    wait_reason(&ns, &lock_run("run-2"), "Acquired", slow()).await?;
-    let new: i64 = result_of(&ns, &lock_run("run-2"), "token")
+    let args = ["release", key, "--holder", "run-1", "--force"];
+    let out = q
+        .tkn_mutex(&[&args[..], &["--reason", "hung in finally"]].concat())?
+        .stdout()?;
+    ensure!(out.contains("released") && out.contains("run-1"), "{out}");
+    wait_reason(ns, &lock_run("run-2"), "Acquired", slow()).await?;
+    let new: i64 = result_of(ns, &lock_run("run-2"), "token")
         .await?
         .unwrap_or_default()
         .parse()?;
@@ -207,18 +231,19 @@ async fn release_force_hands_over_with_a_higher_token() -> Result<()> {
         note.contains("released by admin") && note.contains("hung in finally"),
         "{note:?}"
     );
-    release(&ns, "run-2").await?;
+    release(ns, "run-2").await?;
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn clear_fails_every_waiter_with_cleared() -> Result<()> {
-    let (ns, _c) = queued("qc-clear", &["run-1", "run-2", "run-3"]).await?;
-    let out = tkn_mutex_in(&ns, &["clear", KEY, "--reason", "bad release"])?.stdout()?;
+async fn clear_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-clear", &["run-1", "run-2", "run-3"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let out = q
+        .tkn_mutex(&["clear", key, "--reason", "bad release"])?
+        .stdout()?;
     ensure!(out.contains("cleared 2 waiters"), "{out}");
     for pr in ["run-2", "run-3"] {
-        let c = wait_reason(&ns, &lock_run(pr), "Cleared", slow()).await?;
+        let c = wait_reason(ns, &lock_run(pr), "Cleared", slow()).await?;
         ensure!(
             c.status == "False"
                 && c.message
@@ -232,28 +257,27 @@ async fn clear_fails_every_waiter_with_cleared() -> Result<()> {
         })
         .await?;
     }
-    let st = mutex_status(&ns, KEY).await?;
+    let st = q.lock.status(ns).await?;
     ensure!(st.queue.is_empty() && st.holders.len() == 1, "{st:?}");
-    release(&ns, "run-1").await?;
+    release(ns, "run-1").await?;
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn promote_moves_a_waiter_to_the_front() -> Result<()> {
-    let (ns, _c) = queued("qc-promote", &["run-1", "run-2", "run-3", "run-4"]).await?;
-    let missing = tkn_mutex_in(&ns, &["promote", KEY, "run-9"])?;
+async fn promote_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-promote", &["run-1", "run-2", "run-3", "run-4"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let missing = q.tkn_mutex(&["promote", key, "run-9"])?;
     ensure!(
         missing.code == Some(1) && missing.stderr.contains("not waiting"),
         "{missing:?}"
     );
-    tkn_mutex_in(&ns, &["promote", KEY, "run-4"])?.stdout()?;
-    ensure!(queue(&ns).await? == ["run-4", "run-2", "run-3"]);
-    release(&ns, "run-1").await?;
-    wait_reason(&ns, &lock_run("run-4"), "Acquired", slow()).await?;
-    ensure!(queue(&ns).await? == ["run-2", "run-3"]);
+    q.tkn_mutex(&["promote", key, "run-4"])?.stdout()?;
+    ensure!(q.queue().await? == ["run-4", "run-2", "run-3"]);
+    release(ns, "run-1").await?;
+    wait_reason(ns, &lock_run("run-4"), "Acquired", slow()).await?;
+    ensure!(q.queue().await? == ["run-2", "run-3"]);
     for pr in ["run-4", "run-2", "run-3"] {
-        release(&ns, pr).await?;
+        release(ns, pr).await?;
     }
     Ok(())
 }
@@ -261,8 +285,9 @@ async fn promote_moves_a_waiter_to_the_front() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_user_without_patch_rights_is_refused_by_the_api_server() -> Result<()> {
-    let (ns, _c) = queued("qc-rbac", &["run-1", "run-2"]).await?;
-    let kubeconfig = viewer_kubeconfig(&ns).await?;
+    let q = queued(Kind::Mutex, "qc-rbac", &["run-1", "run-2"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let kubeconfig = viewer_kubeconfig(ns).await?;
     let as_viewer = |args: &[&str]| {
         tkn_mutex(
             &[
@@ -277,12 +302,12 @@ async fn a_user_without_patch_rights_is_refused_by_the_api_server() -> Result<()
             .concat(),
         )
     };
-    let seen = as_viewer(&["describe", KEY])?.stdout()?;
+    let seen = as_viewer(&["describe", key])?.stdout()?;
     ensure!(seen.contains("run-2"), "a viewer may look: {seen}");
     for args in [
-        &["freeze", KEY][..],
-        &["release", KEY, "--holder", "run-1", "--force"],
-        &["clear", KEY],
+        &["freeze", key][..],
+        &["release", key, "--holder", "run-1", "--force"],
+        &["clear", key],
     ] {
         let r = as_viewer(args)?;
         ensure!(
@@ -292,13 +317,19 @@ async fn a_user_without_patch_rights_is_refused_by_the_api_server() -> Result<()
             "{args:?}: {r:?}"
         );
     }
-    let st = mutex_status(&ns, KEY).await?;
+    // A ClusterMutex needs the cluster role, and the refusal names it.
+    let r = as_viewer(&["freeze", key, "--cluster"])?;
+    ensure!(
+        r.code == Some(1) && r.stderr.contains("tekton-mutex-cluster-operator"),
+        "{r:?}"
+    );
+    let st = q.lock.status(ns).await?;
     ensure!(
         st.holders.len() == 1 && st.queue.len() == 1 && !st.frozen,
         "nothing changed: {st:?}"
     );
-    release(&ns, "run-1").await?;
-    release(&ns, "run-2").await?;
+    release(ns, "run-1").await?;
+    release(ns, "run-2").await?;
     Ok(())
 }
 
@@ -354,12 +385,14 @@ async fn viewer_kubeconfig(ns: &TestNamespace) -> Result<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn without_a_controller_a_request_times_out_and_says_so() -> Result<()> {
+    // No cluster-wide controller of another test may serve this namespace.
+    let _alone = locks::shared().await;
     let ns = TestNamespace::create("qc-timeout").await?;
     support::controller::install_crd(&repo_root().join("config/crd.yaml")).await?;
     let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
         "metadata": {"name": KEY}, "spec": {}});
     ns.apply(&mutex.to_string()).await?;
-    let r = tkn_mutex_in(&ns, &["clear", KEY, "--timeout", "1"])?;
+    let r = tkn_mutex(&["clear", KEY, "--timeout", "1", "-n", ns.name()])?;
     ensure!(
         r.code == Some(1)
             && r.stderr

@@ -7,7 +7,7 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct ClearArgs {
-    /// The key (the Mutex's name).
+    /// The key (the Mutex's name, or with --cluster the ClusterMutex's).
     key: String,
     /// Fail the waiters' lock tasks but leave their PipelineRuns running.
     #[arg(long = "keep-pipelineruns")]
@@ -20,7 +20,7 @@ pub struct ClearArgs {
 }
 
 pub async fn run(target: &Target, a: ClearArgs) -> Result<()> {
-    target.mutex(&a.key).await?;
+    target.lock(&a.key).await?;
     let request = Request {
         id: String::new(),
         action: Action::Clear,

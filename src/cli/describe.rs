@@ -1,10 +1,11 @@
 //! `tkn mutex describe KEY [-o json|yaml]`: holders, the queue in grant order,
 //! the last supersede per group, recent requests and Events.
 
+use super::lock::{Lock, locate};
 use super::output::{age, or_dashes, parse_time, table};
 use super::target::{Failure, Result, Target, api_failure};
 use crate::core::requests::ObservedRequest;
-use crate::model::mutex::{Mutex, RunKind, Waiter};
+use crate::model::mutex::{RunKind, Waiter};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
@@ -39,7 +40,11 @@ enum Format {
 #[serde(rename_all = "camelCase")]
 pub struct Described {
     pub key: String,
-    pub namespace: String,
+    /// `Mutex` or `ClusterMutex`.
+    pub kind: String,
+    /// A Mutex's namespace; none for a ClusterMutex (its runs are named `namespace/name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub capacity: u32,
     pub order: String,
     pub max_queue: u32,
@@ -99,8 +104,8 @@ pub struct EventRow {
 }
 
 pub async fn run(target: &Target, args: DescribeArgs) -> Result<()> {
-    let m = target.mutex(&args.key).await?;
-    let d = gather(target, &m).await?;
+    let lock = target.lock(&args.key).await?;
+    let d = gather(target, &lock).await?;
     let text = match args.output {
         Some(Format::Json) => serde_json::to_string_pretty(&d).map(|s| s + "\n").ok(),
         Some(Format::Yaml) => serde_yaml_ng::to_string(&d).ok(),
@@ -114,8 +119,8 @@ pub async fn run(target: &Target, args: DescribeArgs) -> Result<()> {
 }
 
 /// Read what the status names: the holders' PipelineRuns, the waiters' lock runs, Events.
-async fn gather(target: &Target, m: &Mutex) -> Result<Described> {
-    let st = m.status.clone().unwrap_or_default();
+async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
+    let st = lock.status();
     let mut holders = Vec::new();
     for h in &st.holders {
         let state = match &h.pipeline_run {
@@ -151,34 +156,37 @@ async fn gather(target: &Target, m: &Mutex) -> Result<Described> {
         newest: g.pipeline_run.clone().unwrap_or(g.newest.name.clone()),
         granted: g.granted,
     });
-    let mut names: Vec<String> = vec![m.name_any()];
+    let mut names: Vec<String> = Vec::new();
     names.extend(holders.iter().filter_map(|h| h.pipeline_run.clone()));
     names.extend(queue.iter().filter_map(|w| w.pipeline_run.clone()));
     names.extend(st.holders.iter().map(|h| h.run.name.clone()));
     names.extend(st.queue.iter().map(|w| w.run.name.clone()));
+    let spec = lock.spec();
     Ok(Described {
-        key: m.name_any(),
-        namespace: target.namespace.clone(),
-        capacity: m.spec.lock.capacity,
-        order: m.spec.lock.order.as_str().into(),
-        max_queue: m.spec.lock.max_queue,
-        frozen: m.spec.lock.frozen,
-        frozen_reason: m.spec.lock.frozen_reason.clone(),
+        key: lock.name(),
+        kind: target.kind().into(),
+        namespace: lock.namespace(),
+        capacity: spec.capacity,
+        order: spec.order.as_str().into(),
+        max_queue: spec.max_queue,
+        frozen: spec.frozen,
+        frozen_reason: spec.frozen_reason.clone(),
         last_token: st.last_token,
         holders,
         queue,
         supersede_marks: marks.collect(),
         requests: st.observed_requests.clone(),
-        events: events(target, &names).await?,
+        events: events(target, &lock.name(), &names).await?,
     })
 }
 
 async fn pipeline_run_state(target: &Target, name: &str, uid: Option<&str>) -> Result<String> {
-    let api: Api<PipelineRun> = Api::namespaced(target.client.clone(), &target.namespace);
+    let (ns, local) = locate(target, name);
+    let api: Api<PipelineRun> = Api::namespaced(target.client.clone(), ns);
     let pr = api
-        .get_opt(name)
+        .get_opt(local)
         .await
-        .map_err(|e| api_failure(&format!("read PipelineRun {name}"), e))?
+        .map_err(|e| api_failure(target, &format!("read PipelineRun {name}"), e))?
         .filter(|p| uid.is_none() || p.uid().as_deref() == uid);
     Ok(match pr {
         None => "Gone".into(),
@@ -193,13 +201,12 @@ async fn pipeline_run_state(target: &Target, name: &str, uid: Option<&str>) -> R
 /// When each waiting lock run started waiting (its current attempt's start), by
 /// uid: one list per kind in the queue, not one read per waiter.
 async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String, DateTime<Utc>>> {
-    let (client, ns) = (target.client.clone(), target.namespace.as_str());
     let has = |kind| queue.iter().any(|w| w.run.kind == kind);
     let mut starts = Vec::new();
     if has(RunKind::CustomRun) {
-        let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+        let api: Api<CustomRun> = runs_api(target);
         let list = api.list(&ListParams::default()).await;
-        let list = list.map_err(|e| api_failure("list CustomRuns", e))?;
+        let list = list.map_err(|e| api_failure(target, "list CustomRuns", e))?;
         starts.extend(
             list.items
                 .into_iter()
@@ -207,9 +214,9 @@ async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String
         );
     }
     if has(RunKind::Run) {
-        let api: Api<Run> = Api::namespaced(client, ns);
+        let api: Api<Run> = runs_api(target);
         let list = api.list(&ListParams::default()).await;
-        let list = list.map_err(|e| api_failure("list Runs", e))?;
+        let list = list.map_err(|e| api_failure(target, "list Runs", e))?;
         starts.extend(
             list.items
                 .into_iter()
@@ -222,13 +229,33 @@ async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String
         .collect())
 }
 
-/// The most recent Events about the Mutex, its holders and waiters (theirs and their lock runs').
-async fn events(target: &Target, names: &[String]) -> Result<Vec<EventRow>> {
-    let api: Api<Event> = Api::namespaced(target.client.clone(), &target.namespace);
+/// Where the lock's runs live: the namespace of a Mutex, every namespace for a ClusterMutex.
+fn runs_api<K>(target: &Target) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match target.cluster {
+        true => Api::all(target.client.clone()),
+        false => Api::namespaced(target.client.clone(), &target.namespace),
+    }
+}
+
+/// The most recent Events about the lock, its holders and waiters (theirs and
+/// their lock runs'); `names` as the lock's status writes them.
+async fn events(target: &Target, lock: &str, names: &[String]) -> Result<Vec<EventRow>> {
+    let api: Api<Event> = runs_api(target);
     let list = api
         .list(&ListParams::default())
         .await
-        .map_err(|e| api_failure("list events", e))?;
+        .map_err(|e| api_failure(target, "list events", e))?;
+    let wanted: Vec<(&str, &str)> = names.iter().map(|n| locate(target, n)).collect();
+    let about = |ns: Option<&str>, kind: Option<&str>, name: &str| {
+        let the_lock = name == lock && kind == Some(target.kind());
+        the_lock
+            || wanted
+                .iter()
+                .any(|(n, l)| *l == name && ns.is_none_or(|ns| ns == *n))
+    };
     // Events mirrored from core/v1 (Tekton's) have no eventTime: their last timestamp counts.
     let time = |e: &Event| -> Option<DateTime<Utc>> {
         let last = e.series.as_ref().map(|s| &s.last_observed_time);
@@ -246,7 +273,8 @@ async fn events(target: &Target, names: &[String]) -> Result<Vec<EventRow>> {
         .filter_map(|e| {
             let r = e.regarding.as_ref()?;
             let name = r.name.clone()?;
-            names.contains(&name).then(|| EventRow {
+            let ns = e.metadata.namespace.as_deref();
+            about(ns, r.kind.as_deref(), &name).then(|| EventRow {
                 time: time(e),
                 type_: e.type_.clone().unwrap_or_default(),
                 reason: e.reason.clone().unwrap_or_default(),
@@ -267,9 +295,13 @@ pub fn render(d: &Described, now: DateTime<Utc>) -> String {
         (true, None) => "yes".into(),
         (true, Some(r)) => format!("yes: {r}"),
     };
+    let namespace = match &d.namespace {
+        Some(ns) => format!("Namespace:    {ns}\n"),
+        None => String::new(),
+    };
     let mut out = format!(
-        "Name:         {}\nNamespace:    {}\nCapacity:     {}\nOrder:        {}\nMax queue:    {}\nLast token:   {}\nFrozen:       {frozen}\n",
-        d.key, d.namespace, d.capacity, d.order, d.max_queue, d.last_token
+        "Name:         {}\nKind:         {}\n{namespace}Capacity:     {}\nOrder:        {}\nMax queue:    {}\nLast token:   {}\nFrozen:       {frozen}\n",
+        d.key, d.kind, d.capacity, d.order, d.max_queue, d.last_token
     );
     let headers = ["PIPELINERUN", "LOCK RUN", "TOKEN", "SINCE", "STATE"];
     section(&mut out, "Holders", &headers, &holder_rows(d, now));
@@ -393,7 +425,8 @@ mod tests {
         };
         let d = Described {
             key: "staging".into(),
-            namespace: "ci".into(),
+            kind: "Mutex".into(),
+            namespace: Some("ci".into()),
             capacity: 1,
             order: "oldest-first".into(),
             max_queue: 1000,

@@ -1,16 +1,15 @@
 //! `tkn mutex freeze KEY [--reason TEXT]` and `tkn mutex unfreeze KEY`: the
-//! Mutex spec's `frozen` field (GitOps can set it too); the controller's
+//! lock spec's `frozen` field (GitOps can set it too); the controller's
 //! acknowledgement is `status.frozen` following it.
 
-use super::request::{await_ack, patch_mutex};
+use super::lock::Lock;
 use super::target::{Failure, Result, Target, Wait};
-use crate::model::mutex::Mutex;
 use clap::Args;
 use serde_json::json;
 
 #[derive(Args)]
 pub struct FreezeArgs {
-    /// The key (the Mutex's name).
+    /// The key (the Mutex's name, or with --cluster the ClusterMutex's).
     key: String,
     /// Why: every waiter's status message shows it.
     #[arg(long)]
@@ -21,7 +20,7 @@ pub struct FreezeArgs {
 
 #[derive(Args)]
 pub struct UnfreezeArgs {
-    /// The key (the Mutex's name).
+    /// The key (the Mutex's name, or with --cluster the ClusterMutex's).
     key: String,
     #[command(flatten)]
     wait: Wait,
@@ -31,8 +30,8 @@ pub async fn freeze(target: &Target, a: FreezeArgs) -> Result<()> {
     let patch = json!({"spec": {"frozen": true, "frozenReason": a.reason}});
     set(target, &a.key, patch, true, a.wait).await?;
     println!(
-        "Mutex {} is frozen: nothing new is granted; holders keep the slot, waiters wait",
-        a.key
+        "{} is frozen: nothing new is granted; holders keep the slot, waiters wait",
+        target.describe_lock(&a.key)
     );
     Ok(())
 }
@@ -40,7 +39,10 @@ pub async fn freeze(target: &Target, a: FreezeArgs) -> Result<()> {
 pub async fn unfreeze(target: &Target, a: UnfreezeArgs) -> Result<()> {
     let patch = json!({"spec": {"frozen": null, "frozenReason": null}});
     set(target, &a.key, patch, false, a.wait).await?;
-    println!("Mutex {} is unfrozen: it grants again", a.key);
+    println!(
+        "{} is unfrozen: it grants again",
+        target.describe_lock(&a.key)
+    );
     Ok(())
 }
 
@@ -51,15 +53,17 @@ async fn set(
     frozen: bool,
     wait: Wait,
 ) -> Result<()> {
-    target.mutex(key).await?;
+    target.lock(key).await?;
     let what = if frozen { "freeze" } else { "unfreeze" };
-    patch_mutex(target, key, &patch, what).await?;
-    let acked = move |m: Option<&Mutex>| {
-        m.is_none_or(|m| m.status.as_ref().is_some_and(|s| s.frozen == frozen))
-    };
-    let m = await_ack(target, key, acked, wait).await.map_err(Failure)?;
-    if m.is_none() {
-        return Err(Failure(format!("Mutex {key} was deleted")));
+    target.patch_lock(key, &patch, what).await?;
+    let acked =
+        move |l: Option<&Lock>| l.is_none_or(|l| l.has_status() && l.status().frozen == frozen);
+    let lock = target.await_lock(key, acked, wait).await.map_err(Failure)?;
+    if lock.is_none() {
+        return Err(Failure(format!(
+            "{} was deleted",
+            target.describe_lock(key)
+        )));
     }
     Ok(())
 }

@@ -1,12 +1,12 @@
-//! `tkn mutex list [-A]`: one line per key.
+//! `tkn mutex list [-A | --cluster]`: one line per key.
 
+use super::lock::Lock;
 use super::output::{age, table};
 use super::target::{Result, Target, api_failure};
-use crate::model::mutex::Mutex;
 use chrono::{DateTime, Utc};
 use clap::Args;
+use kube::Api;
 use kube::api::ListParams;
-use kube::{Api, ResourceExt};
 
 #[derive(Args)]
 pub struct ListArgs {
@@ -16,27 +16,44 @@ pub struct ListArgs {
 }
 
 pub async fn run(target: &Target, args: ListArgs) -> Result<()> {
-    let api: Api<Mutex> = match args.all_namespaces {
-        true => Api::all(target.client.clone()),
-        false => target.mutexes(),
-    };
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| api_failure("list mutexes", e))?;
-    if list.items.is_empty() {
-        match args.all_namespaces {
-            true => eprintln!("No mutexes found"),
-            false => eprintln!("No mutexes found in namespace {}", target.namespace),
+    let locks = read(target, args.all_namespaces).await?;
+    if locks.is_empty() {
+        match (target.cluster, args.all_namespaces) {
+            (true, _) => eprintln!("No clustermutexes found"),
+            (false, true) => eprintln!("No mutexes found"),
+            (false, false) => eprintln!("No mutexes found in namespace {}", target.namespace),
         }
         return Ok(());
     }
-    print!("{}", render(&list.items, args.all_namespaces, Utc::now()));
+    let all_namespaces = args.all_namespaces && !target.cluster;
+    print!("{}", render(&locks, all_namespaces, Utc::now()));
     Ok(())
 }
 
+/// The ClusterMutexes, or the Mutexes of the namespace (or of all).
+async fn read(target: &Target, all_namespaces: bool) -> Result<Vec<Lock>> {
+    let params = ListParams::default();
+    let failed = |e| {
+        api_failure(
+            target,
+            &format!("list {}es", target.kind().to_lowercase()),
+            e,
+        )
+    };
+    if target.cluster {
+        let list = target.clusters().list(&params).await.map_err(failed)?;
+        return Ok(list.items.into_iter().map(Lock::Cluster).collect());
+    }
+    let api: Api<_> = match all_namespaces {
+        true => Api::all(target.client.clone()),
+        false => target.mutexes(),
+    };
+    let list = api.list(&params).await.map_err(failed)?;
+    Ok(list.items.into_iter().map(Lock::Mutex).collect())
+}
+
 /// The table: holders with their age, queue length, last token, capacity, frozen.
-pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> String {
+pub fn render(locks: &[Lock], all_namespaces: bool, now: DateTime<Utc>) -> String {
     let mut headers = vec![
         "KEY",
         "HOLDERS",
@@ -48,10 +65,10 @@ pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> St
     if all_namespaces {
         headers.insert(0, "NAMESPACE");
     }
-    let rows: Vec<Vec<String>> = mutexes
+    let rows: Vec<Vec<String>> = locks
         .iter()
         .map(|m| {
-            let st = m.status.clone().unwrap_or_default();
+            let st = m.status();
             let holders: Vec<String> = st
                 .holders
                 .iter()
@@ -61,15 +78,15 @@ pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> St
                 })
                 .collect();
             let mut row = vec![
-                m.name_any(),
+                m.name(),
                 match holders.is_empty() {
                     true => "---".into(),
                     false => holders.join(", "),
                 },
                 st.queue.len().to_string(),
                 st.last_token.to_string(),
-                m.spec.lock.capacity.to_string(),
-                match m.spec.lock.frozen {
+                m.spec().capacity.to_string(),
+                match m.spec().frozen {
                     true => "yes".into(),
                     false => "no".into(),
                 },
@@ -87,11 +104,11 @@ pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> St
 mod tests {
     use super::*;
     use crate::model::mutex::{
-        Age, Holder, LockSpec, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
+        Age, Holder, LockSpec, Mutex, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
     };
     use chrono::TimeDelta;
 
-    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Mutex {
+    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Lock {
         let mut m = Mutex::new(
             name,
             MutexSpec {
@@ -130,7 +147,7 @@ mod tests {
             last_token: 7,
             ..Default::default()
         });
-        m
+        Lock::Mutex(m)
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `tkn mutex release KEY --holder PIPELINERUN --force [--reason TEXT]`.
 
+use super::lock::resolve;
 use super::request::submit;
 use super::target::{Failure, Result, Target, Wait};
 use crate::core::requests::{Action, Request};
@@ -7,9 +8,10 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct ReleaseArgs {
-    /// The key (the Mutex's name).
+    /// The key (the Mutex's name, or with --cluster the ClusterMutex's).
     key: String,
-    /// The holding PipelineRun (or standalone run) to take the slot from.
+    /// The holding PipelineRun (or standalone run) to take the slot from; on a
+    /// ClusterMutex `namespace/name`, or its name in the command's namespace.
     #[arg(long)]
     holder: String,
     /// Required: the holder's PipelineRun is cancelled and the next waiter gets the slot.
@@ -29,15 +31,15 @@ pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
             a.holder
         )));
     }
-    let m = target.mutex(&a.key).await?;
-    let holders: Vec<String> = m
-        .status
-        .unwrap_or_default()
+    let holders: Vec<String> = target
+        .lock(&a.key)
+        .await?
+        .status()
         .holders
         .iter()
         .map(|h| h.pipeline_run.clone().unwrap_or(h.run.name.clone()))
         .collect();
-    if !holders.contains(&a.holder) {
+    let Some(holder) = resolve(target, &holders, &a.holder) else {
         return Err(Failure(format!(
             "{} does not hold {} (holders: {})",
             a.holder,
@@ -48,11 +50,11 @@ pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
                 holders.join(", ")
             }
         )));
-    }
+    };
     let request = Request {
         id: String::new(),
         action: Action::Release,
-        pipeline_run: Some(a.holder),
+        pipeline_run: Some(holder),
         reason: a.reason,
         by: String::new(),
         force: true,

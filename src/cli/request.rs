@@ -1,14 +1,13 @@
 //! A mutating command's round trip: find who is asking (SelfSubjectReview),
-//! write the request on the Mutex (an annotation, or spec.frozen), wait for the
+//! write the request on the Mutex or ClusterMutex (an annotation, or spec.frozen), wait for the
 //! controller's acknowledgement in the status, and say what happened.
 
-use super::target::{Failure, Result, Target, Wait, api_failure};
+use super::lock::Lock;
+use super::target::{Failure, Result, Target, Wait};
 use crate::core::requests::{self as control, ObservedRequest, Request, Verdict};
-use crate::model::mutex::Mutex;
 use chrono::Utc;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::wait::await_condition;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::{Map, Value, json};
 
@@ -30,7 +29,7 @@ pub async fn whoami(client: &Client) -> String {
     }
 }
 
-/// Write a request on the Mutex and wait until the controller acknowledges it.
+/// Write a request on the lock and wait until the controller acknowledges it.
 /// Ok(message) when done; a Failure when refused, forbidden or not answered in time.
 pub async fn submit(target: &Target, key: &str, mut r: Request, wait: Wait) -> Result<String> {
     r.by = whoami(&target.client).await;
@@ -40,18 +39,23 @@ pub async fn submit(target: &Target, key: &str, mut r: Request, wait: Wait) -> R
     let mut annotations = Map::new();
     annotations.insert(name.clone(), Value::String(value));
     let patch = json!({"metadata": {"annotations": annotations}});
-    patch_mutex(target, key, &patch, r.action.as_str()).await?;
+    target.patch_lock(key, &patch, r.action.as_str()).await?;
     let id = r.id.clone();
-    let acked = move |m: Option<&Mutex>| observed(m, &id).is_some();
-    let m = await_ack(target, key, acked, wait).await.map_err(|e| {
+    let acked = move |l: Option<&Lock>| observed(l, &id).is_some();
+    let lock = target.await_lock(key, acked, wait).await.map_err(|e| {
         Failure(format!(
-            "{e}\nThe request stays on Mutex {key} as annotation {name}; the controller acts on it when it runs \
-             (or remove it: kubectl annotate mutex {key} -n {} {name}-).",
-            target.namespace
+            "{e}\nThe request stays on {} as annotation {name}; the controller acts on it when it runs \
+             (or remove it: kubectl annotate {} {name}-).",
+            target.describe_lock(key),
+            target.kubectl_ref(key),
         ))
     })?;
-    let ack = observed(m.as_ref(), &r.id)
-        .ok_or_else(|| Failure(format!("Mutex {key} was deleted before it answered")))?;
+    let ack = observed(lock.as_ref(), &r.id).ok_or_else(|| {
+        Failure(format!(
+            "{} was deleted before it answered",
+            target.describe_lock(key)
+        ))
+    })?;
     match ack.verdict {
         Verdict::Done => Ok(ack.message.clone()),
         Verdict::Refused => Err(Failure(format!(
@@ -62,37 +66,9 @@ pub async fn submit(target: &Target, key: &str, mut r: Request, wait: Wait) -> R
     }
 }
 
-fn observed<'m>(m: Option<&'m Mutex>, id: &str) -> Option<&'m ObservedRequest> {
-    let st = m?.status.as_ref()?;
-    st.observed_requests.iter().find(|o| o.id == id)
-}
-
-/// A merge patch of the Mutex, as the user: refused with a clear message if RBAC says no.
-pub async fn patch_mutex(target: &Target, key: &str, patch: &Value, what: &str) -> Result<()> {
-    target
-        .mutexes()
-        .patch(key, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map_err(|e| api_failure(&format!("{what} on Mutex {key} (patch the Mutex)"), e))?;
-    Ok(())
-}
-
-/// Watch the Mutex until `done` holds, at most `wait`.
-pub async fn await_ack(
-    target: &Target,
-    key: &str,
-    done: impl Fn(Option<&Mutex>) -> bool,
-    wait: Wait,
-) -> std::result::Result<Option<Mutex>, String> {
-    let watch = await_condition(target.mutexes(), key, done);
-    match tokio::time::timeout(wait.duration(), watch).await {
-        Ok(Ok(m)) => Ok(m),
-        Ok(Err(e)) => Err(format!("could not watch Mutex {key}: {e}")),
-        Err(_) => Err(format!(
-            "the controller did not acknowledge the request within {}s: is tekton-mutex running and serving namespace {}?",
-            wait.timeout, target.namespace
-        )),
-    }
+fn observed(lock: Option<&Lock>, id: &str) -> Option<ObservedRequest> {
+    let st = lock?.status();
+    st.observed_requests.into_iter().find(|o| o.id == id)
 }
 
 /// Enough to tell two requests of the same millisecond apart.

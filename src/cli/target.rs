@@ -1,6 +1,7 @@
 //! What every command shares: where to act ([`Global`], [`Target`]), how long
 //! to wait for the controller ([`Wait`]), and failures said for people.
 
+use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -19,6 +20,9 @@ pub struct Global {
     /// The kubeconfig file; default: KUBECONFIG, else ~/.kube/config.
     #[arg(short = 'k', long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// Act on the ClusterMutex of that name, not on a Mutex of the namespace.
+    #[arg(long, global = true)]
+    pub cluster: bool,
 }
 
 /// A failure the user can act on; printed as `Error: ...`, exit code 1.
@@ -33,10 +37,12 @@ impl std::fmt::Display for Failure {
 
 pub type Result<T> = std::result::Result<T, Failure>;
 
-/// What a command needs to reach the cluster.
+/// What a command needs to reach the cluster, and which kind of lock it acts on.
 pub struct Target {
     pub client: Client,
     pub namespace: String,
+    /// `--cluster`: ClusterMutexes, not the namespace's Mutexes.
+    pub cluster: bool,
 }
 
 impl Target {
@@ -44,26 +50,24 @@ impl Target {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// The Mutex of a key, or a clear error naming the key and namespace.
-    pub async fn mutex(&self, key: &str) -> Result<Mutex> {
-        match self.mutexes().get_opt(key).await {
-            Ok(Some(m)) => Ok(m),
-            Ok(None) => Err(Failure(format!(
-                "no Mutex {key:?} in namespace {}: see `tkn mutex list -n {}`",
-                self.namespace, self.namespace
-            ))),
-            Err(e) => Err(api_failure(&format!("read Mutex {key}"), e)),
-        }
+    pub fn clusters(&self) -> Api<ClusterMutex> {
+        Api::all(self.client.clone())
     }
 }
 
 /// An API error, said for people: a refusal names the missing permission.
-pub fn api_failure(what: &str, e: kube::Error) -> Failure {
+pub fn api_failure(target: &Target, what: &str, e: kube::Error) -> Failure {
+    let needs = match target.cluster {
+        true => "Queue control on a ClusterMutex needs permission to patch clustermutexes.tekton-mutex.dev \
+                 (the tekton-mutex-cluster-operator ClusterRole, bound by a ClusterRoleBinding)."
+            .to_string(),
+        false => "Queue control needs permission to patch mutexes.tekton-mutex.dev in this namespace \
+                  (the tekton-mutex-operator ClusterRole, bound by a RoleBinding)."
+            .to_string(),
+    };
     match e {
         kube::Error::Api(s) if s.code == 403 => Failure(format!(
-            "the API server refused to {what}: {}\n\
-             Queue control needs permission to patch mutexes.tekton-mutex.dev in this namespace \
-             (the tekton-mutex-operator ClusterRole, bound by a RoleBinding).",
+            "the API server refused to {what}: {}\n{needs}",
             s.message
         )),
         kube::Error::Api(s) => Failure(format!("could not {what}: {} ({})", s.message, s.code)),
@@ -97,7 +101,11 @@ pub async fn connect(g: &Global) -> Result<Target> {
         .unwrap_or_else(|| config.default_namespace.clone());
     let client =
         Client::try_from(config).map_err(|e| Failure(format!("cannot reach the cluster: {e}")))?;
-    Ok(Target { client, namespace })
+    Ok(Target {
+        client,
+        namespace,
+        cluster: g.cluster,
+    })
 }
 
 /// How long a mutating command waits for the controller's acknowledgement.

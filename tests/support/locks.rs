@@ -12,6 +12,34 @@ use tekton_mutex::model::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
 use tekton_mutex::model::mutex::MutexStatus;
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+/// The tests of lock behaviour that hold for both kinds, once against a Mutex
+/// and once against a ClusterMutex: one engine serves both.
+#[macro_export]
+macro_rules! for_both_kinds {
+    ($($name:ident => $body:expr;)*) => {
+        mod mutex {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs hack/cluster.sh up"]
+                async fn $name() -> Result<()> {
+                    ($body)(Kind::Mutex).await
+                }
+            )*
+        }
+        mod cluster_mutex {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs hack/cluster.sh up"]
+                async fn $name() -> Result<()> {
+                    ($body)(Kind::ClusterMutex).await
+                }
+            )*
+        }
+    };
+}
+
 /// A test with a cluster-wide controller runs alone in its binary: that
 /// controller would also act on the other tests' namespaces.
 static CLUSTER_WIDE: RwLock<()> = RwLock::const_new(());
