@@ -14,8 +14,98 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::controller::ControllerProcess;
+use support::locks::{self, ClusterMutexGuard, Kind, Lock};
 use support::pipelines::{lock_run, slow, wait_reason};
 use support::*;
+use tekton_mutex::model::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
+use tekton_mutex::model::mutex::MutexStatus;
+
+for_both_kinds! {
+    opposite_key_orders_started_together_never_deadlock_nor_overlap => opposite_orders_case;
+    a_run_of_two_keys_waits_for_both_and_holds_neither_partly => waits_for_both_case;
+}
+
+/// A test's two keys: Mutexes `a` and `b` of its namespace, or two ClusterMutexes
+/// that allow it (named after it: they are cluster-wide), and the controller serving them.
+struct Keys {
+    kind: Kind,
+    a: String,
+    b: String,
+    _lock: Lock,
+    _second: Option<ClusterMutexGuard>,
+}
+
+impl Keys {
+    async fn new(kind: Kind, ns: &TestNamespace) -> Result<Keys> {
+        let lock = Lock::new(kind, ns).await?;
+        if kind == Kind::Mutex {
+            let (a, b) = ("a".into(), "b".into());
+            return Ok(Keys {
+                kind,
+                a,
+                b,
+                _lock: lock,
+                _second: None,
+            });
+        }
+        let b = format!("{}-b", ns.name());
+        let api: kube::Api<ClusterMutex> = kube::Api::all(ns.client());
+        let spec: ClusterMutexSpec = serde_json::from_value(json!({"namespaces": [ns.name()]}))?;
+        api.create(&Default::default(), &ClusterMutex::new(&b, spec))
+            .await?;
+        let second = Some(ClusterMutexGuard(api, b.clone()));
+        let a = ns.name().to_string();
+        Ok(Keys {
+            kind,
+            a,
+            b,
+            _lock: lock,
+            _second: second,
+        })
+    }
+
+    /// `keys: a,b` (or `b,a`) against this kind.
+    fn task_ref(&self) -> serde_json::Value {
+        let kind = match self.kind {
+            Kind::Mutex => "Mutex",
+            Kind::ClusterMutex => "ClusterMutex",
+        };
+        json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": kind})
+    }
+
+    fn both(&self, first: &str) -> String {
+        match first == self.a {
+            true => format!("{},{}", self.a, self.b),
+            false => format!("{},{}", self.b, self.a),
+        }
+    }
+
+    async fn status(&self, ns: &TestNamespace, key: &str) -> Result<MutexStatus> {
+        match self.kind {
+            Kind::Mutex => support::pipelines::mutex_status(ns, key).await,
+            Kind::ClusterMutex => {
+                let api: kube::Api<ClusterMutex> = kube::Api::all(ns.client());
+                Ok(api.get(key).await?.status.unwrap_or_default())
+            }
+        }
+    }
+
+    /// A pipeline that takes `b` alone.
+    fn b_only(&self) -> String {
+        let opts = match self.kind {
+            Kind::Mutex => support::pipelines::Opts {
+                lock_params: &[("key", "b"), ("supersede", "none")],
+                ..Default::default()
+            },
+            Kind::ClusterMutex => support::pipelines::Opts {
+                lock_params: &[("supersede", "none")],
+                cluster_mutex: Some(&self.b),
+                ..Default::default()
+            },
+        };
+        support::pipelines::pipeline("b-only", &opts)
+    }
+}
 
 /// Marks its start (with the lock's `token` and `tokens` results), does about a
 /// second of API work, and marks its end.
@@ -26,18 +116,23 @@ kubectl -n "$(params.ns)" wait --for=create "configmap/never" --timeout=1s >/dev
 mark end
 "#;
 
-/// `lock` on `keys`, then `deploy` (the step above).
-fn pipeline(name: &str, keys: &str) -> String {
-    pipeline_superseding(name, keys, "none")
+/// `lock` on `keys` (of a Mutex, or of `task_ref`'s kind), then `deploy` (the step above).
+fn pipeline(name: &str, keys: &str, task_ref: &serde_json::Value) -> String {
+    pipeline_superseding(name, keys, "none", task_ref)
 }
 
-fn pipeline_superseding(name: &str, keys: &str, supersede: &str) -> String {
+fn pipeline_superseding(
+    name: &str,
+    keys: &str,
+    supersede: &str,
+    task_ref: &serde_json::Value,
+) -> String {
     json!({
         "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name},
         "spec": {"tasks": [
             {"name": "lock",
              "params": [{"name": "keys", "value": keys}, {"name": "supersede", "value": supersede}],
-             "taskRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"}},
+             "taskRef": task_ref},
             {"name": "deploy", "runAfter": ["lock"],
              "params": [
                 {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
@@ -100,17 +195,18 @@ async fn deploy(ns: &TestNamespace, pr: &str) -> Result<Deploy> {
 
 /// No two deploys overlapped (every run takes both keys), each run has a token
 /// per key with `token` its first key's, and each key's tokens rise in deploy order.
-fn check(mut deploys: Vec<Deploy>, first_key: impl Fn(&str) -> &'static str) -> Result<()> {
+fn check(mut deploys: Vec<Deploy>, keys: &Keys, first_key: impl Fn(&str) -> String) -> Result<()> {
     deploys.sort_by_key(|d| d.start);
+    let names = [keys.a.as_str(), keys.b.as_str()];
     for d in &deploys {
         ensure!(
-            d.tokens.keys().map(String::as_str).eq(["a", "b"]),
+            d.tokens.keys().map(String::as_str).eq(names),
             "{}: tokens {:?} are not one per key",
             d.pr,
             d.tokens
         );
         ensure!(
-            d.token == d.tokens[first_key(&d.pr)],
+            d.token == d.tokens[&first_key(&d.pr)],
             "{}: token {} is not its first key's ({:?})",
             d.pr,
             d.token,
@@ -125,7 +221,7 @@ fn check(mut deploys: Vec<Deploy>, first_key: impl Fn(&str) -> &'static str) -> 
             x.pr,
             y.pr
         );
-        for k in ["a", "b"] {
+        for k in names {
             ensure!(
                 y.tokens[k] > x.tokens[k],
                 "key {k}: {} deployed after {} with a lower token",
@@ -137,17 +233,19 @@ fn check(mut deploys: Vec<Deploy>, first_key: impl Fn(&str) -> &'static str) -> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn opposite_key_orders_started_together_never_deadlock_nor_overlap() -> Result<()> {
-    const ROUNDS: usize = 20;
+async fn opposite_orders_case(kind: Kind) -> Result<()> {
     const BATCH: usize = 5;
+    // Fewer for a ClusterMutex: its controller serves the whole cluster, so it runs alone.
+    let rounds = if kind == Kind::Mutex { 20 } else { 10 };
     let ns = TestNamespace::create("multi-key").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
-    ns.apply(&pipeline("ab", "a,b")).await?;
-    ns.apply(&pipeline("ba", "b,a")).await?;
+    let keys = Keys::new(kind, &ns).await?;
+    let (a, b) = (keys.a.clone(), keys.b.clone());
+    ns.apply(&pipeline("ab", &keys.both(&a), &keys.task_ref()))
+        .await?;
+    ns.apply(&pipeline("ba", &keys.both(&b), &keys.task_ref()))
+        .await?;
     let mut all = Vec::new();
-    for batch in 0..ROUNDS / BATCH {
+    for batch in 0..rounds / BATCH {
         let prs: Vec<String> = (0..BATCH)
             .flat_map(|i| {
                 let n = batch * BATCH + i;
@@ -175,38 +273,38 @@ async fn opposite_key_orders_started_together_never_deadlock_nor_overlap() -> Re
     for pr in &all {
         deploys.push(deploy(&ns, pr).await?);
     }
-    check(deploys, |pr| if pr.starts_with("ab") { "a" } else { "b" })
+    let first = |pr: &str| {
+        if pr.starts_with("ab") {
+            a.clone()
+        } else {
+            b.clone()
+        }
+    };
+    check(deploys, &keys, first)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn a_run_of_two_keys_waits_for_both_and_holds_neither_partly() -> Result<()> {
+async fn waits_for_both_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("multi-key-wait").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let keys = Keys::new(kind, &ns).await?;
     // `b-holder` holds b and stays in its deploy until its gate opens.
-    let holder = support::pipelines::pipeline(
-        "b-only",
-        &support::pipelines::Opts {
-            lock_params: &[("key", "b"), ("supersede", "none")],
-            ..Default::default()
-        },
-    );
-    ns.apply(&holder).await?;
+    ns.apply(&keys.b_only()).await?;
     ns.apply(&support::pipelines::pipeline_run("b-holder", "b-only", &[]))
         .await?;
     wait_reason(&ns, &lock_run("b-holder"), "Acquired", slow()).await?;
-    ns.apply(&pipeline("ab", "a,b")).await?;
+    ns.apply(&pipeline("ab", &keys.both(&keys.a), &keys.task_ref()))
+        .await?;
     ns.apply(&pipeline_run("both", "ab")).await?;
     let waiting = wait_reason(&ns, &lock_run("both"), "Waiting", slow()).await?;
+    let named = format!("{}, {}", keys.a, keys.b);
     ensure!(
         waiting
             .message
             .as_deref()
-            .is_some_and(|m| m.contains("a, b")),
+            .is_some_and(|m| m.contains(&named)),
         "the waiting message names both keys: {waiting:?}"
     );
     // a is free, yet `both` is not granted it: a keeps a slot for it, no more.
-    let a = support::pipelines::mutex_status(&ns, "a").await?;
+    let a = keys.status(&ns, &keys.a).await?;
     ensure!(a.holders.is_empty(), "a was granted while b is held: {a:?}");
     ensure!(
         mark(&ns, "start", "both").await.is_err(),
@@ -218,15 +316,13 @@ async fn a_run_of_two_keys_waits_for_both_and_holds_neither_partly() -> Result<(
         .await?;
     ensure!(c.status == "True", "both did not succeed: {c:?}");
     let d = deploy(&ns, "both").await?;
-    ensure!(d.tokens.len() == 2 && d.token == d.tokens["a"], "{d:?}");
+    ensure!(d.tokens.len() == 2 && d.token == d.tokens[&keys.a], "{d:?}");
     wait_until("both keys to be free", Duration::from_secs(60), || async {
         let (a, b) = (
-            support::pipelines::mutex_status(&ns, "a").await?,
-            support::pipelines::mutex_status(&ns, "b").await?,
+            keys.status(&ns, &keys.a).await?,
+            keys.status(&ns, &keys.b).await?,
         );
-        let free = |s: &tekton_mutex::model::mutex::MutexStatus| {
-            s.holders.is_empty() && s.reservations.is_empty()
-        };
+        let free = |s: &MutexStatus| s.holders.is_empty() && s.reservations.is_empty();
         Ok((free(&a) && free(&b)).then_some(()))
     })
     .await
@@ -235,6 +331,8 @@ async fn a_run_of_two_keys_waits_for_both_and_holds_neither_partly() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn superseded_on_one_key_a_run_of_two_keys_is_cancelled_and_gives_back_both() -> Result<()> {
+    // No cluster-wide controller of another test may serve this namespace too.
+    let _shared = locks::shared().await;
     let ns = TestNamespace::create("multi-key-supersede").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
     // `b-holder` holds b (a plain queue run of another pipeline) until its gate opens.
@@ -250,7 +348,8 @@ async fn superseded_on_one_key_a_run_of_two_keys_is_cancelled_and_gives_back_bot
         .await?;
     wait_reason(&ns, &lock_run("b-holder"), "Acquired", slow()).await?;
     // Two runs of one pipeline on a,b, `supersede: pending`, the older first (names break a same-second tie the same way).
-    ns.apply(&pipeline_superseding("ab", "a,b", "pending"))
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+    ns.apply(&pipeline_superseding("ab", "a,b", "pending", &mutex))
         .await?;
     ns.apply(&pipeline_run("run-1", "ab")).await?;
     wait_until("a to keep a slot for run-1", slow(), || async {

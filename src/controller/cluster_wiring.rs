@@ -42,11 +42,11 @@ pub async fn served(client: &Client) -> Result<bool, Error> {
     }
 }
 
-/// The ClusterMutex a run refers to, if any.
-fn cluster_of<K: Observe>(obj: &K) -> Option<ObjectRef<ClusterMutex>> {
-    match crate::core::observe::cluster_mutex_target(&obj.observe()) {
-        Some(Ok(name)) => Some(ObjectRef::new(&name)),
-        _ => None,
+/// The ClusterMutexes a run refers to (several with `keys`), if any.
+fn cluster_of<K: Observe>(obj: &K) -> Vec<ObjectRef<ClusterMutex>> {
+    match crate::core::observe::cluster_mutex_targets(&obj.observe()) {
+        Some(Ok(names)) => names.iter().map(|n| ObjectRef::new(n)).collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -64,10 +64,10 @@ impl ByPipelineRun {
         let tag = Tag::pipeline_run(&ns, name);
         let mut refs: Vec<ObjectRef<ClusterMutex>> = Vec::new();
         if let Some(c) = &self.custom_runs {
-            refs.extend(c.get(&tag).iter().filter_map(|r| cluster_of(r.as_ref())));
+            refs.extend(c.get(&tag).iter().flat_map(|r| cluster_of(r.as_ref())));
         }
         if let Some(c) = &self.runs {
-            refs.extend(c.get(&tag).iter().filter_map(|r| cluster_of(r.as_ref())));
+            refs.extend(c.get(&tag).iter().flat_map(|r| cluster_of(r.as_ref())));
         }
         // ClusterMutexes are few (an administrator creates each): scanning them is cheap.
         let qualified = qualify(&ns, name);

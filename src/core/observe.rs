@@ -129,7 +129,7 @@ impl<'a> ObservedRun<'a> {
 
     /// Is it a run of ours: of a Mutex, or of a ClusterMutex?
     pub fn is_ours(&self) -> bool {
-        self.is_mutex() || cluster_mutex_target(self).is_some()
+        self.is_mutex() || cluster_mutex_targets(self).is_some()
     }
 
     pub fn is_done(&self) -> bool {
@@ -216,18 +216,22 @@ pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
     DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32).unwrap_or_default()
 }
 
-/// A run that refers to a ClusterMutex: `Some(Ok(name))`, or `Some(Err(message))`
+/// A run that refers to ClusterMutexes: `Some(Ok(names))`, the one named in
+/// taskRef.name or, with no name, the several of param `keys`; `Some(Err(message))`
 /// when it does so in a way we refuse. None: not a ClusterMutex run.
-pub fn cluster_mutex_target(o: &ObservedRun<'_>) -> Option<Result<String, String>> {
+pub fn cluster_mutex_targets(o: &ObservedRun<'_>) -> Option<Result<Vec<String>, String>> {
     let api_version = ClusterMutex::api_version(&());
     let kind = ClusterMutex::kind(&());
     match o.target.as_ref()? {
         Target::Ref(r) if r.api_version == api_version && r.kind == kind => {
             Some(match r.name.as_deref().filter(|n| !n.is_empty()) {
-                Some(n) => Ok(n.to_string()),
-                None => Err(format!(
-                    "a {kind} run names its {kind} in taskRef.name (an administrator creates it)"
-                )),
+                Some(n) => Ok(vec![n.to_string()]),
+                None => keys_param(o).unwrap_or_else(|| {
+                    Err(format!(
+                        "a {kind} run names its {kind} in taskRef.name, or several in param \"keys\" \
+                         (an administrator creates each)"
+                    ))
+                }),
             })
         }
         Target::Spec(s) if s.api_version == api_version && s.kind == kind => Some(Err(format!(
@@ -235,5 +239,59 @@ pub fn cluster_mutex_target(o: &ObservedRun<'_>) -> Option<Result<String, String
              taskRef {{apiVersion: {api_version}, kind: {kind}, name: ...}}"
         ))),
         _ => None,
+    }
+}
+
+/// The names of param `keys`, if the run has it.
+fn keys_param(o: &ObservedRun<'_>) -> Option<Result<Vec<String>, String>> {
+    let p = o.params.iter().find(|p| p.name == "keys")?;
+    Some(match p.value.as_str() {
+        Some(v) => params::keys::parse(v),
+        None => Err("param \"keys\" must be a string".into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn targets(
+        task_ref: serde_json::Value,
+        keys: Option<&str>,
+    ) -> Option<Result<Vec<String>, String>> {
+        let params: Vec<_> = keys
+            .map(|k| json!({"name": "keys", "value": k}))
+            .into_iter()
+            .collect();
+        let cr: CustomRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"customRef": task_ref, "params": params},
+        }))
+        .unwrap();
+        cluster_mutex_targets(&cr.observe())
+    }
+
+    #[test]
+    fn a_cluster_mutex_run_names_one_by_task_ref_or_several_by_keys() {
+        let cm = |name: Option<&str>| {
+            let mut r = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex"});
+            if let Some(n) = name {
+                r["name"] = json!(n);
+            }
+            r
+        };
+        assert_eq!(targets(cm(Some("db")), None), Some(Ok(vec!["db".into()])));
+        assert_eq!(
+            targets(cm(None), Some("db, cache")),
+            Some(Ok(vec!["db".into(), "cache".into()]))
+        );
+        let unnamed = targets(cm(None), None).unwrap().unwrap_err();
+        assert!(unnamed.contains("param \"keys\""), "{unnamed}");
+        let twice = targets(cm(None), Some("db,db")).unwrap().unwrap_err();
+        assert!(twice.contains("twice"), "{twice}");
+        let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+        assert_eq!(targets(mutex, Some("a,b")), None, "a Mutex run is not one");
     }
 }

@@ -11,15 +11,16 @@ use crate::controller::apply::events;
 use crate::controller::apply::writes;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
+use crate::controller::lock_object::LockObject;
 use crate::core::decide::commit_multikey;
 use crate::core::model::{MultiKeyRun, MultiKeys, Outcome, Revoke};
 use crate::core::observe::ObservedRun;
 use crate::core::params::RunConfig;
 use crate::core::run_status::{self, Reason};
-use crate::model::mutex::{Mutex, MutexSpec, MutexStatus, RunKind, RunRef};
+use crate::core::scope::Scope;
+use crate::model::mutex::{MutexSpec, MutexStatus, RunKind, RunRef};
 use crate::model::tekton::RunStatus;
 use chrono::{DateTime, Utc};
-use kube::Api;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -74,7 +75,11 @@ pub fn keys_of<'a>(
 
 /// A member of several keys, as the commit and the revoke need it.
 pub struct Candidate<'a> {
+    /// The run as the lock's status names it.
     pub run: &'a RunRef,
+    /// Where the run lives, and its own name there.
+    pub namespace: &'a str,
+    pub name: &'a str,
     pub multi: &'a MultiKeyRun,
     pub resource_version: Option<&'a str>,
     pub status: &'a RunStatus,
@@ -82,11 +87,12 @@ pub struct Candidate<'a> {
 }
 
 /// After this key's ledger is written: tell `Acquired` every run for which all
-/// its keys keep a slot in its epoch. The other keys' ledgers are read after
-/// the run was; the write is conditional on the run being unchanged.
-pub async fn commit_reserved(
+/// its keys keep a slot in its epoch. The other keys' ledgers (locks of the same
+/// kind and scope) are read after the run was; the write is conditional on the
+/// run being unchanged.
+pub async fn commit_reserved<L: LockObject>(
     ctx: &Context,
-    ns: &str,
+    scope: &Scope,
     key: &str,
     ledger: &MutexStatus,
     candidates: &[Candidate<'_>],
@@ -102,35 +108,44 @@ pub async fn commit_reserved(
         }
         let mut ledgers = BTreeMap::from([(key.to_string(), ledger.clone())]);
         for k in c.multi.keys.iter().filter(|k| *k != key) {
-            let other = Api::<Mutex>::namespaced(ctx.client.clone(), ns)
-                .get_opt(k)
-                .await?;
-            if let Some(status) = other.and_then(|m| m.status) {
-                ledgers.insert(k.clone(), status);
+            let other = L::api(&ctx.client, scope).get_opt(k).await?;
+            if let Some(status) = other.as_ref().and_then(L::lock_status) {
+                ledgers.insert(k.clone(), status.clone());
             }
         }
         let Some(tokens) = commit_multikey(&c.run.uid, c.multi, &ledgers) else {
             continue;
         };
         let waited = (now - c.waiting_since).num_seconds().max(0);
-        let Some(patch) = acquired_patch(c, &tokens, waited, now) else {
+        let Some(patch) = acquired_patch::<L>(c, &tokens, waited, now) else {
             continue;
         };
-        if writes::run_status(ctx, c.run.kind, ns, &c.run.name, &patch).await? {
-            info!(namespace = ns, run = %c.run.name, ?tokens, waited_seconds = waited, "granted every key");
+        if writes::run_status(ctx, c.run.kind, c.namespace, c.name, &patch).await? {
+            info!(
+                namespace = c.namespace,
+                run = c.name,
+                ?tokens,
+                waited_seconds = waited,
+                "granted every key"
+            );
             let first = &c.multi.keys[0];
             let outcome = Outcome::Acquired {
                 token: tokens[first],
                 waited_seconds: waited,
             };
-            events::run_transition(ctx, ns, &c.multi.keys.join(","), c.run, &outcome, c.status);
+            let local = RunRef {
+                name: c.name.to_string(),
+                ..c.run.clone()
+            };
+            let keys = c.multi.keys.join(",");
+            events::run_transition(ctx, c.namespace, &keys, &local, &outcome, c.status);
         }
     }
     Ok(())
 }
 
 /// `Acquired` on every key at once: `token` is the first key's, `tokens` all.
-fn acquired_patch(
+fn acquired_patch<L: LockObject>(
     c: &Candidate<'_>,
     tokens: &BTreeMap<String, i64>,
     waited_seconds: i64,
@@ -159,6 +174,7 @@ fn acquired_patch(
         .as_array_mut()?
         .push(json!({"name": TOKENS_RESULT, "value": tokens_json}));
     p["status"]["extraFields"]["keys"] = json!(c.multi.keys);
+    p["status"]["extraFields"][run_status::LOCK_KIND_FIELD] = json!(L::kind(&()).as_ref());
     Some(p)
 }
 
@@ -166,7 +182,6 @@ fn acquired_patch(
 /// run is unchanged since it was read in that epoch (and so not `Acquired`).
 pub async fn revoke(
     ctx: &Context,
-    ns: &str,
     revokes: &[Revoke],
     candidates: &[Candidate<'_>],
 ) -> Result<(), Error> {
@@ -184,8 +199,13 @@ pub async fn revoke(
             "metadata": {"resourceVersion": rv},
             "status": {"extraFields": {EPOCH_FIELD: r.epoch + 1}},
         });
-        if writes::run_status(ctx, c.run.kind, ns, &c.run.name, &patch).await? {
-            debug!(namespace = ns, run = %c.run.name, epoch = r.epoch + 1, "slots given back: a run ahead waits");
+        if writes::run_status(ctx, c.run.kind, c.namespace, c.name, &patch).await? {
+            debug!(
+                namespace = c.namespace,
+                run = c.name,
+                epoch = r.epoch + 1,
+                "slots given back: a run ahead waits"
+            );
         }
     }
     Ok(())
@@ -343,13 +363,15 @@ mod tests {
         let status = RunStatus::default();
         let c = Candidate {
             run: &run,
+            namespace: "ns",
+            name: "r",
             multi: &multi,
             resource_version: Some("12"),
             status: &status,
             waiting_since: now(),
         };
         let tokens = BTreeMap::from([("a".into(), 4), ("b".into(), 9)]);
-        let p = acquired_patch(&c, &tokens, 7, now()).unwrap();
+        let p = acquired_patch::<crate::model::mutex::Mutex>(&c, &tokens, 7, now()).unwrap();
         assert_eq!(p["metadata"]["resourceVersion"], "12");
         let results = p["status"]["results"].as_array().unwrap();
         let result = |n: &str| results.iter().find(|r| r["name"] == n).unwrap()["value"].clone();

@@ -66,8 +66,8 @@ pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
         .iter()
         .map(|m| Tag::key(&ns, &m.name))
         .collect();
-    if let Some(Ok(name)) = crate::core::observe::cluster_mutex_target(&run.observe()) {
-        tags.push(Tag::cluster_mutex(&name));
+    if let Some(Ok(names)) = crate::core::observe::cluster_mutex_targets(&run.observe()) {
+        tags.extend(names.iter().map(|n| Tag::cluster_mutex(n)));
     }
     if tags.is_empty() {
         return tags;

@@ -29,12 +29,12 @@ pub async fn intake<K: Observe + Resource>(
     ctx: &Context,
 ) -> Result<Option<Action>, Error> {
     let o = obj.observe();
-    let Some(target) = crate::core::observe::cluster_mutex_target(&o) else {
+    let Some(targets) = crate::core::observe::cluster_mutex_targets(&o) else {
         return Ok(None);
     };
-    let refused = match target {
+    let refused = match targets {
         Err(message) => Some((Reason::InvalidParams.as_str(), message)),
-        Ok(name) => match admission(ctx, &o, obj, &name).await? {
+        Ok(names) => match admission(ctx, &o, obj, &names).await? {
             Admission::Admitted => None,
             Admission::NotYet => return Ok(Some(Action::requeue(release_after_progress::RECHECK))),
             Admission::Refused(reason, message) => Some((reason, message)),
@@ -61,13 +61,39 @@ async fn admission<K: Observe>(
     ctx: &Context,
     o: &ObservedRun<'_>,
     obj: &K,
-    name: &str,
+    names: &[String],
 ) -> Result<Admission, Error> {
     let invalid = |m: String| Admission::Refused(Reason::InvalidParams.as_str(), m);
     let cfg = match o.config() {
         Ok(cfg) => cfg,
         Err(m) => return Ok(invalid(m)),
     };
+    let mut found: Vec<ClusterMutex> = Vec::new();
+    for name in names {
+        match admitted_by(ctx, o, name).await? {
+            Ok(cm) => found.push(cm),
+            Err(refused) => return Ok(refused),
+        }
+    }
+    if let Some(message) = orders_differ(&found) {
+        return Ok(invalid(message));
+    }
+    Ok(
+        match release_after_progress::check(ctx, o, obj, &cfg).await? {
+            Verdict::Fine => Admission::Admitted,
+            Verdict::NotYet => Admission::NotYet,
+            Verdict::Invalid(m) => invalid(m),
+        },
+    )
+}
+
+/// ClusterMutex `name`, if it exists and allows the run's namespace.
+async fn admitted_by(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    name: &str,
+) -> Result<Result<ClusterMutex, Admission>, Error> {
+    let invalid = |m: String| Err(Admission::Refused(Reason::InvalidParams.as_str(), m));
     let api: Api<ClusterMutex> = Api::all(ctx.client.clone());
     let found = match api.get_opt(name).await {
         // The namespace-scoped install: a Role cannot grant a cluster-scoped kind.
@@ -86,15 +112,26 @@ async fn admission<K: Observe>(
     };
     if !allowed(ctx, &cm.spec, &o.namespace, &mut NamespaceLabels::new()).await? {
         let message = cluster_mutex::forbidden(name, &o.namespace);
-        return Ok(Admission::Refused(FORBIDDEN, message));
+        return Ok(Err(Admission::Refused(FORBIDDEN, message)));
     }
-    Ok(
-        match release_after_progress::check(ctx, o, obj, &cfg).await? {
-            Verdict::Fine => Admission::Admitted,
-            Verdict::NotYet => Admission::NotYet,
-            Verdict::Invalid(m) => invalid(m),
-        },
-    )
+    Ok(Ok(cm))
+}
+
+/// The ClusterMutexes of one run must rank waiters alike, as a run's Mutexes
+/// must (see `multi_key_commit::mutexes_for`).
+fn orders_differ(found: &[ClusterMutex]) -> Option<String> {
+    let first = found.first()?;
+    let other = found
+        .iter()
+        .find(|c| c.spec.lock.order != first.spec.lock.order)?;
+    Some(format!(
+        "the keys of param \"keys\" must share one order: ClusterMutex {} has order {}, but ClusterMutex {} has order {}; \
+         ask the administrator to set the same spec.order on both",
+        first.name_any(),
+        first.spec.lock.order.as_str(),
+        other.name_any(),
+        other.spec.lock.order.as_str()
+    ))
 }
 
 pub async fn allowed(

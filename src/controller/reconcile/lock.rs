@@ -209,7 +209,7 @@ async fn apply<L: LockObject>(
         .iter()
         .partition(|(_, o)| matches!(o, Outcome::Acquired { .. }));
     let mut first_error = None;
-    commit_and_revoke(ctx, &scope, &name, decision, members, now, &mut first_error).await;
+    commit_and_revoke::<L>(ctx, &scope, &name, decision, members, now, &mut first_error).await;
     let tell = Tell {
         ctx,
         key: &name,
@@ -282,7 +282,7 @@ async fn cancel_superseded(
 
 /// Runs of several keys: tell `Acquired` those every key keeps a slot for, and
 /// give back the slots the decision revokes (see [`multi_key_commit`]).
-async fn commit_and_revoke(
+async fn commit_and_revoke<L: LockObject>(
     ctx: &Context,
     scope: &Scope,
     key: &str,
@@ -296,6 +296,8 @@ async fn commit_and_revoke(
         .filter_map(|m| {
             Some(multi_key_commit::Candidate {
                 run: m.run(),
+                namespace: &m.namespace,
+                name: &m.name,
                 multi: m.multi.as_ref()?,
                 resource_version: m.resource_version.as_deref(),
                 status: &m.status,
@@ -306,10 +308,10 @@ async fn commit_and_revoke(
     if candidates.is_empty() {
         return;
     }
-    let ns = scope.label();
+    let ledger = &decision.status;
     let committed =
-        multi_key_commit::commit_reserved(ctx, ns, key, &decision.status, &candidates, now).await;
-    let revoked = multi_key_commit::revoke(ctx, ns, &decision.revokes, &candidates).await;
+        multi_key_commit::commit_reserved::<L>(ctx, scope, key, ledger, &candidates, now).await;
+    let revoked = multi_key_commit::revoke(ctx, &decision.revokes, &candidates).await;
     for e in [committed.err(), revoked.err()].into_iter().flatten() {
         first_error.get_or_insert(e);
     }

@@ -9,7 +9,7 @@ use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::{LockObject, NamespaceLabels};
 use crate::controller::reconcile::cluster_admission;
 use crate::core::model::RunView;
-use crate::core::observe::{ObservedRun, cluster_mutex_target};
+use crate::core::observe::{ObservedRun, cluster_mutex_targets};
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
 use crate::model::cluster_mutex::ClusterMutex;
@@ -113,7 +113,7 @@ impl LockObject for ClusterMutex {
     }
 
     fn claims(&self, o: &ObservedRun<'_>, _: &RunConfig, _: bool) -> bool {
-        matches!(cluster_mutex_target(o), Some(Ok(name)) if name == self.name_any())
+        matches!(cluster_mutex_targets(o), Some(Ok(names)) if names.contains(&self.name_any()))
     }
 
     /// Intake fails a run of a namespace that is not allowed as Forbidden.
