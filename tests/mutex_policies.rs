@@ -8,6 +8,7 @@ use futures::future::try_join_all;
 use kube::ResourceExt;
 use serde_json::json;
 use support::controller::ControllerProcess;
+use support::locks::{self, Kind, Lock};
 use support::pipelines::*;
 use support::timeline::Timeline;
 use support::*;
@@ -52,22 +53,39 @@ async fn create_at_once(
     Ok(())
 }
 
+for_both_kinds! {
+    supersede_pending_runs_first_then_newest_and_cancels_the_rest => supersede_pending_case;
+    supersede_none_runs_all_in_order => supersede_none_case;
+    supersede_running_cancels_holder_and_waits_for_its_finally => supersede_running_case;
+    capacity_two_never_has_more_than_two_holders => capacity_case;
+    wait_false_skips_instead_of_queueing => wait_false_case;
+}
+
+/// Of PipelineRuns `prs`: the latest created (seconds, as Kubernetes keeps it), then the greatest name.
+async fn newest_of(ns: &TestNamespace, prs: &[String]) -> Result<String> {
+    let mut ranked = Vec::new();
+    for pr in prs {
+        let created = ns.api::<PipelineRun>().get(pr).await?.creation_timestamp();
+        ranked.push((created.map(|t| t.0), pr.clone()));
+    }
+    ranked.sort();
+    Ok(ranked.pop().map(|(_, pr)| pr).unwrap_or_default())
+}
+
 /// PipelineRuns whose creation order is also their name order, then the newest.
 fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Result<()> {
+async fn supersede_pending_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("supersede-pending").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     ns.apply(&pipeline(
         "promote",
-        &Opts {
+        &lock.opts(Opts {
             finally: true,
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     let prs = names("p", 5);
@@ -79,14 +97,17 @@ async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Resu
     let rest: Vec<(&str, &[(&str, &str)])> =
         prs[1..].iter().map(|p| (p.as_str(), &[][..])).collect();
     create_at_once(&ns, "promote", &rest).await?;
-
-    for pr in &prs[1..4] {
+    // Created at once, they may straddle a second: the newest is the latest
+    // creationTimestamp (seconds), then the greatest name, as the controller ranks them.
+    let newest = newest_of(&ns, &prs[1..]).await?;
+    let older: Vec<&String> = prs[1..].iter().filter(|p| **p != newest).collect();
+    for pr in &older {
         let c = wait_superseded(&ns, &lock_run(pr)).await?;
         ensure!(c.status == "False", "{pr}: {c:?}");
+        // By a newer one: the newest, or one in between that arrived first.
+        let by = format!("Superseded: newer PipelineRun {}", lock.name_of("p"));
         ensure!(
-            c.message
-                .as_deref()
-                .is_some_and(|m| m.contains("Superseded: newer PipelineRun p")),
+            c.message.as_deref().is_some_and(|m| m.contains(&by)),
             "{c:?}"
         );
         ended_cancelled(&ns, pr, "CancelledRunFinally").await?;
@@ -96,14 +117,14 @@ async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Resu
             "{pr}'s finally task ran"
         );
     }
-    wait_reason(&ns, &lock_run("p4"), "Waiting", slow()).await?;
-    let order = drive_grants(&ns, &["p0", "p4"], 2).await?;
+    wait_reason(&ns, &lock_run(&newest), "Waiting", slow()).await?;
+    let order = drive_grants(&ns, &["p0", &newest], 2).await?;
     ensure!(
-        order == ["p0", "p4"],
+        order == ["p0", newest.as_str()],
         "the first, then the newest: {order:?}"
     );
     ensure!(
-        pipeline_run_reason(&ns, "p4").await?.0 == "True",
+        pipeline_run_reason(&ns, &newest).await?.0 == "True",
         "the newest deploys"
     );
     let events = ns.kubectl(&[
@@ -114,7 +135,7 @@ async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Resu
         "-o",
         "wide",
     ])?;
-    for pr in &prs[1..4] {
+    for pr in &older {
         ensure!(
             events.contains(pr.as_str()),
             "an Event records who superseded {pr}:\n{events}"
@@ -123,18 +144,16 @@ async fn supersede_pending_runs_first_then_newest_and_cancels_the_rest() -> Resu
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn supersede_none_runs_all_in_order() -> Result<()> {
+async fn supersede_none_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("supersede-none").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     ns.apply(&pipeline(
         "promote",
-        &Opts {
+        &lock.opts(Opts {
             lock_params: &[("supersede", "none")],
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     ns.apply(&pipeline_run("n0", "promote", &[])).await?;
@@ -151,19 +170,17 @@ async fn supersede_none_runs_all_in_order() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<()> {
+async fn supersede_running_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("supersede-running").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     ns.apply(&pipeline(
         "promote",
-        &Opts {
+        &lock.opts(Opts {
             lock_params: &[("supersede", "running")],
             finally: true,
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     // Created within the same second, age falls back to the name: v1 < v2.
@@ -188,7 +205,7 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         "v2 waits while v1's finally runs"
     );
     ensure!(
-        mutex_status(&ns, ns.name()).await?.holding == "v1",
+        lock.status(&ns).await?.holding == lock.name_of("v1"),
         "v1 keeps the slot during its finally"
     );
     release_finally(&ns, "v1").await?;
@@ -199,7 +216,7 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         "v1 is done, finally included, when v2 acquires"
     );
     ensure!(
-        old.annotations().get("tekton-mutex.dev/superseded-by") == Some(&"v2".to_string()),
+        old.annotations().get("tekton-mutex.dev/superseded-by") == Some(&lock.name_of("v2")),
         "the cancelled holder names who superseded it: {:?}",
         old.annotations()
     );
@@ -214,7 +231,10 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
         "wide",
     ])?;
     ensure!(
-        events.contains("superseded by newer PipelineRun v2"),
+        events.contains(&format!(
+            "superseded by newer PipelineRun {}",
+            lock.name_of("v2")
+        )),
         "{events}"
     );
     release(&ns, "v2").await?;
@@ -230,6 +250,7 @@ async fn supersede_running_cancels_holder_and_waits_for_its_finally() -> Result<
 #[ignore = "needs hack/cluster.sh up"]
 async fn two_pipelines_sharing_a_key_never_supersede_each_other() -> Result<()> {
     let ns = TestNamespace::create("two-pipelines").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let shared = Opts {
         lock_params: &[("key", "shared")],
@@ -269,6 +290,7 @@ async fn two_pipelines_sharing_a_key_never_supersede_each_other() -> Result<()> 
 #[ignore = "needs hack/cluster.sh up"]
 async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
     let ns = TestNamespace::create("sequence").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let seq = [("sequence", "$(params.build)")];
     let queue = [
@@ -337,6 +359,7 @@ async fn sequence_decides_order_and_stale_arrivals_are_refused() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn priority_goes_first_and_newest_first_reverses_the_queue() -> Result<()> {
     let ns = TestNamespace::create("priority").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     ns.apply(&json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "metadata": {"name": "lifo"},
         "spec": {"order": "newest-first"}}).to_string()).await?;
@@ -387,28 +410,23 @@ async fn priority_goes_first_and_newest_first_reverses_the_queue() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn capacity_two_never_has_more_than_two_holders() -> Result<()> {
+async fn capacity_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("capacity").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::with_spec(kind, &ns, json!({"capacity": 2})).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
-    ns.apply(&json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex", "metadata": {"name": "pool"},
-        "spec": {"capacity": 2}}).to_string()).await?;
     ns.apply(&pipeline(
         "work",
-        &Opts {
+        &lock.opts(Opts {
             lock_params: &[("supersede", "none")],
-            mutex_name: Some("pool"),
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     let prs = names("c", 6);
     let runs: Vec<(&str, &[(&str, &str)])> = prs.iter().map(|p| (p.as_str(), &[][..])).collect();
     create_at_once(&ns, "work", &runs).await?;
     wait_until("two holders and four waiters", slow(), || async {
-        let s = mutex_status(&ns, "pool").await?;
+        let s = lock.status(&ns).await?;
         Ok((s.holders.len() == 2 && s.queue.len() == 4).then_some(()))
     })
     .await?;
@@ -426,18 +444,16 @@ async fn capacity_two_never_has_more_than_two_holders() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn wait_false_skips_instead_of_queueing() -> Result<()> {
+async fn wait_false_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("wait-false").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     ns.apply(&pipeline(
         "try",
-        &Opts {
+        &lock.opts(Opts {
             lock_params: &[("wait", "false")],
             when_acquired: true,
             ..Default::default()
-        },
+        }),
     ))
     .await?;
     ns.apply(&pipeline_run("t0", "try", &[])).await?;
@@ -473,7 +489,7 @@ async fn wait_false_skips_instead_of_queueing() -> Result<()> {
         "deploy was skipped: {skipped:?}"
     );
     ensure!(
-        mutex_status(&ns, ns.name()).await?.holding == "t0",
+        lock.status(&ns).await?.holding == lock.name_of("t0"),
         "t1 holds nothing"
     );
     release(&ns, "t0").await?;
@@ -483,6 +499,7 @@ async fn wait_false_skips_instead_of_queueing() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
+    let _shared = locks::shared().await;
     let ns = TestNamespace::create("crash-supersede").await?;
     let mut faulty = ControllerProcess::start_with_env(
         ns.name(),
@@ -539,6 +556,7 @@ async fn crash_between_supersede_steps_still_cancels() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn every_invalid_policy_value_is_refused() -> Result<()> {
     let ns = TestNamespace::create("invalid-policy").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     // Any key of 1 to 1024 bytes is accepted (mapped to an object name); longer is not.
     let too_long = "k".repeat(1025);

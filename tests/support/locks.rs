@@ -70,6 +70,15 @@ pub struct Lock {
 impl Lock {
     /// The lock of namespace `ns`, and a controller for it (cluster-wide for a ClusterMutex).
     pub async fn new(kind: Kind, ns: &TestNamespace) -> Result<Lock> {
+        Lock::with_spec(kind, ns, json!({})).await
+    }
+
+    /// The same, with these lock settings (`capacity`, `order`, ...) in its spec.
+    pub async fn with_spec(
+        kind: Kind,
+        ns: &TestNamespace,
+        spec: serde_json::Value,
+    ) -> Result<Lock> {
         // Taken before the controller starts, and held until it has stopped.
         let (_alone, _shared) = match kind {
             Kind::Mutex => (None, Some(shared().await)),
@@ -87,11 +96,17 @@ impl Lock {
             _shared,
         };
         match kind {
-            Kind::Mutex => {}
+            Kind::Mutex if spec == json!({}) => {}
+            Kind::Mutex => {
+                let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+                    "metadata": {"name": ns.name()}, "spec": spec});
+                ns.apply(&mutex.to_string()).await?;
+            }
             Kind::ClusterMutex => {
                 let api: kube::Api<ClusterMutex> = kube::Api::all(ns.client());
-                let spec: ClusterMutexSpec =
-                    serde_json::from_value(json!({"namespaces": [ns.name()]}))?;
+                let mut spec = spec;
+                spec["namespaces"] = json!([ns.name()]);
+                let spec: ClusterMutexSpec = serde_json::from_value(spec)?;
                 api.create(&PostParams::default(), &ClusterMutex::new(ns.name(), spec))
                     .await?;
                 lock.cluster_mutex = Some(ClusterMutexGuard(api, ns.name().to_string()));
