@@ -8,6 +8,7 @@ mod support;
 use anyhow::{Context, Result, ensure};
 use kube::api::{DeleteParams, PostParams};
 use support::controller::ControllerProcess;
+use support::locks::{self, Kind, Lock};
 use support::pipelines::*;
 use support::timeline::Timeline;
 use support::*;
@@ -49,6 +50,7 @@ async fn mutex_uid(ns: &TestNamespace) -> Result<Option<String>> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_deleted_mutex_in_use_releases_nothing_and_goes_once_empty() -> Result<()> {
     let ns = TestNamespace::create("mutex-delete").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
     holder_a_and_waiter_b(&ns).await?;
@@ -111,6 +113,7 @@ async fn a_deleted_mutex_in_use_releases_nothing_and_goes_once_empty() -> Result
 #[ignore = "needs hack/cluster.sh up"]
 async fn tokens_continue_after_a_deleted_mutex_and_its_runs_are_gone() -> Result<()> {
     let ns = TestNamespace::create("token-floor").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let opts = Opts {
         lock_params: &[("key", KEY), ("supersede", "none")],
@@ -142,49 +145,67 @@ async fn tokens_continue_after_a_deleted_mutex_and_its_runs_are_gone() -> Result
     succeeded(&ns, "d").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn a_wiped_status_is_rebuilt_from_the_runs() -> Result<()> {
+for_both_kinds! {
+    a_wiped_status_is_rebuilt_from_the_runs => wiped_status_case;
+}
+
+async fn wiped_status_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("status-wipe").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     let timeline = Timeline::start(ns.client(), ns.name());
-    holder_a_and_waiter_b(&ns).await?;
-    let api = ns.api::<Mutex>();
+    let opts = lock.opts(Opts {
+        lock_params: &[("supersede", "none")],
+        ..Default::default()
+    });
+    ns.apply(&pipeline("deploy", &opts)).await?;
+    ns.apply(&pipeline_run("a", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    ns.apply(&pipeline_run("b", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
+    let object = || -> Result<serde_json::Value> {
+        Ok(serde_json::from_str(&ns.kubectl(&[
+            "get",
+            &lock.kubectl_ref(),
+            "-o",
+            "json",
+        ])?)?)
+    };
+    let replace_status = |v: &serde_json::Value| -> Result<String> {
+        let file = repo_root().join(format!("target/{}-status.json", ns.name()));
+        std::fs::write(&file, v.to_string())?;
+        let out = ns.kubectl(&[
+            "replace",
+            "--subresource=status",
+            "-f",
+            file.to_str().unwrap(),
+        ]);
+        std::fs::remove_file(&file)?;
+        out
+    };
 
     // The API server refuses a status that lowers lastToken.
-    let mut lowered = api.get(KEY).await?;
-    let st = lowered.status.as_mut().context("a status")?;
-    ensure!(st.last_token == 1, "{st:?}");
-    st.last_token = 0;
-    st.holders.clear();
-    let refused = api
-        .replace_status(KEY, &PostParams::default(), &lowered)
-        .await;
+    let mut lowered = object()?;
+    ensure!(lowered["status"]["lastToken"] == 1, "{}", lowered["status"]);
+    lowered["status"]["lastToken"] = 0.into();
+    lowered["status"]["holders"] = serde_json::json!([]);
+    let refused = replace_status(&lowered);
     ensure!(
-        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("lastToken never goes down")),
+        matches!(&refused, Err(e) if e.to_string().contains("lastToken never goes down")),
         "a status lowering lastToken was accepted: {refused:?}"
     );
 
     // Wipe it: the object put back without a status.
-    let mut wiped = serde_json::to_value(api.get(KEY).await?)?;
+    let mut wiped = object()?;
     wiped.as_object_mut().unwrap().remove("status");
-    let file = repo_root().join(format!("target/{}-wiped-mutex.json", ns.name()));
-    std::fs::write(&file, wiped.to_string())?;
-    ns.kubectl(&[
-        "replace",
-        "--subresource=status",
-        "-f",
-        file.to_str().unwrap(),
-    ])?;
-    std::fs::remove_file(&file)?;
+    replace_status(&wiped)?;
 
     // Rebuilt: a holds again with its token, b still waits, and nothing was granted.
     let rebuilt = wait_until("the status to be rebuilt", slow(), || async {
-        let st = mutex_status(&ns, KEY).await?;
+        let st = lock.status(&ns).await?;
         let holds_a = st
             .holders
             .iter()
-            .any(|h| h.pipeline_run.as_deref() == Some("a"));
+            .any(|h| h.pipeline_run.as_deref() == Some(lock.name_of("a").as_str()));
         Ok((holds_a && st.queue.len() == 1).then_some(st))
     })
     .await?;
@@ -228,6 +249,7 @@ async fn two_thousand_runs_through_one_key_leave_a_small_status() -> Result<()> 
     // Capacity 10 lets them pass quickly; what the status keeps does not depend on it.
     const IN_FLIGHT: usize = 20;
     let ns = TestNamespace::create("many-runs").await?;
+    let _shared = locks::shared().await;
     let _c = ControllerProcess::start(ns.name()).await?;
     let mutex = serde_json::json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
         "metadata": {"name": KEY}, "spec": {"capacity": 10}});

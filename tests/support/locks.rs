@@ -139,6 +139,14 @@ impl Lock {
         }
     }
 
+    /// The lock object as kubectl names it: `mutex/NAME` or `clustermutex/NAME`.
+    pub fn kubectl_ref(&self) -> String {
+        match self.kind {
+            Kind::Mutex => format!("mutex/{}", self.namespace),
+            Kind::ClusterMutex => format!("clustermutex/{}", self.namespace),
+        }
+    }
+
     /// A run or PipelineRun of the test's namespace, as the lock's status names it.
     pub fn name_of(&self, name: &str) -> String {
         match self.kind {
