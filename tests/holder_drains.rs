@@ -13,6 +13,7 @@ use anyhow::{Result, ensure};
 use kube::api::DeleteParams;
 use serde_json::json;
 use support::controller::ControllerProcess;
+use support::locks::{self, Kind, Lock};
 use support::pipelines::{
     cancel_pipeline_run, lock_run, mark, mark_exists, mutex_status, release, slow,
     wait_pod_recorded, wait_reason,
@@ -41,15 +42,19 @@ wait $!
 mark end
 "#;
 
-/// `lock` then `deploy` (the step above); `extra_tasks` run beside the lock.
-fn pipeline(name: &str, lock_params: &[(&str, &str)], extra_tasks: &[serde_json::Value]) -> String {
+/// `lock` (with this `taskRef`) then `deploy` (the step above); `extra_tasks` run beside the lock.
+fn pipeline(
+    task_ref: &serde_json::Value,
+    name: &str,
+    lock_params: &[(&str, &str)],
+    extra_tasks: &[serde_json::Value],
+) -> String {
     let params: Vec<_> = lock_params
         .iter()
         .map(|(k, v)| json!({"name": k, "value": v}))
         .collect();
     let mut tasks = vec![
-        json!({"name": "lock", "params": params,
-               "taskRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"}}),
+        json!({"name": "lock", "params": params, "taskRef": task_ref}),
         json!({
             "name": "deploy", "runAfter": ["lock"],
             "params": [
@@ -118,14 +123,20 @@ async fn assert_handed_over_after_the_step_ended(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn a_cancelled_holder_keeps_the_slot_until_its_terminating_step_ended() -> Result<()> {
+for_both_kinds! {
+    a_cancelled_holder_keeps_the_slot_until_its_terminating_step_ended => cancelled_case;
+    a_superseded_running_holder_keeps_the_slot_until_its_step_ended => superseded_case;
+    a_timed_out_holder_keeps_the_slot_until_its_step_ended => timed_out_case;
+    a_deleted_holder_keeps_the_slot_until_its_pods_are_gone => deleted_case;
+    deleting_the_holders_lock_run_does_not_free_the_slot => lock_run_deleted_case;
+}
+
+async fn cancelled_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("drain-cancel").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     a_deploys_b_waits(
         &ns,
-        &pipeline("deploy", &[("supersede", "none")], &[]),
+        &pipeline(&lock.task_ref(), "deploy", &[("supersede", "none")], &[]),
         None,
     )
     .await?;
@@ -133,23 +144,24 @@ async fn a_cancelled_holder_keeps_the_slot_until_its_terminating_step_ended() ->
     assert_handed_over_after_the_step_ended(&ns, "a", "b").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn a_superseded_running_holder_keeps_the_slot_until_its_step_ended() -> Result<()> {
+async fn superseded_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("drain-supersede").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     let params = [("supersede", "running"), ("cancel-mode", "Cancelled")];
     // b is newer: it makes the controller cancel a, and waits for a's step to end.
-    a_deploys_b_waits(&ns, &pipeline("deploy", &params, &[]), None).await?;
+    a_deploys_b_waits(
+        &ns,
+        &pipeline(&lock.task_ref(), "deploy", &params, &[]),
+        None,
+    )
+    .await?;
     assert_handed_over_after_the_step_ended(&ns, "a", "b").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn a_timed_out_holder_keeps_the_slot_until_its_step_ended() -> Result<()> {
+async fn timed_out_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("drain-timeout").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
-    let yaml = pipeline("deploy", &[("supersede", "none")], &[]);
+    let lock = Lock::new(kind, &ns).await?;
+    let yaml = pipeline(&lock.task_ref(), "deploy", &[("supersede", "none")], &[]);
     // a's deploy waits for a gate that never comes: its PipelineRun times out.
     a_deploys_b_waits(&ns, &yaml, Some("40s")).await?;
     let c = ns
@@ -159,14 +171,12 @@ async fn a_timed_out_holder_keeps_the_slot_until_its_step_ended() -> Result<()> 
     assert_handed_over_after_the_step_ended(&ns, "a", "b").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn a_deleted_holder_keeps_the_slot_until_its_pods_are_gone() -> Result<()> {
+async fn deleted_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("drain-delete").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     a_deploys_b_waits(
         &ns,
-        &pipeline("deploy", &[("supersede", "none")], &[]),
+        &pipeline(&lock.task_ref(), "deploy", &[("supersede", "none")], &[]),
         None,
     )
     .await?;
@@ -177,14 +187,12 @@ async fn a_deleted_holder_keeps_the_slot_until_its_pods_are_gone() -> Result<()>
     assert_handed_over_after_the_step_ended(&ns, "a", "b").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs hack/cluster.sh up"]
-async fn deleting_the_holders_lock_run_does_not_free_the_slot() -> Result<()> {
+async fn lock_run_deleted_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("drain-lockrun").await?;
-    let _c = ControllerProcess::start(ns.name()).await?;
+    let lock = Lock::new(kind, &ns).await?;
     a_deploys_b_waits(
         &ns,
-        &pipeline("deploy", &[("supersede", "none")], &[]),
+        &pipeline(&lock.task_ref(), "deploy", &[("supersede", "none")], &[]),
         None,
     )
     .await?;
@@ -198,11 +206,11 @@ async fn deleting_the_holders_lock_run_does_not_free_the_slot() -> Result<()> {
         Ok(now.is_none_or(|r| r.metadata.uid != uid).then_some(()))
     })
     .await?;
-    let s = mutex_status(&ns, ns.name()).await?;
+    let s = lock.status(&ns).await?;
     ensure!(
         s.holders
             .iter()
-            .any(|h| h.pipeline_run.as_deref() == Some("a")),
+            .any(|h| h.pipeline_run.as_deref() == Some(lock.name_of("a").as_str())),
         "a's hold went with its lock run: {s:?}"
     );
     ensure!(
@@ -222,9 +230,11 @@ async fn deleting_the_holders_lock_run_does_not_free_the_slot() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_stopping_pipelinerun_leaves_the_queue_at_once() -> Result<()> {
+    let _shared = locks::shared().await;
     let ns = TestNamespace::create("drain-stopping").await?;
     let _c = ControllerProcess::start(ns.name()).await?;
-    ns.apply(&pipeline("deploy", &[("supersede", "none")], &[]))
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+    ns.apply(&pipeline(&mutex, "deploy", &[("supersede", "none")], &[]))
         .await?;
     // The lock task has no dependents here: with one, Tekton v1.15 fails to reconcile
     // the PipelineRun (it counts the skipped dependent as done before its parent) and

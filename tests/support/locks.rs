@@ -139,6 +139,16 @@ impl Lock {
         }
     }
 
+    /// A lock task's `taskRef` to this lock (a Mutex's key is the namespace by default).
+    pub fn task_ref(&self) -> serde_json::Value {
+        let mut r = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+        if let Some(g) = &self.cluster_mutex {
+            r["kind"] = json!("ClusterMutex");
+            r["name"] = json!(g.1);
+        }
+        r
+    }
+
     /// The lock object as kubectl names it: `mutex/NAME` or `clustermutex/NAME`.
     pub fn kubectl_ref(&self) -> String {
         match self.kind {
