@@ -10,6 +10,8 @@ const RBAC: &str = include_str!("../config/rbac.yaml");
 const DEPLOYMENT: &str = include_str!("../config/deployment.yaml");
 /// The role for people who control queues (`tkn mutex`): see the README's "Queue control".
 const OPERATOR_ROLE: &str = include_str!("../config/operator-role.yaml");
+/// Refuses a queue-control request that names another requester: see the file.
+const ADMISSION_POLICY: &str = include_str!("../config/admission-policy.yaml");
 const NAMESPACED_RBAC: &str = include_str!("../config/namespaced/rbac.yaml");
 const NAMESPACED_DEPLOYMENT: &str = include_str!("../config/namespaced/deployment.yaml");
 
@@ -40,6 +42,7 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
             crate::crd_yaml(),
             RBAC.into(),
             OPERATOR_ROLE.into(),
+            ADMISSION_POLICY.into(),
             DEPLOYMENT.into(),
         ],
         Install::Namespaced => vec![NAMESPACED_RBAC.into(), NAMESPACED_DEPLOYMENT.into()],
@@ -120,6 +123,8 @@ mod tests {
         let crds = kinds.iter().filter(|k| **k == "CustomResourceDefinition");
         assert_eq!(crds.count(), 2, "Mutex and ClusterMutex in {kinds:?}");
         for kind in [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "Namespace",
             "ServiceAccount",
             "ClusterRoleBinding",

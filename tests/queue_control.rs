@@ -420,3 +420,89 @@ async fn without_a_controller_a_request_times_out_and_says_so() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// The admission policy of config/ installed for one test (it is cluster-wide),
+/// and removed when the test ends.
+struct AdmissionPolicy(std::path::PathBuf);
+
+impl AdmissionPolicy {
+    fn install() -> Result<AdmissionPolicy> {
+        let file = repo_root().join("config/admission-policy.yaml");
+        kubectl(&["apply", "-f", file.to_str().unwrap()])?;
+        Ok(AdmissionPolicy(file))
+    }
+}
+
+impl Drop for AdmissionPolicy {
+    fn drop(&mut self) {
+        let _ = kubectl(&[
+            "delete",
+            "--ignore-not-found",
+            "-f",
+            self.0.to_str().unwrap(),
+        ]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_forged_requester_is_refused_by_the_api_server() -> Result<()> {
+    let q = queued(Kind::Mutex, "qc-forged", &["run-1", "run-2"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    // A Mutex no controller serves, to see the policy take effect on.
+    let probe = TestNamespace::create("qc-forged-probe").await?;
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": "probe"}, "spec": {}});
+    probe.apply(&mutex.to_string()).await?;
+    let _policy = AdmissionPolicy::install()?;
+    let annotate = |ns: &TestNamespace, name: &str, id: &str, value: &str| {
+        let annotation = format!("request.tekton-mutex.dev/{id}={value}");
+        ns.kubectl(&["annotate", "--overwrite", "mutex", name, &annotation])
+    };
+    let forged = r#"{"action":"clear","by":"security-oncall"}"#;
+    wait_until("the admission policy to take effect", slow(), || async {
+        match annotate(&probe, "probe", "forged", forged) {
+            Err(e) if e.to_string().contains("must be \"admin\"") => Ok(Some(())),
+            Err(e) => Err(e),
+            Ok(_) => {
+                probe.kubectl(&[
+                    "annotate",
+                    "mutex",
+                    "probe",
+                    "request.tekton-mutex.dev/forged-",
+                ])?;
+                Ok(None)
+            }
+        }
+    })
+    .await?;
+    // On the served Mutex: refused, and nothing changed.
+    let refused = annotate(ns, key, "forged", forged);
+    ensure!(
+        matches!(&refused, Err(e) if e.to_string().contains("must be \"admin\"")),
+        "{refused:?}"
+    );
+    ensure!(q.queue().await? == ["run-2"], "the queue is as it was");
+    // Your own name passes, and so does tkn mutex (which writes it).
+    annotate(&probe, "probe", "own", r#"{"action":"clear","by":"admin"}"#)?;
+    let edited = annotate(
+        &probe,
+        "probe",
+        "own",
+        r#"{"action":"clear","by":"admin","force":true}"#,
+    );
+    ensure!(
+        matches!(&edited, Err(e) if e.to_string().contains("cannot be edited")),
+        "{edited:?}"
+    );
+    let out = q.tkn_mutex(&["clear", key])?.stdout()?;
+    ensure!(out.contains("cleared 1 waiter"), "{out}");
+    let st = q.lock.status(ns).await?;
+    ensure!(
+        st.observed_requests.iter().all(|r| r.by == "admin"),
+        "{:?}",
+        st.observed_requests
+    );
+    release(ns, "run-1").await?;
+    Ok(())
+}

@@ -25,9 +25,11 @@ pub const RELEASED_BY_ANNOTATION: &str = "tekton-mutex.dev/released-by";
 /// On a PipelineRun cancelled because the queue it waited in was cleared.
 pub const CLEARED_BY_ANNOTATION: &str = "tekton-mutex.dev/cleared-by";
 
-/// A request, as the annotation value says it.
+/// A request, as the annotation value says it. Read strictly (no unknown field,
+/// no field twice): the admission policy in config/ trusts that `"by":"..."`
+/// can only be this field.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Request {
     /// The annotation key's suffix (not part of the value).
     #[serde(skip)]
@@ -168,6 +170,22 @@ mod tests {
                 (other, _) => panic!("{field:?}: {other:?}"),
             }
         }
+    }
+
+    /// The admission policy finds the requester as `"by":"NAME"` in the value:
+    /// a request may carry no second object and no second `by` to hide another in.
+    #[test]
+    fn a_request_with_an_unknown_field_or_a_field_twice_is_unreadable() {
+        for value in [
+            r#"{"action":"clear","by":"security-oncall","x":{"by":"me"}}"#,
+            r#"{"action":"clear","by":"security-oncall","by":"me"}"#,
+        ] {
+            let read = requests_from(&[(format!("{REQUEST_PREFIX}x"), value.into())].into());
+            assert!(matches!(&read[..], [Err(_)]), "{value}: {read:?}");
+        }
+        let fine = r#"{"action":"clear","by":"me"}"#;
+        let read = requests_from(&[(format!("{REQUEST_PREFIX}x"), fine.into())].into());
+        assert!(matches!(&read[..], [Ok(r)] if r.by == "me"), "{read:?}");
     }
 
     #[test]
