@@ -4,6 +4,7 @@
 
 mod clear;
 mod describe;
+mod forget;
 mod freeze;
 mod list;
 mod lock;
@@ -47,6 +48,8 @@ enum Command {
     Clear(clear::ClearArgs),
     /// Move one waiting PipelineRun to the front of the queue, once.
     Promote(promote::PromoteArgs),
+    /// Drop a supersede group's mark: its runs are no longer stale against it.
+    Forget(forget::ForgetArgs),
 }
 
 /// Run the command line; returns the exit code.
@@ -71,6 +74,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Release(a) => release::run(&target, a).await,
         Command::Clear(a) => clear::run(&target, a).await,
         Command::Promote(a) => promote::run(&target, a).await,
+        Command::Forget(a) => forget::run(&target, a).await,
     }
 }
 

@@ -29,6 +29,7 @@ for_both_kinds! {
     release_force_hands_over_with_a_higher_token => release_case;
     clear_fails_every_waiter_with_cleared => clear_case;
     promote_moves_a_waiter_to_the_front => promote_case;
+    forget_drops_a_poisoned_supersede_mark => forget_case;
 }
 
 /// A test's queue: its namespace, its lock (a Mutex named after the namespace,
@@ -279,6 +280,51 @@ async fn promote_case(kind: Kind) -> Result<()> {
     for pr in ["run-4", "run-2", "run-3"] {
         release(ns, pr).await?;
     }
+    Ok(())
+}
+
+/// Issue 23 item 10: a run with a huge `sequence` marks its group so that every
+/// later run is refused as stale; `tkn mutex forget` drops the mark.
+async fn forget_case(kind: Kind) -> Result<()> {
+    let ns = TestNamespace::create("qc-forget").await?;
+    let lock = Lock::new(kind, &ns).await?;
+    let opts = lock.opts(Opts {
+        lock_params: &[("sequence", "$(params.build)")],
+        ..Default::default()
+    });
+    let mut p: serde_json::Value = serde_json::from_str(&pipeline("deploy", &opts))?;
+    p["spec"]["params"] = json!([{"name": "build"}]);
+    ns.apply(&p.to_string()).await?;
+    let poison = (1_i64 << 53).to_string();
+    ns.apply(&pipeline_run("typo", "deploy", &[("build", &poison)]))
+        .await?;
+    wait_reason(&ns, &lock_run("typo"), "Acquired", slow()).await?;
+    release(&ns, "typo").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "typo", slow())
+        .await?;
+    ns.apply(&pipeline_run("b41", "deploy", &[("build", "41")]))
+        .await?;
+    wait_superseded(&ns, &lock_run("b41")).await?;
+    let mut flags = vec!["-n", ns.name()];
+    if kind == Kind::ClusterMutex {
+        flags.push("--cluster");
+    }
+    let missing = tkn_mutex(&[&["forget", ns.name(), "nope"][..], &flags].concat())?;
+    ensure!(
+        missing.code == Some(1) && missing.stderr.contains("no supersede mark"),
+        "{missing:?}"
+    );
+    let out = tkn_mutex(&[&["forget", ns.name(), "deploy"][..], &flags].concat())?.stdout()?;
+    ensure!(out.contains("forgot the supersede mark"), "{out}");
+    ns.apply(&pipeline_run("b42", "deploy", &[("build", "42")]))
+        .await?;
+    wait_reason(&ns, &lock_run("b42"), "Acquired", slow()).await?;
+    let marks = lock.status(&ns).await?.groups;
+    ensure!(
+        marks.iter().all(|m| m.newest.sequence == Some(42)),
+        "the mark is b42's, not the typo's again: {marks:?}"
+    );
+    release(&ns, "b42").await?;
     Ok(())
 }
 

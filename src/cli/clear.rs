@@ -29,6 +29,7 @@ pub async fn run(target: &Target, a: ClearArgs) -> Result<()> {
         by: String::new(),
         force: false,
         keep_pipeline_runs: a.keep_pipeline_runs,
+        group: None,
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

@@ -43,6 +43,7 @@ pub async fn run(target: &Target, a: PromoteArgs) -> Result<()> {
         by: String::new(),
         force: false,
         keep_pipeline_runs: false,
+        group: None,
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

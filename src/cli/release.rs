@@ -59,6 +59,7 @@ pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
         by: String::new(),
         force: true,
         keep_pipeline_runs: false,
+        group: None,
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

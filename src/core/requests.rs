@@ -49,6 +49,9 @@ pub struct Request {
     /// Clear: leave the waiters' PipelineRuns running.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep_pipeline_runs: bool,
+    /// Forget: the supersede group whose mark goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Request {
@@ -95,6 +98,7 @@ pub fn within_bounds(r: &Request) -> Result<(), String> {
         ("reason", r.reason.as_deref()),
         ("by", Some(r.by.as_str())),
         ("pipelineRun", r.pipeline_run.as_deref()),
+        ("group", r.group.as_deref()),
     ];
     for (name, text) in fields {
         let len = text.map_or(0, str::len);
@@ -128,6 +132,7 @@ mod tests {
             by: "alice".into(),
             force: true,
             keep_pipeline_runs: false,
+            group: None,
         };
         let (k, v) = r.annotation();
         assert!(k.starts_with(REQUEST_PREFIX));
@@ -150,6 +155,7 @@ mod tests {
             by: by.into(),
             force: false,
             keep_pipeline_runs: false,
+            group: None,
         };
         for (r, field) in [
             (request(&long, "alice"), Some("reason")),

@@ -140,6 +140,10 @@ pub struct MutexStatus {
     /// than `none`: later arrivals older than it are stale.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupMark>,
+    /// Marks a person dropped (`tkn mutex forget`), kept while a run that made
+    /// one still shows its grant: rebuilding the state never makes them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forgotten_marks: Vec<GroupMark>,
     /// Holder PipelineRuns, comma-separated (for `kubectl get`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub holding: String,

@@ -15,6 +15,9 @@ pub enum Action {
     Clear,
     /// Move one waiter to the front of the queue, once.
     Promote,
+    /// Drop a supersede group's mark, so that its runs are no longer judged
+    /// stale against it (say, a mark raised by a mistyped `sequence`).
+    Forget,
 }
 
 impl Action {
@@ -23,6 +26,7 @@ impl Action {
             Action::Release => "release",
             Action::Clear => "clear",
             Action::Promote => "promote",
+            Action::Forget => "forget",
         }
     }
 }
@@ -40,7 +44,7 @@ pub enum Verdict {
 #[serde(rename_all = "camelCase")]
 pub struct ObservedRequest {
     pub id: String,
-    /// release, clear or promote; absent for an unreadable request.
+    /// release, clear, promote or forget; absent for an unreadable request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<Action>,
     /// Who asked, as the client reported it.

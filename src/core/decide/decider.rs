@@ -70,12 +70,15 @@ impl<'a> Decider<'a> {
         let highest = self.all.iter().filter_map(|r| r.acquired_token).max();
         self.st.last_token = self.st.last_token.max(highest.unwrap_or(0));
         self.st.last_token = self.st.last_token.max(self.facts.token_floor);
+        self.keep_forgotten_marks_while_shown();
         for r in self.all {
             let Some(token) = r.acquired_token else {
                 continue;
             };
             let entry = waiter_of(r);
-            self.mark_group(&entry, r.waiting_since);
+            if !self.forgotten(&entry) {
+                self.mark_group(&entry, r.waiting_since);
+            }
             let known = self.st.holders.iter().any(|h| {
                 h.run.uid == r.run.uid || r.parent.as_ref().is_some_and(|p| is_parent(h.party(), p))
             });
@@ -88,6 +91,26 @@ impl<'a> Decider<'a> {
                 .push(holder_of(entry, token, r.waiting_since, 0));
         }
         self.st.holders.sort_by_key(|h| h.token);
+    }
+
+    /// Was this run's mark forgotten by a person? Then rebuilding does not raise it again.
+    fn forgotten(&self, w: &Waiter) -> bool {
+        let forgotten = &self.st.forgotten_marks;
+        forgotten
+            .iter()
+            .any(|f| f.group == w.group && f.newest == w.age)
+    }
+
+    /// A forgotten mark is kept only while a run that raised it still shows its grant.
+    fn keep_forgotten_marks_while_shown(&mut self) {
+        let all = self.all;
+        self.st.forgotten_marks.retain(|f| {
+            all.iter().any(|r| {
+                let w = waiter_of(r);
+                r.acquired_token.is_some() && f.group == w.group && f.newest == w.age
+            })
+        });
+        self.st.forgotten_marks.truncate(MAX_GROUP_MARKS);
     }
 
     /// A holder keeps the slot until nothing of its PipelineRun can still run

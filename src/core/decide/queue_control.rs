@@ -86,7 +86,38 @@ impl Decider<'_> {
             Action::Release => self.release(&name()?, &format!("released by {by}{why}")),
             Action::Clear => Ok(self.clear(&format!("the queue was cleared by {by}{why}"), r)),
             Action::Promote => self.promote(&name()?),
+            Action::Forget => match r.group.as_deref() {
+                Some(group) => self.forget(group),
+                None => Err("a forget request must name a group".into()),
+            },
         }
+    }
+
+    /// Drop a group's mark; the runs that raised it never raise it again (see
+    /// `rebuild_from_runs`), so the group falls back to its other grants.
+    fn forget(&mut self, group: &str) -> Result<String, String> {
+        let Some(i) = self.st.groups.iter().position(|m| m.group == group) else {
+            let marks: Vec<String> = self.st.groups.iter().map(|m| m.group.clone()).collect();
+            return Err(format!(
+                "group {group} has no supersede mark on the key (marks: {})",
+                names_or_nobody(marks)
+            ));
+        };
+        let mark = self.st.groups.remove(i);
+        let newest = mark
+            .pipeline_run
+            .clone()
+            .unwrap_or(mark.newest.name.clone());
+        let sequence = mark
+            .newest
+            .sequence
+            .map_or(String::new(), |s| format!(", sequence {s}"));
+        self.st.forgotten_marks.retain(|f| f.group != group);
+        self.st.forgotten_marks.push(mark);
+        Ok(format!(
+            "forgot the supersede mark of group {group} (newest granted: {newest}{sequence}); \
+             its runs are now judged stale only against other grants"
+        ))
     }
 
     fn release(&mut self, name: &str, message: &str) -> Result<String, String> {

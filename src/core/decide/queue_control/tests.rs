@@ -18,6 +18,7 @@ fn request(id: &str, action: Action, pr: Option<&str>) -> Result<Request, Unread
         by: "alice".into(),
         force: true,
         keep_pipeline_runs: false,
+        group: None,
     })
 }
 
@@ -257,4 +258,68 @@ fn a_holder_recorded_without_its_pipeline_run_uid_is_released_for_good() {
     assert_eq!(w.status.dismissed[0].uid, "pr0-uid");
     w.step(&[]);
     assert_eq!(w.holders(), [("pr1".to_string(), 2)]);
+}
+
+fn forget(id: &str, group: &str) -> Result<Request, Unreadable> {
+    let mut r = request(id, Action::Forget, None)?;
+    r.group = Some(group.into());
+    Ok(r)
+}
+
+fn told(d: &Decision, uid: &str) -> Outcome {
+    let o = d.outcomes.iter().find(|(r, _)| r.uid == uid);
+    o.map(|(_, o)| o.clone()).expect("told")
+}
+
+/// Issue 23 item 10: one run with a huge `sequence` marks its group so high that
+/// every later run is stale. Forgetting the mark lets them through, and the mark
+/// does not come back from the run that raised it, though it still shows its grant.
+#[test]
+fn a_forgotten_mark_lets_the_group_through_and_never_comes_back() {
+    let mut w = World::new(0);
+    let sequenced = |i: usize, s: i64| {
+        let mut r = run(i);
+        r.supersede = Supersede::Pending;
+        r.age.sequence = Some(s);
+        r
+    };
+    w.runs.push(sequenced(0, 1 << 53));
+    w.step(&[]);
+    w.finish(0);
+    w.step(&[]);
+    assert!(w.holders().is_empty(), "pr0 is done");
+    w.runs.push(sequenced(1, 41));
+    let d = w.step(&[]);
+    assert!(
+        matches!(told(&d, "uid-1"), Outcome::Superseded { .. }),
+        "stale: {:?}",
+        told(&d, "uid-1")
+    );
+    w.runs[1].phase = Phase::Done { superseded: true };
+    let missing = w.step(&[forget("f0", "nope")]);
+    assert_eq!(
+        missing.status.observed_requests[0].verdict,
+        Verdict::Refused
+    );
+    w.step(&[forget("f1", "deploy")]);
+    assert_eq!(w.ack("f1").verdict, Verdict::Done, "{:?}", w.ack("f1"));
+    assert!(w.status.groups.is_empty(), "{:?}", w.status.groups);
+    assert_eq!(
+        w.status.forgotten_marks.len(),
+        1,
+        "kept: pr0 still shows its grant"
+    );
+    w.runs.push(sequenced(2, 42));
+    let d = w.step(&[]);
+    assert!(
+        matches!(told(&d, "uid-2"), Outcome::Acquired { .. }),
+        "{:?}",
+        told(&d, "uid-2")
+    );
+    let marks: Vec<_> = w.status.groups.iter().map(|m| m.newest.sequence).collect();
+    assert_eq!(marks, [Some(42)], "the mark is pr2's, not pr0's again");
+    // Once pr0's run is gone, nothing can raise its mark: the record goes too.
+    w.runs.remove(0);
+    w.step(&[]);
+    assert!(w.status.forgotten_marks.is_empty());
 }
