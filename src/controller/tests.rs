@@ -231,17 +231,116 @@ fn reason(patch: &Value) -> &str {
     patch["status"]["conditions"][0]["reason"].as_str().unwrap()
 }
 
-#[tokio::test]
-async fn a_conflict_on_the_cached_mutex_is_decided_again_from_a_fresh_read() {
+/// The lock kind a test of the engine runs against: one engine serves both,
+/// and these tests keep it that way. Lock `k` either way.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Mutex,
+    Cluster,
+}
+
+impl Kind {
+    /// The API path of the lock objects.
+    fn locks(self) -> &'static str {
+        match self {
+            Kind::Mutex => MUTEXES,
+            Kind::Cluster => CLUSTER_MUTEXES,
+        }
+    }
+
+    /// A name of namespace NS (run, PipelineRun or group) as the lock's status writes it.
+    fn name(self, n: &str) -> String {
+        match self {
+            Kind::Mutex => n.into(),
+            Kind::Cluster => format!("{NS}/{n}"),
+        }
+    }
+
+    /// Lock `k`, protected by the finalizer as any lock that was ever used.
+    fn lock(self, resource_version: &str, status: Value) -> Value {
+        match self {
+            Kind::Mutex => mutex(resource_version, status),
+            Kind::Cluster => {
+                json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
+                "metadata": {"name": "k", "resourceVersion": resource_version,
+                             "finalizers": [finalizer::LOCK_STATE_FINALIZER]},
+                "spec": {"capacity": 1, "namespaces": [NS]}, "status": status})
+            }
+        }
+    }
+
+    /// The lock run of PipelineRun `pr`, pointed at lock `k` of this kind.
+    fn lock_run(self, pr: &str, supersede: &str, status: Value) -> CustomRun {
+        let mut r = serde_json::to_value(lock_run(pr, supersede, status)).unwrap();
+        if let Kind::Cluster = self {
+            r["spec"]["customRef"] = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": "k"});
+            r["spec"]["params"] = json!([{"name": "supersede", "value": supersede}]);
+        }
+        serde_json::from_value(r).unwrap()
+    }
+
+    /// Where the token ledger of this kind lives, and lock k's entry in it.
+    fn ledger(self) -> (String, String) {
+        match self {
+            Kind::Mutex => (
+                format!("{LEDGER}/{}", token_floor::LEDGER),
+                "mutex.k".into(),
+            ),
+            Kind::Cluster => (
+                format!(
+                    "/api/v1/namespaces/tekton-mutex/configmaps/{}",
+                    token_floor::LEDGER
+                ),
+                "clustermutex.k".into(),
+            ),
+        }
+    }
+
+    /// The sync of lock `lock` (as the cache hands it over).
+    async fn reconcile(self, lock: Value, ctx: Arc<Context>) -> Result<Action, Error> {
+        match self {
+            Kind::Mutex => sync::reconcile(cached(lock), ctx).await,
+            Kind::Cluster => {
+                let cm: ClusterMutex = serde_json::from_value(lock).unwrap();
+                sync::reconcile(Arc::new(cm), ctx).await
+            }
+        }
+    }
+}
+
+/// The engine's tests that hold for both kinds, once for each.
+macro_rules! for_both_kinds {
+    ($($name:ident => $body:expr;)*) => {
+        mod mutex {
+            use super::*;
+            $( #[tokio::test] async fn $name() { ($body)(Kind::Mutex).await } )*
+        }
+        mod cluster_mutex {
+            use super::*;
+            $( #[tokio::test] async fn $name() { ($body)(Kind::Cluster).await } )*
+        }
+    };
+}
+
+for_both_kinds! {
+    a_conflict_on_the_cached_lock_is_decided_again_from_a_fresh_read => conflict_case;
+    writes_go_lock_state_then_grants_then_cancels_then_runs => write_order_case;
+    refused_writes_are_reported_and_the_others_still_happen => refused_writes_case;
+    an_idle_lock_records_its_last_token_then_loses_its_finalizer => idle_case;
+    a_new_lock_hands_out_tokens_above_the_ledger => above_the_ledger_case;
+}
+
+async fn conflict_case(kind: Kind) {
     let (ctx, handle) = context(
-        vec![lock_run("a", "pending", json!({}))],
+        vec![kind.lock_run("a", "pending", json!({}))],
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
         vec![],
     );
+    let locks = kind.locks();
     let mut puts = 0;
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => (200, mutex(&(puts + 1).to_string(), json!({}))),
-        l if l == format!("PUT {MUTEXES}/k/status") => {
+        l if l == format!("GET {locks}/k") => (200, kind.lock(&(puts + 1).to_string(), json!({}))),
+        l if l == format!("PUT {locks}/k/status") => {
             puts += 1;
             // The first write finds the object changed; the second one succeeds.
             match puts {
@@ -252,19 +351,19 @@ async fn a_conflict_on_the_cached_mutex_is_decided_again_from_a_fresh_read() {
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(the_mutex(), ctx)
+        kind.reconcile(kind.lock("1", json!({})), ctx)
     })
     .await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         lines(&seen),
         [
-            format!("PUT {MUTEXES}/k/status"),
-            format!("GET {MUTEXES}/k"),
-            format!("PUT {MUTEXES}/k/status"),
+            format!("PUT {locks}/k/status"),
+            format!("GET {locks}/k"),
+            format!("PUT {locks}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ],
-        "the cached Mutex first, the API server's after a conflict"
+        "the cached lock first, the API server's after a conflict"
     );
     assert_eq!(seen[0].1["metadata"]["resourceVersion"], "1");
     let (_, retried) = &seen[2];
@@ -314,52 +413,57 @@ async fn run_patches_answered_404_or_409_are_left_to_the_next_sync() {
 
 /// The lock state where a (token 1) holds and b waits, both of group promote.
 fn holder_a_and_waiter_b() -> Value {
-    let age = |pr: &str, at: &str| json!({"created": at, "name": pr});
-    let run = |pr: &str| json!({"kind": "CustomRun", "name": format!("{pr}-lock"), "uid": format!("{pr}-lock-uid")});
+    holder_a_and_waiter_b_of(Kind::Mutex)
+}
+
+fn holder_a_and_waiter_b_of(kind: Kind) -> Value {
+    let n = |x: &str| kind.name(x);
+    let age = |pr: &str, at: &str| json!({"created": at, "name": n(pr)});
+    let run = |pr: &str| json!({"kind": "CustomRun", "name": n(&format!("{pr}-lock")), "uid": format!("{pr}-lock-uid")});
     json!({
-        "holders": [{"run": run("a"), "pipelineRun": "a", "token": 1, "since": "2026-11-30T11:58:10Z",
-                     "waitedSeconds": 0, "group": "promote", "age": age("a", "2026-11-30T11:58:00Z"),
+        "holders": [{"run": run("a"), "pipelineRun": n("a"), "token": 1, "since": "2026-11-30T11:58:10Z",
+                     "waitedSeconds": 0, "group": n("promote"), "age": age("a", "2026-11-30T11:58:00Z"),
                      "supersede": "pending"}],
-        "queue": [{"run": run("b"), "pipelineRun": "b", "group": "promote",
+        "queue": [{"run": run("b"), "pipelineRun": n("b"), "group": n("promote"),
                    "age": age("b", "2026-11-30T11:59:00Z"), "supersede": "pending"}],
         "lastToken": 1,
     })
 }
 
 /// a holds (not yet told), b waits; c (newer, same group) arrives and supersedes b.
-fn a_holds_c_supersedes_b() -> (Vec<CustomRun>, Vec<PipelineRun>, Value) {
+fn a_holds_c_supersedes_b(kind: Kind) -> (Vec<CustomRun>, Vec<PipelineRun>, Value) {
     let runs = vec![
-        lock_run("a", "pending", json!({})),
-        lock_run("b", "pending", json!({})),
-        lock_run("c", "pending", json!({})),
+        kind.lock_run("a", "pending", json!({})),
+        kind.lock_run("b", "pending", json!({})),
+        kind.lock_run("c", "pending", json!({})),
     ];
     let prs = vec![
         pipeline_run("a", "2026-11-30T11:58:00Z"),
         pipeline_run("b", "2026-11-30T11:59:00Z"),
         pipeline_run("c", "2026-11-30T11:59:30Z"),
     ];
-    (runs, prs, holder_a_and_waiter_b())
+    (runs, prs, holder_a_and_waiter_b_of(kind))
 }
 
-#[tokio::test]
-async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
-    let (runs, prs, before) = a_holds_c_supersedes_b();
+async fn write_order_case(kind: Kind) {
+    let (runs, prs, before) = a_holds_c_supersedes_b(kind);
+    let locks = kind.locks();
     let (ctx, handle) = context(runs, prs.clone(), vec![]);
     let b = serde_json::to_value(&prs[1]).unwrap();
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", before.clone())),
+        l if l == format!("GET {locks}/k") => (200, kind.lock("1", before.clone())),
         l if l == format!("GET {PIPELINE_RUNS}/b") => (200, b.clone()),
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(cached(mutex("1", holder_a_and_waiter_b())), ctx)
+        kind.reconcile(kind.lock("1", holder_a_and_waiter_b_of(kind)), ctx)
     })
     .await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         lines(&seen),
         [
-            format!("PUT {MUTEXES}/k/status"),
+            format!("PUT {locks}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
             format!("GET {PIPELINE_RUNS}/b"),
             format!("PATCH {PIPELINE_RUNS}/b"),
@@ -376,7 +480,10 @@ async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
         .filter(|(_, e)| e["reason"] == "Superseded")
         .map(|(_, e)| e)
         .collect();
-    assert_eq!(seen[0].1["status"]["queue"][0]["pipelineRun"], "c");
+    assert_eq!(
+        seen[0].1["status"]["queue"][0]["pipelineRun"],
+        kind.name("c")
+    );
     assert_eq!(
         reason(body(format!("PATCH {CUSTOM_RUNS}/a-lock/status"))),
         "Acquired"
@@ -384,7 +491,8 @@ async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
     let cancel = body(format!("PATCH {PIPELINE_RUNS}/b"));
     assert_eq!(cancel["spec"]["status"], "CancelledRunFinally");
     assert_eq!(
-        cancel["metadata"]["annotations"]["tekton-mutex.dev/superseded-by"], "c",
+        cancel["metadata"]["annotations"]["tekton-mutex.dev/superseded-by"],
+        kind.name("c"),
         "the annotation rides in the cancel patch"
     );
     assert_eq!(
@@ -397,9 +505,13 @@ async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
     assert_eq!(reason(b_patch), "CustomRunCancelled");
     assert_eq!(
         b["conditions"][0]["message"],
-        "Superseded: newer PipelineRun c (group promote) holds or waits for k"
+        format!(
+            "Superseded: newer PipelineRun {} (group {}) holds or waits for k",
+            kind.name("c"),
+            kind.name("promote")
+        )
     );
-    assert_eq!(b["extraFields"]["supersededBy"], "c");
+    assert_eq!(b["extraFields"]["supersededBy"], kind.name("c"));
     assert_eq!(superseded[1]["regarding"]["kind"], "CustomRun");
     assert_eq!(superseded[1]["regarding"]["name"], "b-lock");
     assert_eq!(
@@ -408,14 +520,14 @@ async fn writes_go_lock_state_then_grants_then_cancels_then_runs() {
     );
 }
 
-#[tokio::test]
-async fn refused_writes_are_reported_and_the_others_still_happen() {
-    let (runs, prs, before) = a_holds_c_supersedes_b();
+async fn refused_writes_case(kind: Kind) {
+    let (runs, prs, before) = a_holds_c_supersedes_b(kind);
+    let locks = kind.locks();
     let (ctx, handle) = context(runs, prs.clone(), vec![]);
     let b = serde_json::to_value(&prs[1]).unwrap();
     // An admission policy denies the cancel and b's status; c's meets throttling.
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => (200, mutex("1", before.clone())),
+        l if l == format!("GET {locks}/k") => (200, kind.lock("1", before.clone())),
         l if l == format!("GET {PIPELINE_RUNS}/b") => (200, b.clone()),
         l if l == format!("PATCH {PIPELINE_RUNS}/b") => (403, status(403, "Forbidden")),
         l if l == format!("PATCH {CUSTOM_RUNS}/b-lock/status") => (403, status(403, "Forbidden")),
@@ -425,7 +537,7 @@ async fn refused_writes_are_reported_and_the_others_still_happen() {
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(cached(mutex("1", holder_a_and_waiter_b())), ctx)
+        kind.reconcile(kind.lock("1", holder_a_and_waiter_b_of(kind)), ctx)
     })
     .await;
     assert!(
@@ -435,7 +547,7 @@ async fn refused_writes_are_reported_and_the_others_still_happen() {
     assert_eq!(
         lines(&seen),
         [
-            format!("PUT {MUTEXES}/k/status"),
+            format!("PUT {locks}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
             format!("GET {PIPELINE_RUNS}/b"),
             format!("PATCH {PIPELINE_RUNS}/b"),
@@ -747,7 +859,7 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(cached(deleting(holder_of_a())), ctx)
+        sync::reconcile(cached(deleting(holder_of_a(Kind::Mutex))), ctx)
     })
     .await;
     assert!(result.is_ok(), "{result:?} {seen:?}");
@@ -785,8 +897,8 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
 }
 
 /// The lock state where a (token 1) holds.
-fn holder_of_a() -> Value {
-    let mut st = holder_a_and_waiter_b();
+fn holder_of_a(kind: Kind) -> Value {
+    let mut st = holder_a_and_waiter_b_of(kind);
     st["queue"] = json!([]);
     st
 }
@@ -892,8 +1004,8 @@ fn ledger(data: Value) -> Value {
 
 /// a is done: the Mutex is idle, so it records its last token, then lets go of its finalizer
 /// (an idle Mutex may then be deleted with no controller running). Nothing is created again.
-#[tokio::test]
-async fn an_idle_mutex_records_its_last_token_then_loses_its_finalizer() {
+async fn idle_case(kind: Kind) {
+    let (locks, (ledger_path, entry)) = (kind.locks(), kind.ledger());
     let mut done = pipeline_run("a", "2026-11-30T11:58:00Z");
     done.status = Some(
         serde_json::from_value(json!({"conditions": [
@@ -902,12 +1014,15 @@ async fn an_idle_mutex_records_its_last_token_then_loses_its_finalizer() {
     );
     let acquired = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
                           "results": [{"name": "token", "value": "1"}]});
-    let (ctx, handle) = context(vec![lock_run("a", "none", acquired)], vec![done], vec![]);
+    let (ctx, handle) = context(
+        vec![kind.lock_run("a", "none", acquired)],
+        vec![done],
+        vec![],
+    );
+    let served = ledger_path.clone();
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {MUTEXES}/k") => (200, mutex("2", json!({"lastToken": 1}))),
-        l if l == format!("GET {LEDGER}/{}", token_floor::LEDGER) => {
-            (200, ledger(json!({"mutex.other": "4"})))
-        }
+        l if l == format!("GET {locks}/k") => (200, kind.lock("2", json!({"lastToken": 1}))),
+        l if l == format!("GET {served}") => (200, ledger(json!({"mutex.other": "4"}))),
         l if l.starts_with("GET /api/v1/namespaces/ns/pods") => (
             200,
             json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": []}),
@@ -915,7 +1030,7 @@ async fn an_idle_mutex_records_its_last_token_then_loses_its_finalizer() {
         _ => ok(line, body),
     };
     let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(cached(mutex("1", holder_of_a())), ctx)
+        kind.reconcile(kind.lock("1", holder_of_a(kind)), ctx)
     })
     .await;
     assert!(result.is_ok(), "{result:?} {seen:?}");
@@ -923,26 +1038,23 @@ async fn an_idle_mutex_records_its_last_token_then_loses_its_finalizer() {
         .into_iter()
         .filter(|l| !l.starts_with("GET"))
         .collect();
-    let put = format!("PUT {LEDGER}/{}", token_floor::LEDGER);
+    let put = format!("PUT {ledger_path}");
     assert_eq!(
         writes,
         [
-            format!("PUT {MUTEXES}/k/status"),
+            format!("PUT {locks}/k/status"),
             put.clone(),
-            format!("PATCH {MUTEXES}/k")
+            format!("PATCH {locks}/k")
         ]
     );
     let body = |line: &str| &seen.iter().find(|(l, _)| l == line).unwrap().1;
     let recorded = body(&put);
-    assert_eq!(
-        recorded["data"],
-        json!({"mutex.other": "4", "mutex.k": "1"})
-    );
+    assert_eq!(recorded["data"], json!({"mutex.other": "4", entry: "1"}));
     assert_eq!(
         recorded["metadata"]["resourceVersion"], "9",
         "a compare-and-swap"
     );
-    let unprotected = body(&format!("PATCH {MUTEXES}/k"));
+    let unprotected = body(&format!("PATCH {locks}/k"));
     assert_eq!(unprotected["metadata"]["finalizers"], json!([]));
     assert_eq!(
         unprotected["metadata"]["resourceVersion"], "2",
@@ -952,33 +1064,32 @@ async fn an_idle_mutex_records_its_last_token_then_loses_its_finalizer() {
 
 /// A Mutex of a key whose earlier Mutex went (and whose runs are gone): its first grant is
 /// above the ledger's floor, not token 1.
-#[tokio::test]
-async fn a_new_mutex_hands_out_tokens_above_the_ledger() {
+async fn above_the_ledger_case(kind: Kind) {
+    let (locks, (ledger_path, entry)) = (kind.locks(), kind.ledger());
     let (ctx, handle) = context(
-        vec![lock_run("a", "none", json!({}))],
+        vec![kind.lock_run("a", "none", json!({}))],
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
         vec![],
     );
+    let (served, served_entry) = (ledger_path.clone(), entry.clone());
     let respond = move |line: &str, body: &Value| match line {
-        l if l == format!("GET {LEDGER}/{}", token_floor::LEDGER) => {
-            (200, ledger(json!({"mutex.k": "7", "mutex.other": "40"})))
-        }
+        l if l == format!("GET {served}") => (
+            200,
+            ledger(json!({served_entry.clone(): "7", "mutex.other": "40"})),
+        ),
         _ => ok(line, body),
     };
-    let mut fresh = mutex("1", json!({}));
+    let mut fresh = kind.lock("1", json!({}));
     fresh.as_object_mut().unwrap().remove("status");
     fresh["metadata"]["finalizers"] = json!([]);
-    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
-        sync::reconcile(cached(fresh), ctx)
-    })
-    .await;
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| kind.reconcile(fresh, ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
         lines(&seen),
         [
-            format!("GET {LEDGER}/{}", token_floor::LEDGER),
-            format!("PATCH {MUTEXES}/k"),
-            format!("PUT {MUTEXES}/k/status"),
+            format!("GET {ledger_path}"),
+            format!("PATCH {locks}/k"),
+            format!("PUT {locks}/k/status"),
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
