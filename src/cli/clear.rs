@@ -22,14 +22,9 @@ pub struct ClearArgs {
 pub async fn run(target: &Target, a: ClearArgs) -> Result<()> {
     target.lock(&a.key).await?;
     let request = Request {
-        id: String::new(),
-        action: Action::Clear,
-        pipeline_run: None,
         reason: a.reason,
-        by: String::new(),
-        force: false,
         keep_pipeline_runs: a.keep_pipeline_runs,
-        group: None,
+        ..Request::of(Action::Clear)
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

@@ -2,9 +2,9 @@
 //! runs are no longer judged stale against it (say, after a run with a
 //! mistyped `sequence` marked the group far ahead of every real build).
 
-use super::lock::resolve;
+use super::lock::one_of;
 use super::request::submit;
-use super::target::{Failure, Result, Target, Wait};
+use super::target::{Result, Target, Wait};
 use crate::core::requests::{Action, Request};
 use clap::Args;
 
@@ -31,27 +31,16 @@ pub async fn run(target: &Target, a: ForgetArgs) -> Result<()> {
         .iter()
         .map(|m| m.group.clone())
         .collect();
-    let Some(group) = resolve(target, &marks, &a.group) else {
-        return Err(Failure(format!(
-            "group {} has no supersede mark on {} (marks: {})",
-            a.group,
-            a.key,
-            if marks.is_empty() {
-                "none".into()
-            } else {
-                marks.join(", ")
-            }
-        )));
-    };
+    let group = one_of(target, &marks, &a.group, |listed| {
+        format!(
+            "group {} has no supersede mark on {} (marks: {listed})",
+            a.group, a.key
+        )
+    })?;
     let request = Request {
-        id: String::new(),
-        action: Action::Forget,
-        pipeline_run: None,
         reason: a.reason,
-        by: String::new(),
-        force: false,
-        keep_pipeline_runs: false,
         group: Some(group),
+        ..Request::of(Action::Forget)
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

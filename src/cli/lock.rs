@@ -79,6 +79,23 @@ pub fn resolve(target: &Target, names: &[String], given: &str) -> Option<String>
     (target.cluster && names.contains(&qualified)).then_some(qualified)
 }
 
+/// [`resolve`], or a Failure saying `missing` with the names there are listed.
+pub fn one_of(
+    target: &Target,
+    names: &[String],
+    given: &str,
+    missing: impl FnOnce(&str) -> String,
+) -> Result<String> {
+    resolve(target, names, given).ok_or_else(|| {
+        let listed = if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        };
+        Failure(missing(&listed))
+    })
+}
+
 impl Target {
     /// `Mutex staging` or `ClusterMutex prod-db`, for messages.
     pub fn describe_lock(&self, name: &str) -> String {

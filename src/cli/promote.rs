@@ -1,8 +1,8 @@
 //! `tkn mutex promote KEY PIPELINERUN`: to the front of the queue, once.
 
-use super::lock::resolve;
+use super::lock::one_of;
 use super::request::submit;
-use super::target::{Failure, Result, Target, Wait};
+use super::target::{Result, Target, Wait};
 use crate::core::requests::{Action, Request};
 use clap::Args;
 
@@ -26,24 +26,16 @@ pub async fn run(target: &Target, a: PromoteArgs) -> Result<()> {
         .iter()
         .map(|w| w.pipeline_run.clone().unwrap_or(w.run.name.clone()))
         .collect();
-    let Some(waiter) = resolve(target, &waiting, &a.pipeline_run) else {
-        return Err(Failure(format!(
-            "{} is not waiting for {} (see `tkn mutex describe {}{}`)",
-            a.pipeline_run,
-            a.key,
-            a.key,
-            if target.cluster { " --cluster" } else { "" }
-        )));
-    };
+    let cluster = if target.cluster { " --cluster" } else { "" };
+    let waiter = one_of(target, &waiting, &a.pipeline_run, |_| {
+        format!(
+            "{} is not waiting for {} (see `tkn mutex describe {}{cluster}`)",
+            a.pipeline_run, a.key, a.key
+        )
+    })?;
     let request = Request {
-        id: String::new(),
-        action: Action::Promote,
         pipeline_run: Some(waiter),
-        reason: None,
-        by: String::new(),
-        force: false,
-        keep_pipeline_runs: false,
-        group: None,
+        ..Request::of(Action::Promote)
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

@@ -1,6 +1,6 @@
 //! `tkn mutex release KEY --holder PIPELINERUN --force [--reason TEXT]`.
 
-use super::lock::resolve;
+use super::lock::one_of;
 use super::request::submit;
 use super::target::{Failure, Result, Target, Wait};
 use crate::core::requests::{Action, Request};
@@ -39,27 +39,14 @@ pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
         .iter()
         .map(|h| h.pipeline_run.clone().unwrap_or(h.run.name.clone()))
         .collect();
-    let Some(holder) = resolve(target, &holders, &a.holder) else {
-        return Err(Failure(format!(
-            "{} does not hold {} (holders: {})",
-            a.holder,
-            a.key,
-            if holders.is_empty() {
-                "nobody".into()
-            } else {
-                holders.join(", ")
-            }
-        )));
-    };
+    let holder = one_of(target, &holders, &a.holder, |listed| {
+        format!("{} does not hold {} (holders: {listed})", a.holder, a.key)
+    })?;
     let request = Request {
-        id: String::new(),
-        action: Action::Release,
         pipeline_run: Some(holder),
         reason: a.reason,
-        by: String::new(),
         force: true,
-        keep_pipeline_runs: false,
-        group: None,
+        ..Request::of(Action::Release)
     };
     println!("{}", submit(target, &a.key, request, a.wait).await?);
     Ok(())

@@ -55,6 +55,20 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request of `action` that says nothing more yet.
+    pub fn of(action: Action) -> Request {
+        Request {
+            id: String::new(),
+            action,
+            pipeline_run: None,
+            reason: None,
+            by: String::new(),
+            force: false,
+            keep_pipeline_runs: false,
+            group: None,
+        }
+    }
+
     /// The annotation that carries this request.
     pub fn annotation(&self) -> (String, String) {
         let value = serde_json::to_string(self).expect("a request always serializes");
