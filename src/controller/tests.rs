@@ -1099,3 +1099,38 @@ async fn above_the_ledger_case(kind: Kind) {
         (&json!(8), &json!(8))
     );
 }
+
+/// Issue 23 item 11: a run with `release-after` whose PipelineRun never records
+/// its pipeline (created Pending, or a forged owner) is looked at ever more
+/// rarely, by the per-object backoff, not every second with a live read each.
+#[tokio::test]
+async fn a_run_waiting_for_its_pipeline_to_be_recorded_is_rechecked_ever_more_rarely() {
+    let mut run = serde_json::to_value(lock_run("a", "none", json!({}))).unwrap();
+    run["spec"]["params"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "release-after", "value": "deploy"}));
+    let run: Arc<CustomRun> = Arc::new(serde_json::from_value(run).unwrap());
+    let pending = pipeline_run("a", "2026-11-30T11:59:00Z");
+    let answer = serde_json::to_value(&pending).unwrap();
+    let (ctx, handle) = context(vec![], vec![pending], vec![]);
+    let server = tokio::spawn(serve(handle, move |line, body| match line {
+        l if l == format!("GET {PIPELINE_RUNS}/a") => (200, answer.clone()),
+        _ => ok(line, body),
+    }));
+    let mut delays = Vec::new();
+    for _ in 0..4 {
+        let action = intake_when_acting(run.clone(), ctx.clone()).await.unwrap();
+        delays.push(action);
+    }
+    drop(ctx);
+    let seen = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap();
+    let expected: Vec<Action> = [0.5, 1.0, 2.0, 4.0]
+        .map(|s| Action::requeue(Duration::from_secs_f64(s)))
+        .into();
+    assert_eq!(delays, expected);
+    assert_eq!(seen.len(), 4, "one read per look: {seen:?}");
+}

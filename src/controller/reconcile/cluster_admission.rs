@@ -24,7 +24,7 @@ pub const FORBIDDEN: &str = "Forbidden";
 
 /// Intake of a live run (see `intake::needs_intake`) that refers to a
 /// ClusterMutex; None if it does not.
-pub async fn intake<K: Observe + Resource>(
+pub async fn intake<K: Observe + Resource<DynamicType = ()>>(
     obj: &K,
     ctx: &Context,
 ) -> Result<Option<Action>, Error> {
@@ -36,7 +36,7 @@ pub async fn intake<K: Observe + Resource>(
         Err(message) => Some((Reason::InvalidParams.as_str(), message)),
         Ok(names) => match admission(ctx, &o, obj, &names).await? {
             Admission::Admitted => None,
-            Admission::NotYet => return Ok(Some(Action::requeue(release_after_progress::RECHECK))),
+            Admission::NotYet => return Ok(Some(release_after_progress::recheck(ctx, obj))),
             Admission::Refused(reason, message) => Some((reason, message)),
         },
     };
@@ -57,7 +57,7 @@ enum Admission {
     Refused(&'static str, String),
 }
 
-async fn admission<K: Observe>(
+async fn admission<K: Observe + Resource<DynamicType = ()>>(
     ctx: &Context,
     o: &ObservedRun<'_>,
     obj: &K,

@@ -47,7 +47,7 @@ pub fn needs_intake(o: &ObservedRun<'_>) -> bool {
     o.is_ours() && !o.is_done() && !o.deleting
 }
 
-pub async fn reconcile<K: Observe + Resource>(
+pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
@@ -63,7 +63,7 @@ pub async fn reconcile<K: Observe + Resource>(
     let problem = match o.config() {
         Err(message) => Some(message),
         Ok(cfg) => match release_after_progress::check(&ctx, &o, obj.as_ref(), &cfg).await? {
-            Verdict::NotYet => return Ok(Action::requeue(release_after_progress::RECHECK)),
+            Verdict::NotYet => return Ok(release_after_progress::recheck(&ctx, obj.as_ref())),
             Verdict::Invalid(message) => Some(message),
             Verdict::Fine => match mutex_for(&ctx, &o, &cfg).await {
                 Err(e) if namespace_terminating(&e) => {

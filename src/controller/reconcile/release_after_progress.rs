@@ -3,6 +3,7 @@
 //! Both are asked of the API, not of caches: a release depends on the first,
 //! and Tekton records the resolved pipeline only after creating the run.
 
+use crate::controller::backoff::backoff_key;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::core::observe::{Observe, ObservedRun};
@@ -13,12 +14,22 @@ use crate::model::tekton::labels::PIPELINE_TASK_LABEL;
 use crate::model::tekton::pipelinerun::{ChildReference, PipelineRun};
 use crate::model::tekton::run::Run;
 use crate::model::tekton::taskrun::TaskRun;
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
-use std::time::Duration;
+use kube::{Api, Resource, ResourceExt};
 
-/// How soon intake looks again for a PipelineRun's resolved pipeline.
-pub const RECHECK: Duration = Duration::from_secs(1);
+/// When intake looks again for a run's PipelineRun's resolved pipeline: soon
+/// at first (Tekton records it right after creating the run), then ever more
+/// rarely, per run, by the per-object backoff. A run whose PipelineRun never
+/// starts (one created Pending, or a forged run) so costs next to nothing.
+pub fn recheck<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K) -> Action {
+    Action::requeue(ctx.backoff.failed(recheck_key(obj)))
+}
+
+/// Its own key: a successful reconcile (a wait is one) must not reset it.
+fn recheck_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!("release-after/{}", backoff_key(obj))
+}
 
 /// The pipeline task a run (or any child of a PipelineRun) runs for.
 pub fn own_task<K: Observe>(obj: &K) -> Option<&str> {
@@ -26,7 +37,7 @@ pub fn own_task<K: Observe>(obj: &K) -> Option<&str> {
 }
 
 /// Intake's check. A run whose PipelineRun is gone is left to the sync.
-pub async fn check<K: Observe>(
+pub async fn check<K: Observe + Resource<DynamicType = ()>>(
     ctx: &Context,
     o: &ObservedRun<'_>,
     obj: &K,
@@ -35,6 +46,19 @@ pub async fn check<K: Observe>(
     if cfg.release_after.is_empty() {
         return Ok(Verdict::Fine);
     }
+    let verdict = judge(ctx, o, obj, cfg).await?;
+    if verdict != Verdict::NotYet {
+        ctx.backoff.succeeded(&recheck_key(obj));
+    }
+    Ok(verdict)
+}
+
+async fn judge<K: Observe>(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    obj: &K,
+    cfg: &RunConfig,
+) -> Result<Verdict, Error> {
     let own = own_task(obj);
     let Some((name, uid)) = &o.parent else {
         return Ok(release_after::check(&cfg.release_after, own, None));
