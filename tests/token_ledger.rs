@@ -9,7 +9,7 @@ mod support;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
-use kube::{Api, Resource};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use support::controller::ControllerProcess;
 use support::locks::ClusterMutexGuard;
@@ -264,6 +264,70 @@ async fn the_uninstall_order_leaves_nothing_terminating() -> Result<()> {
     ensure!(
         ledger_entry(ns.name(), &entry).await? == Some(b),
         "the ledger keeps b's token {b}"
+    );
+    Ok(())
+}
+
+/// Item 11: free-form keys must not leave Mutexes behind for ever. A Mutex the controller created
+/// goes once idle for `spec.idleDeleteDays` (here: its idle-since stamp moved 31 days back); one a
+/// person applied stays; the key that comes back gets a new Mutex, with tokens above the old ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn an_idle_mutex_the_controller_created_goes_after_idle_delete_days() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("idle-delete").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let applied = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": "applied"}, "spec": {}});
+    ns.apply(&applied.to_string()).await?;
+    let by_key = |name: &str, key: &'static str| {
+        pipeline(
+            name,
+            &Opts {
+                lock_params: &[("key", key), ("supersede", "none")],
+                ..Default::default()
+            },
+        )
+    };
+    ns.apply(&by_key("deploy", KEY)).await?;
+    ns.apply(&by_key("other", "applied")).await?;
+    let first = pass(&ns, "a").await?;
+    ns.apply(&pipeline_run("o", "other", &[])).await?;
+    wait_reason(&ns, &lock_run("o"), "Acquired", slow()).await?;
+    release(&ns, "o").await?;
+    succeeded(&ns, "o").await?;
+    let api = ns.api::<Mutex>();
+    let stamped = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            let m = api.get(name).await?;
+            let idle = m.annotations().contains_key("tekton-mutex.dev/idle-since")
+                && !m.finalizers().iter().any(|f| f == FINALIZER);
+            Ok(idle.then_some(()))
+        }
+    };
+    wait_until("k to be idle and stamped", slow(), || stamped(KEY)).await?;
+    wait_until("applied to be idle and stamped", slow(), || {
+        stamped("applied")
+    })
+    .await?;
+    let long_ago = (chrono::Utc::now() - chrono::TimeDelta::days(31)).to_rfc3339();
+    for name in ["applied", KEY] {
+        let stamp = format!("tekton-mutex.dev/idle-since={long_ago}");
+        ns.kubectl(&["annotate", "--overwrite", "mutex", name, &stamp])?;
+    }
+    wait_until("k to be deleted", slow(), || async {
+        Ok(api.get_opt(KEY).await?.is_none().then_some(()))
+    })
+    .await?;
+    ensure!(
+        api.get_opt("applied").await?.is_some(),
+        "a Mutex a person applied is never deleted"
+    );
+    let again = pass(&ns, "b").await?;
+    ensure!(
+        again > first,
+        "tokens continue over the deletion: {first} then {again}"
     );
     Ok(())
 }

@@ -53,6 +53,11 @@ pub trait LockObject:
     fn namespace_share(&self) -> Option<u32> {
         None
     }
+    /// How long this lock may stay idle before the controller deletes it: only
+    /// for one the controller created itself (see `reconcile::idle_deletion`).
+    fn idle_delete_after(&self) -> Option<chrono::TimeDelta> {
+        None
+    }
     /// Names and group of a run of namespace `ns`, as this lock's status writes them.
     fn qualify(&self, ns: &str, view: &mut RunView);
     /// After an emptied object marked for deletion went: give the runs it kept

@@ -3,6 +3,7 @@
 
 pub mod cluster_admission;
 pub mod finalizer;
+pub mod idle_deletion;
 pub mod intake;
 pub mod lock;
 pub mod lock_kinds;

@@ -36,7 +36,16 @@ pub struct MutexSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub key: Option<String>,
+    /// A Mutex the controller created for a key (label
+    /// `app.kubernetes.io/managed-by: tekton-mutex`) that stays idle this many
+    /// days is deleted; its tokens continue from the ledger if the key comes back.
+    /// Default 30; 0 keeps it. A Mutex a person or GitOps applied is never deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_delete_days: Option<u32>,
 }
+
+/// Days an idle Mutex the controller created is kept (`spec.idleDeleteDays`).
+pub const DEFAULT_IDLE_DELETE_DAYS: u32 = 30;
 
 // The lock settings a Mutex and a ClusterMutex share (flattened into each
 // spec): what the decision core reads. (A plain comment: a doc comment would

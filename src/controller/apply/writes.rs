@@ -19,7 +19,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-const MANAGER: &str = "tekton-mutex";
+pub const MANAGER: &str = "tekton-mutex";
 
 impl RunKind {
     fn status_resource(self) -> &'static str {

@@ -13,6 +13,7 @@
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::lock_object::LockObject;
+use crate::controller::reconcile::idle_deletion::IDLE_SINCE;
 use crate::controller::reconcile::token_floor;
 use crate::core::model::Decision;
 use crate::core::scope::Scope;
@@ -44,6 +45,7 @@ pub async fn protect<L: LockObject>(ctx: &Context, mut mutex: L) -> Result<L, Er
     finalizers.push(LOCK_STATE_FINALIZER.into());
     let patch = json!({"metadata": {
         "finalizers": finalizers,
+        "annotations": {IDLE_SINCE: null},
         "resourceVersion": mutex.resource_version(),
     }});
     ctx.metrics.api_write("patch", L::PLURAL);
@@ -94,6 +96,7 @@ pub async fn unprotect<L: LockObject>(
         .collect();
     let patch = json!({"metadata": {
         "finalizers": finalizers,
+        "annotations": {IDLE_SINCE: chrono::Utc::now().to_rfc3339()},
         "resourceVersion": lock.resource_version(),
     }});
     ctx.metrics.api_write("patch", L::PLURAL);

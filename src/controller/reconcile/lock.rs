@@ -11,7 +11,7 @@ use crate::controller::cache::shared;
 use crate::controller::context::{Context, Error, Fault};
 use crate::controller::lock_object::LockObject;
 use crate::controller::reconcile::members::{self, Member};
-use crate::controller::reconcile::{finalizer, token_floor};
+use crate::controller::reconcile::{finalizer, idle_deletion, token_floor};
 use crate::core::decide;
 use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
 use crate::core::requests::{Request, Unreadable, requests_from};
@@ -73,12 +73,17 @@ async fn sync_lock<L: LockObject>(
     let asked = (!requests.is_empty()).then(|| lock.clone());
     let idle = !finalizer::in_use(&decision);
     let settles = (idle && (facts.deleting || finalizer::protected(&lock))).then(|| lock.clone());
+    // Idle and unchanged: a lock the controller created may have been idle long enough to go.
+    let lingers = (idle && unchanged && !facts.deleting).then(|| lock.clone());
     apply(ctx, lock, &current, &decision, &members, facts, now).await?;
     if let Some(asked) = asked {
         acknowledge::acknowledge(ctx, &asked, &current, &decision, &requests).await?;
     }
     if let Some(idle) = settles {
         hand_over(ctx, &idle, &decision, facts.deleting).await?;
+    }
+    if let Some(idle) = lingers {
+        idle_deletion::settle(ctx, &idle, now).await?;
     }
     Ok(next_wake(&members, &decision, now))
 }

@@ -13,7 +13,7 @@ use crate::core::observe::{ObservedRun, cluster_mutex_targets};
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::{LockSpec, Mutex, MutexStatus};
+use crate::model::mutex::{DEFAULT_IDLE_DELETE_DAYS, LockSpec, Mutex, MutexStatus};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
@@ -60,6 +60,19 @@ impl LockObject for Mutex {
 
     async fn admits(&self, _: &Context, _: &str, _: &mut NamespaceLabels) -> Result<bool, Error> {
         Ok(true)
+    }
+
+    fn idle_delete_after(&self) -> Option<chrono::TimeDelta> {
+        let ours = self
+            .labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some(writes::MANAGER);
+        let days = self
+            .spec
+            .idle_delete_days
+            .unwrap_or(DEFAULT_IDLE_DELETE_DAYS);
+        (ours && days > 0).then(|| chrono::TimeDelta::days(i64::from(days)))
     }
 
     fn qualify(&self, _: &str, _: &mut RunView) {}

@@ -1,0 +1,83 @@
+//! Free-form keys make Mutexes that no one removes: a repo URL per pull request
+//! would grow the cluster's objects, and the controller's caches, without bound.
+//! So a Mutex the controller created itself (never one a person or GitOps
+//! applied) goes once it has been idle for `spec.idleDeleteDays`.
+//!
+//! Idle means no finalizer: it comes off when the lock empties, right after its
+//! `lastToken` went into the token ledger (finalizer.rs), and that same patch
+//! stamps [`IDLE_SINCE`]; the patch that puts the finalizer back clears it. The
+//! delete is conditional on the resourceVersion read, so a run arriving in
+//! between wins; a key that comes back gets a new Mutex whose tokens continue
+//! above the ledger's.
+
+use crate::controller::context::{Context, Error};
+use crate::controller::lock_object::LockObject;
+use crate::controller::reconcile::finalizer;
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use serde_json::json;
+use tracing::info;
+
+/// On an idle lock: when it became idle (RFC 3339).
+pub const IDLE_SINCE: &str = "tekton-mutex.dev/idle-since";
+
+/// When the idle lock `lock` may go: None if never (not ours to delete, or kept).
+fn expiry<L: LockObject>(lock: &L) -> Option<DateTime<Utc>> {
+    let keep = lock.idle_delete_after()?;
+    let since = lock.annotations().get(IDLE_SINCE)?;
+    let since = DateTime::parse_from_rfc3339(since)
+        .ok()?
+        .with_timezone(&Utc);
+    Some(since + keep)
+}
+
+/// After a sync that left `lock` idle and unprotected: stamp when it became idle
+/// if no one did (a lock idle from before), or delete it once that is long enough ago.
+pub async fn settle<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    if lock.idle_delete_after().is_none() || finalizer::protected(lock) {
+        return Ok(());
+    }
+    let api = L::api(&ctx.client, &lock.scope());
+    if !lock.annotations().contains_key(IDLE_SINCE) {
+        let patch = json!({"metadata": {
+            "annotations": {IDLE_SINCE: now.to_rfc3339()},
+            "resourceVersion": lock.resource_version(),
+        }});
+        ctx.metrics.api_write("patch", L::PLURAL);
+        return match api
+            .patch(
+                &lock.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+            other => other.map(drop).map_err(Error::from),
+        };
+    }
+    if expiry(lock).is_none_or(|at| at > now) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: lock.resource_version(),
+            uid: lock.uid(),
+        }),
+        ..Default::default()
+    };
+    ctx.metrics.api_write("delete", L::PLURAL);
+    match api.delete(&lock.name_any(), &params).await {
+        Ok(_) => {
+            info!(key = %lock.name_any(), namespace = lock.scope().label(), "deleted the Mutex: idle for spec.idleDeleteDays");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
