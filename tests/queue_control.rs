@@ -19,6 +19,8 @@ use support::controller::ControllerProcess;
 use support::locks::{self, Kind, Lock};
 use support::pipelines::*;
 use support::*;
+use tekton_mutex::model::cluster_mutex::ClusterMutex;
+use tekton_mutex::model::mutex::Mutex;
 use tekton_mutex::model::tekton::pipelinerun::PipelineRun;
 
 const KEY: &str = "staging";
@@ -30,6 +32,7 @@ for_both_kinds! {
     clear_fails_every_waiter_with_cleared => clear_case;
     promote_moves_a_waiter_to_the_front => promote_case;
     forget_drops_a_poisoned_supersede_mark => forget_case;
+    oversized_words_are_refused_and_the_key_still_grants => bounded_case;
 }
 
 /// A test's queue: its namespace, its lock (a Mutex named after the namespace,
@@ -325,6 +328,75 @@ async fn forget_case(kind: Kind) -> Result<()> {
         "the mark is b42's, not the typo's again: {marks:?}"
     );
     release(&ns, "b42").await?;
+    Ok(())
+}
+
+/// Issue 23 item 8: a 200 KB reason copied into every dismissed entry once wedged a key (its
+/// status grew past what the API server takes). Words over 1 KiB are refused: by the CLI before
+/// sending, by the controller when written by hand, by the CRD for `spec.frozenReason`.
+async fn bounded_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-bounded", &["run-1", "run-2"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let long = "x".repeat(2000);
+    let cli = q.tkn_mutex(&["clear", key, "--reason", &long])?;
+    ensure!(
+        cli.code == Some(1)
+            && cli.stderr.contains("not sent")
+            && cli.stderr.contains("at most 1024"),
+        "{cli:?}"
+    );
+    let huge = "y".repeat(200 * 1024);
+    let by_hand = json!({"action": "clear", "by": "admin", "reason": huge}).to_string();
+    let kind_name = if kind == Kind::Mutex {
+        "mutex"
+    } else {
+        "clustermutex"
+    };
+    let patch = json!({"metadata": {"annotations": {"request.tekton-mutex.dev/by-hand": by_hand}}});
+    // Through the API: one command-line argument cannot carry 200 KB.
+    let (params, merge) = (
+        kube::api::PatchParams::default(),
+        kube::api::Patch::Merge(&patch),
+    );
+    match kind {
+        Kind::Mutex => drop(ns.api::<Mutex>().patch(key, &params, &merge).await?),
+        Kind::ClusterMutex => {
+            let api: kube::Api<ClusterMutex> = kube::Api::all(ns.client());
+            drop(api.patch(key, &params, &merge).await?)
+        }
+    }
+    let st = wait_until("the controller to answer", slow(), || async {
+        let st = q.lock.status(ns).await?;
+        Ok(st
+            .observed_requests
+            .iter()
+            .any(|r| r.id == "by-hand")
+            .then_some(st))
+    })
+    .await?;
+    let answer = st
+        .observed_requests
+        .iter()
+        .find(|r| r.id == "by-hand")
+        .unwrap();
+    ensure!(
+        answer.message.contains("at most 1024") && answer.message.len() < 300,
+        "refused, briefly: {answer:?}"
+    );
+    ensure!(q.queue().await? == ["run-2"], "nobody was cleared");
+    ensure!(
+        serde_json::to_string(&st)?.len() < 16 * 1024,
+        "the status stays small"
+    );
+    let freeze = json!({"spec": {"frozen": true, "frozenReason": long}}).to_string();
+    let refused = ns.kubectl(&["patch", kind_name, key, "--type=merge", "-p", &freeze]);
+    ensure!(
+        matches!(&refused, Err(e) if e.to_string().contains("frozenReason")),
+        "the CRD refuses a long frozenReason: {refused:?}"
+    );
+    release(ns, "run-1").await?;
+    wait_reason(ns, &lock_run("run-2"), "Acquired", slow()).await?;
+    release(ns, "run-2").await?;
     Ok(())
 }
 

@@ -295,3 +295,50 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
     ensure!(st.last_token == 3 && st.queue.is_empty(), "{st:?}");
     Ok(())
 }
+
+/// Issue 23 item 7: one tenant cannot fill a ClusterMutex's queue. Beyond its share
+/// (`spec.maxQueuePerNamespace`) its runs fail `QueueFull`, naming its namespace and the limit,
+/// while another namespace's run still joins the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_tenant_beyond_its_share_of_a_cluster_mutex_is_refused_and_others_still_queue()
+-> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let (a, b) = (
+        TestNamespace::create("share-a").await?,
+        TestNamespace::create("share-b").await?,
+    );
+    let _ctl = ControllerProcess::start_cluster_wide("cluster-wide").await?;
+    let name = format!("shared-{}", a.name().rsplit('-').next().unwrap_or("x"));
+    let api: kube::Api<ClusterMutex> = kube::Api::all(a.client());
+    let spec: ClusterMutexSpec = serde_json::from_value(json!({
+        "namespaces": [a.name(), b.name()], "maxQueue": 4, "maxQueuePerNamespace": 2}))?;
+    api.create(&PostParams::default(), &ClusterMutex::new(&name, spec))
+        .await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let task_ref =
+        json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": name});
+    for ns in [&a, &b] {
+        let params = [("supersede", "none")];
+        ns.apply(&section_pipeline("env", task_ref.clone(), &params))
+            .await?;
+    }
+    a.apply(&pipeline_run("a1", "env")).await?;
+    wait_reason(&a, &lock_run("a1"), "Acquired", slow()).await?;
+    for pr in ["a2", "a3"] {
+        a.apply(&pipeline_run(pr, "env")).await?;
+        wait_reason(&a, &lock_run(pr), "Waiting", slow()).await?;
+    }
+    a.apply(&pipeline_run("a4", "env")).await?;
+    let full = wait_reason(&a, &lock_run("a4"), "QueueFull", slow()).await?;
+    let m = full.message.unwrap_or_default();
+    ensure!(
+        m.contains(a.name()) && m.contains('2'),
+        "the message names the namespace and its share: {m}"
+    );
+    b.apply(&pipeline_run("b1", "env")).await?;
+    wait_reason(&b, &lock_run("b1"), "Waiting", slow()).await?;
+    let st = api.get(&name).await?.status.unwrap_or_default();
+    ensure!(st.queue.len() == 3 && st.holders.len() == 1, "{st:?}");
+    Ok(())
+}
