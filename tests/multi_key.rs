@@ -385,3 +385,76 @@ async fn superseded_on_one_key_a_run_of_two_keys_is_cancelled_and_gives_back_bot
     );
     Ok(())
 }
+
+/// Issue 23 item 5: a multi-key lock run is deleted while a key keeps its slot as a
+/// reservation. The slot stays its PipelineRun's (a run of that key alone keeps
+/// waiting), the lock run Tekton re-creates re-enters that hold when it commits, and
+/// the PipelineRun goes through: nothing is given away, nothing is stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_deleted_reserved_run_keeps_its_slots_and_its_pipelinerun_goes_through() -> Result<()> {
+    let _shared = locks::shared().await;
+    let ns = TestNamespace::create("multi-key-deleted").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let only = |name: &str, key: &'static str| {
+        let opts = support::pipelines::Opts {
+            lock_params: &[("key", key), ("supersede", "none")],
+            ..Default::default()
+        };
+        support::pipelines::pipeline(name, &opts)
+    };
+    ns.apply(&only("b-only", "b")).await?;
+    ns.apply(&only("a-only", "a")).await?;
+    let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+    ns.apply(&pipeline("ab", "a,b", &mutex)).await?;
+    ns.apply(&support::pipelines::pipeline_run("holder", "b-only", &[]))
+        .await?;
+    wait_reason(&ns, &lock_run("holder"), "Acquired", slow()).await?;
+    ns.apply(&pipeline_run("both", "ab")).await?;
+    wait_until("a to keep a slot for both", slow(), || async {
+        let a = support::pipelines::mutex_status(&ns, "a").await?;
+        Ok((a.reservations.len() == 1).then_some(()))
+    })
+    .await?;
+    ns.apply(&support::pipelines::pipeline_run("later", "a-only", &[]))
+        .await?;
+    wait_reason(&ns, &lock_run("later"), "Waiting", slow()).await?;
+    let runs = ns.api::<tekton_mutex::model::tekton::customrun::CustomRun>();
+    let uid = runs.get(&lock_run("both")).await?.metadata.uid;
+    runs.delete(&lock_run("both"), &Default::default()).await?;
+    wait_until(
+        "both's lock run to be gone or re-created",
+        slow(),
+        || async {
+            let now = runs.get_opt(&lock_run("both")).await?;
+            Ok(now.is_none_or(|r| r.metadata.uid != uid).then_some(()))
+        },
+    )
+    .await?;
+    wait_until("a to hold for both's PipelineRun", slow(), || async {
+        let a = support::pipelines::mutex_status(&ns, "a").await?;
+        let held = a
+            .holders
+            .iter()
+            .any(|h| h.pipeline_run.as_deref() == Some("both"));
+        Ok(held.then_some(()))
+    })
+    .await?;
+    ensure!(
+        mark(&ns, "start", "later").await.is_err()
+            && support::pipelines::condition_of(&ns, &lock_run("later"))
+                .await?
+                .and_then(|c| c.reason)
+                .as_deref()
+                == Some("Waiting"),
+        "later was given both's slot on a"
+    );
+    support::pipelines::release(&ns, "holder").await?;
+    let c = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "both", slow() * 2)
+        .await?;
+    ensure!(c.status == "True", "both went through: {c:?}");
+    wait_reason(&ns, &lock_run("later"), "Acquired", slow()).await?;
+    support::pipelines::release(&ns, "later").await?;
+    Ok(())
+}

@@ -14,7 +14,7 @@ mod decider;
 mod multi_key;
 mod queue_control;
 
-pub use multi_key::{commit as commit_multikey, rank, settle};
+pub use multi_key::{commit as commit_multikey, rank, settle, slot_for};
 
 /// The decision, as a script of named steps over one working state; `requests`
 /// are the queue-control requests on the Mutex, `multi` what runs of several keys say.

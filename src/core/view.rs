@@ -7,7 +7,7 @@ use crate::core::observe::{ObservedRun, to_chrono};
 use crate::core::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::core::release_after;
 use crate::core::run_status;
-use crate::model::mutex::{Age, Holder, RunKind};
+use crate::model::mutex::{Age, Holder, RunKind, Waiter};
 use crate::model::tekton::labels::PIPELINE_LABEL;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use chrono::{DateTime, Utc};
@@ -73,22 +73,40 @@ pub fn member_view(
 /// keeps the slot until released. Its params went with the run object, so the
 /// cancel mode (should a newer run supersede it) is the default one.
 pub fn deleted_holder_view(h: &Holder, parent: FetchedParent<'_>) -> MemberView {
+    let entry = Waiter {
+        run: h.run.clone(),
+        pipeline_run: h.pipeline_run.clone(),
+        pipeline_run_uid: h.pipeline_run_uid.clone(),
+        group: h.group.clone(),
+        age: h.age.clone(),
+        priority: 0,
+        supersede: h.supersede,
+    };
+    deleted_view(&entry, h.since, parent)
+}
+
+/// A run a slot is reserved for, whose lock run was deleted: as a deleted holder.
+pub fn deleted_reserved_view(w: &Waiter, parent: FetchedParent<'_>) -> MemberView {
+    deleted_view(w, w.age.created, parent)
+}
+
+fn deleted_view(w: &Waiter, since: DateTime<Utc>, parent: FetchedParent<'_>) -> MemberView {
     MemberView {
         view: RunView {
-            run: h.run.clone(),
+            run: w.run.clone(),
             parent: Some(Parent {
                 name: parent.name.to_string(),
                 uid: parent.uid.to_string(),
                 state: parent_state(parent.object, parent.pods_alive),
             }),
-            group: h.group.clone(),
-            age: h.age.clone(),
-            priority: 0,
-            supersede: h.supersede,
+            group: w.group.clone(),
+            age: w.age.clone(),
+            priority: w.priority,
+            supersede: w.supersede,
             cancel_mode: CancelMode::default(),
             wait: true,
             phase: Phase::Deleted,
-            waiting_since: h.since,
+            waiting_since: since,
             cancel_message: None,
             // The hold is the status's own entry: nothing to rebuild it from.
             acquired_token: None,

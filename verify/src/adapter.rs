@@ -35,7 +35,8 @@ pub fn decide_step(
 pub fn commit_step(
     uid: &str,
     run: &MultiKeyRun,
+    pipeline_run_uid: &str,
     ledgers: &BTreeMap<String, MutexStatus>,
 ) -> Option<BTreeMap<String, i64>> {
-    commit_multikey(uid, run, ledgers)
+    commit_multikey(uid, run, Some(pipeline_run_uid), ledgers)
 }

@@ -99,10 +99,10 @@ impl Config {
 
     /// Config B: 2 replicas, 2 keys, a run of key 0, a run of key 1 and a run
     /// of both. Users delete only finished PipelineRuns, no lock run, and
-    /// cancel nothing: a multi-key run's slot kept as a reservation is given up
-    /// without the pod check when its run is deleted (issue 23 item 5, see
+    /// cancel nothing. A multi-key run's slot kept as a reservation was given up
+    /// without the pod check when its run was deleted (issue 23 item 5, see
     /// [`Config::b_delete_reserved`]) or its PipelineRun stopped (found by
-    /// this model, see [`Config::b_cancel_reserved`]).
+    /// this model, see [`Config::b_cancel_reserved`]); both are fixed.
     pub fn b() -> Config {
         let run = |keys: Vec<u8>, group| RunSpec {
             keys,
@@ -191,7 +191,7 @@ impl Config {
         }
     }
 
-    /// Issue 23 item 5 (known): config B where a user may delete a lock run.
+    /// Issue 23 item 5 (fixed): config B where a user may delete a lock run.
     pub fn b_delete_reserved() -> Config {
         let users = Users {
             delete_run: true,
@@ -312,6 +312,7 @@ impl Config {
                 ..b
             },
             Config::b_cancel_reserved(),
+            Config::b_delete_reserved(),
             Config {
                 name: "A-floor[prune+wipe,lag]",
                 crashes: 0,

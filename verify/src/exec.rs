@@ -4,7 +4,7 @@
 
 use crate::adapter::commit_step;
 use crate::config::{Broken, Config};
-use crate::view::{key_name, multi_run, run_ref, tokens_by_key};
+use crate::view::{key_name, multi_run, pr_uid, run_ref, tokens_by_key};
 use crate::world::{Api, Ghost, Ledger, MutexObj, Pod, PrPhase, State, Told, Write};
 use std::collections::BTreeMap;
 
@@ -138,7 +138,7 @@ fn commit(
             ledgers.insert(key_name(o), (*x.status.0).clone());
         }
     }
-    let Some(tokens) = commit_step(&run_ref(i).uid, &m, &ledgers) else {
+    let Some(tokens) = commit_step(&run_ref(i).uid, &m, &pr_uid(i), &ledgers) else {
         return;
     };
     let tokens = tokens_by_key(cfg, i, &tokens);

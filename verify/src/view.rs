@@ -92,7 +92,12 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
             deleted_holder: None,
         });
     }
-    for h in &st.holders {
+    // members.rs's deleted_holders: holders, and runs slots are reserved for.
+    let reserved = st
+        .reservations
+        .iter()
+        .map(|r| reserved_as_holder(&r.waiter, r.token));
+    for h in st.holders.iter().cloned().chain(reserved) {
         let Some(i) = run_index(&h.run.uid) else {
             continue;
         };
@@ -111,10 +116,28 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
             obj,
             parent,
             pods_alive,
-            deleted_holder: Some(h.clone()),
+            deleted_holder: Some(h),
         });
     }
     out
+}
+
+/// A reserved run as the stand-in for its PipelineRun (only its names are read).
+fn reserved_as_holder(
+    w: &tekton_mutex::model::mutex::Waiter,
+    token: i64,
+) -> tekton_mutex::model::mutex::Holder {
+    tekton_mutex::model::mutex::Holder {
+        run: w.run.clone(),
+        pipeline_run: w.pipeline_run.clone(),
+        pipeline_run_uid: w.pipeline_run_uid.clone(),
+        token,
+        since: w.age.created,
+        waited_seconds: 0,
+        group: w.group.clone(),
+        age: w.age.clone(),
+        supersede: w.supersede,
+    }
 }
 
 /// sync.rs's fetch_parent: the cache, else the API; one being deleted is gone.

@@ -12,7 +12,7 @@ use crate::controller::apply::writes;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::lock_object::LockObject;
-use crate::core::decide::commit_multikey;
+use crate::core::decide::{commit_multikey, slot_for};
 use crate::core::model::{MultiKeyRun, MultiKeys, Outcome, Revoke};
 use crate::core::observe::ObservedRun;
 use crate::core::params::RunConfig;
@@ -80,6 +80,8 @@ pub struct Candidate<'a> {
     /// Where the run lives, and its own name there.
     pub namespace: &'a str,
     pub name: &'a str,
+    /// Its PipelineRun's uid: a key its PipelineRun holds keeps a slot for it.
+    pub pipeline_run_uid: Option<&'a str>,
     pub multi: &'a MultiKeyRun,
     pub resource_version: Option<&'a str>,
     pub status: &'a RunStatus,
@@ -99,10 +101,7 @@ pub async fn commit_reserved<L: LockObject>(
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     for c in candidates {
-        let kept = ledger
-            .reservations
-            .iter()
-            .any(|r| r.waiter.run.uid == c.run.uid && r.epoch == c.multi.epoch);
+        let kept = slot_for(ledger, &c.run.uid, c.multi.epoch, c.pipeline_run_uid).is_some();
         if !kept || c.multi.acquired.is_some() || c.resource_version.is_none() {
             continue;
         }
@@ -113,7 +112,8 @@ pub async fn commit_reserved<L: LockObject>(
                 ledgers.insert(k.clone(), status.clone());
             }
         }
-        let Some(tokens) = commit_multikey(&c.run.uid, c.multi, &ledgers) else {
+        let Some(tokens) = commit_multikey(&c.run.uid, c.multi, c.pipeline_run_uid, &ledgers)
+        else {
             continue;
         };
         let waited = (now - c.waiting_since).num_seconds().max(0);
@@ -365,6 +365,7 @@ mod tests {
             run: &run,
             namespace: "ns",
             name: "r",
+            pipeline_run_uid: None,
             multi: &multi,
             resource_version: Some("12"),
             status: &status,

@@ -303,6 +303,7 @@ async fn commit_and_revoke<L: LockObject>(
                 run: m.run(),
                 namespace: &m.namespace,
                 name: &m.name,
+                pipeline_run_uid: m.facts.view.parent.as_ref().map(|p| p.uid.as_str()),
                 multi: m.multi.as_ref()?,
                 resource_version: m.resource_version.as_deref(),
                 status: &m.status,

@@ -316,21 +316,41 @@ async fn mark_done_sections(ctx: &Context, fetched: &mut [Fetched]) -> Result<()
     Ok(())
 }
 
-/// Holders whose lock run was deleted while their PipelineRun still runs (or
-/// drains). The slot belongs to the PipelineRun, not to the run object.
+/// The holders, and the runs slots are reserved for, whose lock runs were
+/// deleted: the status names them, the API no longer has them. Each stands in
+/// as its PipelineRun (is it running, does a pod of it still run?), which
+/// decides when its slot is free. A reserved run may have been told `Acquired`
+/// by another key before it went, so its slot is kept the same way.
 async fn deleted_holders(
     ctx: &Context,
     scope: &Scope,
     status: &MutexStatus,
     members: &[Member],
 ) -> Result<Vec<Member>, Error> {
+    let reserved = status.reservations.iter().map(|r| {
+        let w = &r.waiter;
+        (
+            &w.run,
+            &w.pipeline_run,
+            &w.pipeline_run_uid,
+            Ghost::Reserved(w),
+        )
+    });
+    let held = status
+        .holders
+        .iter()
+        .map(|h| (&h.run, &h.pipeline_run, &h.pipeline_run_uid, Ghost::Held(h)));
     let mut ghosts = Vec::new();
-    for h in &status.holders {
-        if members.iter().any(|m| m.run().uid == h.run.uid) {
+    for (run, pipeline_run, pipeline_run_uid, ghost) in held.chain(reserved) {
+        if members
+            .iter()
+            .chain(&ghosts)
+            .any(|m| m.run().uid == run.uid)
+        {
             continue;
         }
         // A standalone run, or a record from before uids were kept: released as before.
-        let (Some(name), Some(uid)) = (&h.pipeline_run, &h.pipeline_run_uid) else {
+        let (Some(name), Some(uid)) = (pipeline_run, pipeline_run_uid) else {
             continue;
         };
         let Some((ns, local)) = scope.local(name) else {
@@ -345,17 +365,24 @@ async fn deleted_holders(
             section_done: false,
             object,
         };
-        let run_name = scope
-            .local(&h.run.name)
-            .map_or(h.run.name.as_str(), |(_, n)| n);
+        let run_name = scope.local(&run.name).map_or(run.name.as_str(), |(_, n)| n);
         ghosts.push(Member {
             namespace: ns.to_string(),
             name: run_name.to_string(),
-            facts: view::deleted_holder_view(h, parent.as_view()),
+            facts: match ghost {
+                Ghost::Held(h) => view::deleted_holder_view(h, parent.as_view()),
+                Ghost::Reserved(w) => view::deleted_reserved_view(w, parent.as_view()),
+            },
             resource_version: None,
             status: RunStatus::default(),
             multi: None,
         });
     }
     Ok(ghosts)
+}
+
+/// What a status entry without its lock run was.
+enum Ghost<'a> {
+    Held(&'a crate::model::mutex::Holder),
+    Reserved(&'a crate::model::mutex::Waiter),
 }

@@ -40,7 +40,7 @@
 //! waits for anything, so holders keep finishing, and every waiter is granted
 //! unless runs that go first keep arriving (as with one key).
 
-use super::decider::{Decider, Leaving, holder_of, queue_order};
+use super::decider::{Decider, Leaving, holder_of, queue_order, still_holds};
 use crate::core::model::{MultiKeyRun, Phase, Revoke, Settle};
 use crate::model::mutex::{Order, Reservation, Waiter};
 use std::cmp::Ordering;
@@ -59,11 +59,15 @@ pub fn settle(epoch: i64, run: Option<&MultiKeyRun>, live: bool) -> Settle {
 }
 
 /// The tokens to tell the run `Acquired` with, if every one of its keys keeps a
-/// slot for it in its current epoch. `ledgers` are the statuses of its keys, read
-/// after the run itself; the write must be conditional on the run being unchanged.
+/// slot for it: a reservation in its current epoch, or a hold of its PipelineRun
+/// (`pipeline_run_uid`), which it re-enters as a second lock task would; a lock
+/// run that Tekton re-created after a delete does so. `ledgers` are the statuses
+/// of its keys, read after the run itself; the write must be conditional on the
+/// run being unchanged.
 pub fn commit(
     uid: &str,
     run: &MultiKeyRun,
+    pipeline_run_uid: Option<&str>,
     ledgers: &BTreeMap<String, crate::model::mutex::MutexStatus>,
 ) -> Option<BTreeMap<String, i64>> {
     if run.acquired.is_some() {
@@ -72,14 +76,35 @@ pub fn commit(
     run.keys
         .iter()
         .map(|k| {
-            let kept = ledgers
-                .get(k)?
-                .reservations
-                .iter()
-                .find(|r| r.waiter.run.uid == uid && r.epoch == run.epoch)?;
-            Some((k.clone(), kept.token))
+            Some((
+                k.clone(),
+                slot_for(ledgers.get(k)?, uid, run.epoch, pipeline_run_uid)?,
+            ))
         })
         .collect()
+}
+
+/// The token of the slot a key's ledger keeps for run `uid` in `epoch`, or of its
+/// PipelineRun's hold.
+pub fn slot_for(
+    ledger: &crate::model::mutex::MutexStatus,
+    uid: &str,
+    epoch: i64,
+    pipeline_run_uid: Option<&str>,
+) -> Option<i64> {
+    let reserved = ledger
+        .reservations
+        .iter()
+        .find(|r| r.waiter.run.uid == uid && r.epoch == epoch);
+    let held = || {
+        let pr = pipeline_run_uid?;
+        let h = ledger
+            .holders
+            .iter()
+            .find(|h| h.pipeline_run_uid.as_deref() == Some(pr))?;
+        Some(h.token)
+    };
+    reserved.map(|r| r.token).or_else(held)
 }
 
 /// The order every key ranks waiters in: the key's queue order, then uid, so that
@@ -103,10 +128,21 @@ impl Decider<'_> {
     /// What to do with a kept slot. A run the key's runs do not show is gone (the
     /// reconciler reads a run the status names from the API when its cache lacks
     /// it); one they show but whose keys are unknown is kept: never dropped on a guess.
+    /// A run whose lock run was deleted says nothing any more: it may have been
+    /// told `Acquired` by another key's commit and be deploying. Its slot becomes
+    /// a hold of its PipelineRun, released as any holder whose lock run was
+    /// deleted: once nothing of the PipelineRun can still run.
     fn fate(&self, res: &Reservation) -> Settle {
         let uid = res.waiter.run.uid.as_str();
-        if !self.runs.contains_key(uid) {
+        let Some(&r) = self.runs.get(uid) else {
             return Settle::Void;
+        };
+        if r.phase == Phase::Deleted {
+            return if still_holds(r) {
+                Settle::Convert
+            } else {
+                Settle::Void
+            };
         }
         match self.multi_of(uid) {
             Some(m) => settle(res.epoch, Some(m), self.live(uid)),

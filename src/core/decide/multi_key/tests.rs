@@ -229,7 +229,7 @@ impl World {
             epoch: r.seen().epoch,
             acquired: r.seen().acquired.clone(),
         };
-        if let Some(tokens) = commit(&SimRun::uid(i), &m, &self.ledger_cache) {
+        if let Some(tokens) = commit(&SimRun::uid(i), &m, None, &self.ledger_cache) {
             self.runs[i].write(|s| s.acquired = Some(tokens));
         }
     }
@@ -715,4 +715,119 @@ fn a_key_ordered_newest_first_does_not_deadlock_runs_of_several_keys() {
     }
     w.commit(0);
     assert!(w.holds(0), "the older run takes both keys");
+}
+
+/// Issue 23 item 5: `a` keeps a slot for pr1 (keys a,b) as a reservation when
+/// pr1's lock run is deleted. pr1 may have been told `Acquired` by `b`'s commit
+/// and be deploying: the slot becomes pr1's PipelineRun's hold, and pr2 waits
+/// until nothing of pr1 can run.
+#[test]
+fn a_reserved_run_whose_lock_run_is_deleted_keeps_the_slot_for_its_pipelinerun() {
+    let spec = LockSpec::default();
+    let facts = MutexFacts::default();
+    let keys = MultiKeys {
+        key: "a".into(),
+        runs: HashMap::from([(
+            SimRun::uid(1),
+            MultiKeyRun {
+                keys: vec!["a".into(), "b".into()],
+                epoch: 0,
+                acquired: None,
+            },
+        )]),
+    };
+    let d = decide_multikey(
+        &spec,
+        &MutexStatus::default(),
+        &[pending(1, None)],
+        t(10),
+        facts,
+        &keys,
+    );
+    assert_eq!(d.status.reservations.len(), 1);
+    // The lock run is gone: the engine stands its PipelineRun in for it.
+    let mut ghost = pending(1, None);
+    ghost.phase = Phase::Deleted;
+    let runs = [ghost.clone(), pending(2, None)];
+    let no_multi = MultiKeys::default();
+    let d = decide_multikey(&spec, &d.status, &runs, t(11), facts, &no_multi);
+    assert!(d.status.reservations.is_empty());
+    let held: Vec<_> = d
+        .status
+        .holders
+        .iter()
+        .map(|h| (h.pipeline_run.clone(), h.token))
+        .collect();
+    assert_eq!(
+        held,
+        [(Some("pr1".to_string()), 1)],
+        "pr1's PipelineRun holds with its token"
+    );
+    assert_eq!(d.status.queue.len(), 1, "pr2 waits");
+    // pr1's PipelineRun is over and no pod of it runs: pr2 is granted.
+    ghost.parent.as_mut().unwrap().state = crate::core::model::ParentState::Done;
+    let d = decide_multikey(
+        &spec,
+        &d.status,
+        &[ghost, pending(2, None)],
+        t(12),
+        facts,
+        &no_multi,
+    );
+    assert_eq!(d.status.holders[0].run.uid, SimRun::uid(2));
+}
+
+/// A lock run of several keys counts a hold of its own PipelineRun as its slot
+/// on that key: a lock run Tekton re-created after a delete (or a second lock
+/// task) commits with the hold's token, and does not wait for itself.
+#[test]
+fn the_commit_counts_a_hold_of_the_runs_pipelinerun_as_its_slot() {
+    let run = MultiKeyRun {
+        keys: vec!["a".into(), "b".into()],
+        epoch: 0,
+        acquired: None,
+    };
+    let entry = |uid: &str| Waiter {
+        run: RunRef {
+            kind: RunKind::CustomRun,
+            name: "pr1-lock".into(),
+            uid: uid.into(),
+        },
+        pipeline_run: Some("pr1".into()),
+        pipeline_run_uid: Some("pr1-uid".into()),
+        group: "deploy".into(),
+        age: pending(1, None).age,
+        priority: 0,
+        supersede: Supersede::Pending,
+    };
+    let deleted = entry("deleted");
+    let mut a = MutexStatus::default();
+    a.holders.push(Holder {
+        run: deleted.run.clone(),
+        pipeline_run: deleted.pipeline_run.clone(),
+        pipeline_run_uid: deleted.pipeline_run_uid.clone(),
+        token: 3,
+        since: t(1),
+        waited_seconds: 0,
+        group: deleted.group.clone(),
+        age: deleted.age.clone(),
+        supersede: deleted.supersede,
+    });
+    let mut b = MutexStatus::default();
+    b.reservations.push(Reservation {
+        waiter: entry("again"),
+        epoch: 0,
+        token: 7,
+    });
+    let ledgers = BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+    let tokens = commit("again", &run, Some("pr1-uid"), &ledgers);
+    assert_eq!(
+        tokens,
+        Some(BTreeMap::from([("a".into(), 3), ("b".into(), 7)]))
+    );
+    assert_eq!(
+        commit("again", &run, Some("other-uid"), &ledgers),
+        None,
+        "another PipelineRun's hold is no slot"
+    );
 }
