@@ -13,7 +13,6 @@
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::lock_object::LockObject;
-use crate::controller::reconcile::idle_deletion::IDLE_SINCE;
 use crate::controller::reconcile::token_floor;
 use crate::core::model::Decision;
 use crate::core::scope::Scope;
@@ -21,6 +20,10 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tracing::info;
+
+/// On an idle lock: when it became idle (RFC 3339), stamped with the finalizer's
+/// removal, cleared when it goes back on (see `idle_deletion`).
+pub const IDLE_SINCE: &str = "tekton-mutex.dev/idle-since";
 
 /// Keeps a lock with holders, waiters or reservations from being removed.
 pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";

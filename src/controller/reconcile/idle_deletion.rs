@@ -5,22 +5,20 @@
 //!
 //! Idle means no finalizer: it comes off when the lock empties, right after its
 //! `lastToken` went into the token ledger (finalizer.rs), and that same patch
-//! stamps [`IDLE_SINCE`]; the patch that puts the finalizer back clears it. The
+//! stamps `IDLE_SINCE`; the patch that puts the finalizer back clears it. The
 //! delete is conditional on the resourceVersion read, so a run arriving in
 //! between wins; a key that comes back gets a new Mutex whose tokens continue
 //! above the ledger's.
 
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::LockObject;
-use crate::controller::reconcile::finalizer;
+use crate::controller::reconcile::finalizer::{self, IDLE_SINCE};
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 use tracing::info;
 
-/// On an idle lock: when it became idle (RFC 3339).
-pub const IDLE_SINCE: &str = "tekton-mutex.dev/idle-since";
 
 /// When the idle lock `lock` may go: None if never (not ours to delete, or kept).
 fn expiry<L: LockObject>(lock: &L) -> Option<DateTime<Utc>> {
