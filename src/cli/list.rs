@@ -3,8 +3,8 @@
 use super::output::{age, table};
 use super::target::{Result, Target, api_failure};
 use crate::model::mutex::Mutex;
-use chrono::{DateTime, Utc};
 use clap::Args;
+use jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
@@ -31,12 +31,15 @@ pub async fn run(target: &Target, args: ListArgs) -> Result<()> {
         }
         return Ok(());
     }
-    print!("{}", render(&list.items, args.all_namespaces, Utc::now()));
+    print!(
+        "{}",
+        render(&list.items, args.all_namespaces, Timestamp::now())
+    );
     Ok(())
 }
 
 /// The table: holders with their age, queue length, last token, capacity, frozen.
-pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: DateTime<Utc>) -> String {
+pub fn render(mutexes: &[Mutex], all_namespaces: bool, now: Timestamp) -> String {
     let mut headers = vec![
         "KEY",
         "HOLDERS",
@@ -89,9 +92,9 @@ mod tests {
     use crate::model::mutex::{
         Age, Holder, LockSpec, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
     };
-    use chrono::TimeDelta;
+    use jiff::SignedDuration;
 
-    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Mutex {
+    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: Timestamp) -> Mutex {
         let mut m = Mutex::new(
             name,
             MutexSpec {
@@ -114,7 +117,7 @@ mod tests {
                 pipeline_run: Some(pr.to_string()),
                 pipeline_run_uid: None,
                 token: 7,
-                since: now - TimeDelta::minutes(*mins),
+                since: now - SignedDuration::from_mins(*mins),
                 waited_seconds: 0,
                 group: "g".into(),
                 age: Age {
@@ -135,7 +138,7 @@ mod tests {
 
     #[test]
     fn a_row_per_key_with_holder_ages() {
-        let now = Utc::now();
+        let now = Timestamp::now();
         let text = render(
             &[
                 mutex("staging", &[("deploy-3", 5)], false, now),

@@ -18,7 +18,7 @@ use crate::core::params::RunConfig;
 use crate::core::run_status::{self, Reason};
 use crate::model::mutex::{Mutex, MutexSpec, MutexStatus, RunKind, RunRef};
 use crate::model::tekton::RunStatus;
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::Api;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
@@ -78,7 +78,7 @@ pub struct Candidate<'a> {
     pub multi: &'a MultiKeyRun,
     pub resource_version: Option<&'a str>,
     pub status: &'a RunStatus,
-    pub waiting_since: DateTime<Utc>,
+    pub waiting_since: Timestamp,
 }
 
 /// After this key's ledger is written: tell `Acquired` every run for which all
@@ -90,7 +90,7 @@ pub async fn commit_reserved(
     key: &str,
     ledger: &MutexStatus,
     candidates: &[Candidate<'_>],
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<(), Error> {
     for c in candidates {
         let kept = ledger
@@ -112,7 +112,7 @@ pub async fn commit_reserved(
         let Some(tokens) = commit_multikey(&c.run.uid, c.multi, &ledgers) else {
             continue;
         };
-        let waited = (now - c.waiting_since).num_seconds().max(0);
+        let waited = now.duration_since(c.waiting_since).as_secs().max(0);
         let Some(patch) = acquired_patch(c, &tokens, waited, now) else {
             continue;
         };
@@ -134,7 +134,7 @@ fn acquired_patch(
     c: &Candidate<'_>,
     tokens: &BTreeMap<String, i64>,
     waited_seconds: i64,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Option<Value> {
     let first = &c.multi.keys[0];
     let outcome = Outcome::Acquired {
@@ -200,7 +200,7 @@ pub fn patch(
     outcome: &Outcome,
     current: &RunStatus,
     resource_version: Option<&str>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Option<Value> {
     let keys = multi.keys.join(",");
     match outcome {
@@ -299,8 +299,8 @@ mod tests {
         .unwrap()
     }
 
-    fn now() -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).unwrap()
     }
 
     #[test]
