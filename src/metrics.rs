@@ -7,7 +7,7 @@
 
 use crate::core::params;
 use crate::model::mutex::{Mutex, MutexStatus};
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Ns {
@@ -69,9 +70,9 @@ pub struct Metrics {
     pub wait_seconds: Seconds,
     pub handover_seconds: Seconds,
     /// When the watch first showed a holder's PipelineRun done, by (namespace, key, PipelineRun).
-    done_seen: std::sync::Mutex<HashMap<(String, String, String), DateTime<Utc>>>,
+    done_seen: std::sync::Mutex<HashMap<(String, String, String), Timestamp>>,
     /// Keys whose slot was freed with waiters queued but not yet handed over.
-    freed: std::sync::Mutex<HashMap<(String, String), DateTime<Utc>>>,
+    freed: std::sync::Mutex<HashMap<(String, String), Timestamp>>,
     mutexes: Arc<OnceLock<Store<Mutex>>>,
 }
 
@@ -205,7 +206,7 @@ impl Metrics {
             });
             if holds {
                 let id = (namespace.to_string(), key.clone(), name.to_string());
-                seen.entry(id).or_insert_with(Utc::now);
+                seen.entry(id).or_insert_with(Timestamp::now);
             }
         }
     }
@@ -219,7 +220,7 @@ impl Metrics {
         key: &str,
         before: &MutexStatus,
         after: &MutexStatus,
-        seen: DateTime<Utc>,
+        seen: Timestamp,
     ) {
         let ns = Ns {
             namespace: namespace.into(),
@@ -245,7 +246,8 @@ impl Metrics {
         if granted > 0
             && let Some(since) = freed.remove(&slot)
         {
-            let latency = (Utc::now() - since).to_std().unwrap_or_default();
+            let latency =
+                Duration::try_from(Timestamp::now().duration_since(since)).unwrap_or_default();
             self.handover_seconds
                 .get_or_create(&ns)
                 .observe(latency.as_secs_f64());
@@ -262,8 +264,8 @@ impl Metrics {
         key: &str,
         before: &MutexStatus,
         after: &MutexStatus,
-        seen: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
+        seen: Timestamp,
+    ) -> Option<Timestamp> {
         let mut done = self.done_seen.lock().unwrap_or_else(|e| e.into_inner());
         before
             .holders
@@ -362,7 +364,7 @@ mod tests {
     fn age() -> Age {
         Age {
             sequence: None,
-            created: DateTime::UNIX_EPOCH,
+            created: Timestamp::UNIX_EPOCH,
             name: "p".into(),
         }
     }
@@ -373,7 +375,7 @@ mod tests {
             pipeline_run: None,
             pipeline_run_uid: None,
             token: 1,
-            since: DateTime::UNIX_EPOCH,
+            since: Timestamp::UNIX_EPOCH,
             waited_seconds: waited,
             group: "g".into(),
             age: age(),
@@ -406,8 +408,8 @@ mod tests {
             holders: vec![holder("b", 7)],
             ..Default::default()
         };
-        m.status_written("ns", "k", &empty, &a_holds, Utc::now());
-        m.status_written("ns", "k", &a_holds, &b_holds, Utc::now());
+        m.status_written("ns", "k", &empty, &a_holds, Timestamp::now());
+        m.status_written("ns", "k", &a_holds, &b_holds, Timestamp::now());
         let text = m.render();
         for line in [
             "tekton_mutex_grants_total{namespace=\"ns\"} 2",
@@ -426,8 +428,20 @@ mod tests {
             holders: vec![holder("a", 0)],
             ..Default::default()
         };
-        m.status_written("ns", "k", &a_holds, &MutexStatus::default(), Utc::now());
-        m.status_written("ns", "k", &MutexStatus::default(), &a_holds, Utc::now());
+        m.status_written(
+            "ns",
+            "k",
+            &a_holds,
+            &MutexStatus::default(),
+            Timestamp::now(),
+        );
+        m.status_written(
+            "ns",
+            "k",
+            &MutexStatus::default(),
+            &a_holds,
+            Timestamp::now(),
+        );
         assert!(!m.render().contains("tekton_mutex_handover_seconds_count{"));
     }
 

@@ -311,7 +311,7 @@ async fn an_idle_mutex_the_controller_created_goes_after_idle_delete_days() -> R
         stamped("applied")
     })
     .await?;
-    let long_ago = (chrono::Utc::now() - chrono::TimeDelta::days(31)).to_rfc3339();
+    let long_ago = (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24 * 31)).to_string();
     for name in ["applied", KEY] {
         let stamp = format!("tekton-mutex.dev/idle-since={long_ago}");
         ns.kubectl(&["annotate", "--overwrite", "mutex", name, &stamp])?;

@@ -318,7 +318,7 @@ async fn main() {
 
 pub async fn run(args: &[String]) -> Result<()> {
     let opts = Opts::parse(args)?;
-    let started = chrono::Utc::now();
+    let started = jiff::Timestamp::now();
     let mut bench = Bench {
         client: support::client().await?,
         opts: opts.clone(),
@@ -329,7 +329,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     eprintln!("bench: machine {machine_before}");
     bench
         .json
-        .insert("started".into(), json!(started.to_rfc3339()));
+        .insert("started".into(), json!(started.to_string()));
     bench
         .json
         .insert("options".into(), json!(format!("{opts:?}")));
@@ -357,7 +357,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&opts.out)?;
     let file = opts
         .out
-        .join(format!("bench-{}.json", started.format("%Y%m%dT%H%M%SZ")));
+        .join(format!("bench-{}.json", started.strftime("%Y%m%dT%H%M%SZ")));
     let text = serde_json::to_string_pretty(&Value::Object(bench.json))?;
     std::fs::write(&file, &text)?;
     std::fs::write(opts.out.join("latest.json"), &text)?;

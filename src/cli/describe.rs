@@ -9,8 +9,8 @@ use crate::model::mutex::{RunKind, Waiter};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
-use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
+use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -66,7 +66,7 @@ pub struct HolderRow {
     pub pipeline_run: Option<String>,
     pub lock_run: String,
     pub token: i64,
-    pub since: DateTime<Utc>,
+    pub since: Timestamp,
     /// The PipelineRun's Succeeded reason (e.g. Running), `Gone` if deleted.
     pub state: String,
 }
@@ -81,7 +81,7 @@ pub struct WaiterRow {
     pub sequence: Option<i64>,
     pub priority: i64,
     pub promoted: bool,
-    pub waiting_since: Option<DateTime<Utc>>,
+    pub waiting_since: Option<Timestamp>,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,13 +89,13 @@ pub struct WaiterRow {
 pub struct MarkRow {
     pub group: String,
     pub newest: String,
-    pub granted: Option<DateTime<Utc>>,
+    pub granted: Option<Timestamp>,
 }
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EventRow {
-    pub time: Option<DateTime<Utc>>,
+    pub time: Option<Timestamp>,
     #[serde(rename = "type")]
     pub type_: String,
     pub reason: String,
@@ -109,7 +109,7 @@ pub async fn run(target: &Target, args: DescribeArgs) -> Result<()> {
     let text = match args.output {
         Some(Format::Json) => serde_json::to_string_pretty(&d).map(|s| s + "\n").ok(),
         Some(Format::Yaml) => serde_yaml_ng::to_string(&d).ok(),
-        None => Some(render(&d, Utc::now())),
+        None => Some(render(&d, Timestamp::now())),
     };
     print!(
         "{}",
@@ -200,7 +200,7 @@ async fn pipeline_run_state(target: &Target, name: &str, uid: Option<&str>) -> R
 
 /// When each waiting lock run started waiting (its current attempt's start), by
 /// uid: one list per kind in the queue, not one read per waiter.
-async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String, DateTime<Utc>>> {
+async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String, Timestamp>> {
     let has = |kind| queue.iter().any(|w| w.run.kind == kind);
     let mut starts = Vec::new();
     if has(RunKind::CustomRun) {
@@ -257,15 +257,14 @@ async fn events(target: &Target, lock: &str, names: &[String]) -> Result<Vec<Eve
                 .any(|(n, l)| *l == name && ns.is_none_or(|ns| ns == *n))
     };
     // Events mirrored from core/v1 (Tekton's) have no eventTime: their last timestamp counts.
-    let time = |e: &Event| -> Option<DateTime<Utc>> {
+    let time = |e: &Event| -> Option<Timestamp> {
         let last = e.series.as_ref().map(|s| &s.last_observed_time);
-        let t = match (last, &e.event_time, &e.deprecated_last_timestamp) {
-            (Some(t), _, _) => serde_json::to_value(t),
-            (None, Some(t), _) => serde_json::to_value(t),
-            (None, None, Some(t)) => serde_json::to_value(t),
-            (None, None, None) => serde_json::to_value(e.metadata.creation_timestamp.as_ref()?),
-        };
-        parse_time(t.ok()?.as_str())
+        match (last, &e.event_time, &e.deprecated_last_timestamp) {
+            (Some(t), _, _) => Some(t.0),
+            (None, Some(t), _) => Some(t.0),
+            (None, None, Some(t)) => Some(t.0),
+            (None, None, None) => e.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
     };
     let mut rows: Vec<EventRow> = list
         .items
@@ -289,7 +288,7 @@ async fn events(target: &Target, lock: &str, names: &[String]) -> Result<Vec<Eve
 }
 
 /// The text: a header, then one table per section.
-pub fn render(d: &Described, now: DateTime<Utc>) -> String {
+pub fn render(d: &Described, now: Timestamp) -> String {
     let frozen = match (&d.frozen, &d.frozen_reason) {
         (false, _) => "no".to_string(),
         (true, None) => "yes".into(),
@@ -346,7 +345,7 @@ pub fn render(d: &Described, now: DateTime<Utc>) -> String {
     out
 }
 
-fn holder_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+fn holder_rows(d: &Described, now: Timestamp) -> Vec<Vec<String>> {
     d.holders
         .iter()
         .map(|h| {
@@ -361,7 +360,7 @@ fn holder_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn queue_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+fn queue_rows(d: &Described, now: Timestamp) -> Vec<Vec<String>> {
     d.queue
         .iter()
         .map(|w| {
@@ -378,7 +377,7 @@ fn queue_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn request_rows(d: &Described, now: DateTime<Utc>) -> Vec<Vec<String>> {
+fn request_rows(d: &Described, now: Timestamp) -> Vec<Vec<String>> {
     d.requests
         .iter()
         .rev()
@@ -408,11 +407,11 @@ fn section(out: &mut String, title: &str, headers: &[&str], rows: &[Vec<String>]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::TimeDelta;
+    use jiff::SignedDuration;
 
     #[test]
     fn the_text_lists_holders_and_the_queue_in_grant_order() {
-        let now = Utc::now();
+        let now = Timestamp::now();
         let waiter = |position: usize, pr: &str, promoted: bool| WaiterRow {
             position,
             pipeline_run: Some(pr.into()),
@@ -421,7 +420,7 @@ mod tests {
             sequence: None,
             priority: 0,
             promoted,
-            waiting_since: Some(now - TimeDelta::minutes(2)),
+            waiting_since: Some(now - SignedDuration::from_mins(2)),
         };
         let d = Described {
             key: "staging".into(),
@@ -437,7 +436,7 @@ mod tests {
                 pipeline_run: Some("deploy-4".into()),
                 lock_run: "deploy-4-lock".into(),
                 token: 4,
-                since: now - TimeDelta::hours(1),
+                since: now - SignedDuration::from_hours(1),
                 state: "Running".into(),
             }],
             queue: vec![waiter(1, "deploy-7", true), waiter(2, "deploy-5", false)],

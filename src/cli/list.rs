@@ -3,8 +3,8 @@
 use super::lock::Lock;
 use super::output::{age, table};
 use super::target::{Result, Target, api_failure};
-use chrono::{DateTime, Utc};
 use clap::Args;
+use jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
 
@@ -26,7 +26,7 @@ pub async fn run(target: &Target, args: ListArgs) -> Result<()> {
         return Ok(());
     }
     let all_namespaces = args.all_namespaces && !target.cluster;
-    print!("{}", render(&locks, all_namespaces, Utc::now()));
+    print!("{}", render(&locks, all_namespaces, Timestamp::now()));
     Ok(())
 }
 
@@ -53,7 +53,7 @@ async fn read(target: &Target, all_namespaces: bool) -> Result<Vec<Lock>> {
 }
 
 /// The table: holders with their age, queue length, last token, capacity, frozen.
-pub fn render(locks: &[Lock], all_namespaces: bool, now: DateTime<Utc>) -> String {
+pub fn render(locks: &[Lock], all_namespaces: bool, now: Timestamp) -> String {
     let mut headers = vec![
         "KEY",
         "HOLDERS",
@@ -106,9 +106,9 @@ mod tests {
     use crate::model::mutex::{
         Age, Holder, LockSpec, Mutex, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
     };
-    use chrono::TimeDelta;
+    use jiff::SignedDuration;
 
-    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: DateTime<Utc>) -> Lock {
+    fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: Timestamp) -> Lock {
         let mut m = Mutex::new(
             name,
             MutexSpec {
@@ -131,7 +131,7 @@ mod tests {
                 pipeline_run: Some(pr.to_string()),
                 pipeline_run_uid: None,
                 token: 7,
-                since: now - TimeDelta::minutes(*mins),
+                since: now - SignedDuration::from_mins(*mins),
                 waited_seconds: 0,
                 group: "g".into(),
                 age: Age {
@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_row_per_key_with_holder_ages() {
-        let now = Utc::now();
+        let now = Timestamp::now();
         let text = render(
             &[
                 mutex("staging", &[("deploy-3", 5)], false, now),

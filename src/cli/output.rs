@@ -1,14 +1,14 @@
 //! Output as tkn prints it: plain columns (no colour) and ages such as
 //! `5 minutes ago` (tkn's `formatted.Age`: the largest whole unit).
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 
 /// `5 minutes ago`, `1 hour ago`, `---` when unknown.
-pub fn age(t: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+pub fn age(t: Option<Timestamp>, now: Timestamp) -> String {
     let Some(t) = t else {
         return "---".into();
     };
-    let secs = (now - t).num_seconds().max(0);
+    let secs = now.duration_since(t).as_secs().max(0);
     const UNITS: [(&str, i64); 6] = [
         ("year", 365 * 86_400),
         ("week", 7 * 86_400),
@@ -27,10 +27,8 @@ pub fn age(t: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
 }
 
 /// An RFC 3339 time as Kubernetes writes it.
-pub fn parse_time(s: Option<&str>) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(s?)
-        .ok()
-        .map(|t| t.with_timezone(&Utc))
+pub fn parse_time(s: Option<&str>) -> Option<Timestamp> {
+    s?.parse().ok()
 }
 
 /// Columns padded to their widest cell, three spaces apart, like tkn's tabwriter.
@@ -69,12 +67,12 @@ pub fn or_dashes(s: Option<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::TimeDelta;
+    use jiff::SignedDuration;
 
     #[test]
     fn ages_read_like_tkn() {
-        let now = Utc::now();
-        let ago = |secs: i64| age(Some(now - TimeDelta::seconds(secs)), now);
+        let now = Timestamp::now();
+        let ago = |secs: i64| age(Some(now - SignedDuration::from_secs(secs)), now);
         assert_eq!(ago(0), "0 seconds ago");
         assert_eq!(ago(1), "1 second ago");
         assert_eq!(ago(59), "59 seconds ago");
@@ -117,7 +115,8 @@ mod tests {
     #[test]
     fn kubernetes_times_parse() {
         let t = parse_time(Some("2026-11-30T19:00:00Z")).unwrap();
-        assert_eq!(t.to_rfc3339(), "2026-11-30T19:00:00+00:00");
+        assert_eq!(t.to_string(), "2026-11-30T19:00:00Z");
+        assert_eq!(parse_time(Some("2026-11-30T20:00:00+01:00")), Some(t));
         assert_eq!(parse_time(Some("yesterday")), None);
         assert_eq!(parse_time(None), None);
     }

@@ -5,7 +5,7 @@
 use super::lock::Lock;
 use super::target::{Failure, Result, Target, Wait};
 use crate::core::requests::{self as control, ObservedRequest, Request, Verdict};
-use chrono::Utc;
+use jiff::Timestamp;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -34,7 +34,7 @@ pub async fn whoami(client: &Client) -> String {
 pub async fn submit(target: &Target, key: &str, mut r: Request, wait: Wait) -> Result<String> {
     r.by = whoami(&target.client).await;
     control::within_bounds(&r).map_err(|e| Failure(format!("not sent: {e}")))?;
-    r.id = control::new_id(Utc::now(), rand_nonce());
+    r.id = control::new_id(Timestamp::now(), rand_nonce());
     let (name, value) = r.annotation();
     let mut annotations = Map::new();
     annotations.insert(name.clone(), Value::String(value));

@@ -55,7 +55,7 @@ pub trait LockObject:
     }
     /// How long this lock may stay idle before the controller deletes it: only
     /// for one the controller created itself (see `reconcile::idle_deletion`).
-    fn idle_delete_after(&self) -> Option<chrono::TimeDelta> {
+    fn idle_delete_after(&self) -> Option<jiff::SignedDuration> {
         None
     }
     /// Names and group of a run of namespace `ns`, as this lock's status writes them.

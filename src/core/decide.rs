@@ -55,13 +55,13 @@ pub(crate) mod test_entry {
     use crate::core::model::{Decision, Input, MultiKeys, MutexFacts, RunView};
     use crate::core::requests::{Request, Unreadable};
     use crate::model::mutex::{LockSpec, MutexStatus};
-    use chrono::{DateTime, Utc};
+    use jiff::Timestamp;
 
     pub fn decide(
         spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
-        now: DateTime<Utc>,
+        now: Timestamp,
     ) -> Decision {
         decide_with(spec, prev, runs, now, MutexFacts::default())
     }
@@ -70,7 +70,7 @@ pub(crate) mod test_entry {
         spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
-        now: DateTime<Utc>,
+        now: Timestamp,
         facts: MutexFacts,
     ) -> Decision {
         decide_full(spec, prev, runs, now, facts, &[], &MultiKeys::default())
@@ -80,7 +80,7 @@ pub(crate) mod test_entry {
         spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
-        now: DateTime<Utc>,
+        now: Timestamp,
         facts: MutexFacts,
         requests: &[Result<Request, Unreadable>],
     ) -> Decision {
@@ -99,7 +99,7 @@ pub(crate) mod test_entry {
         spec: &LockSpec,
         prev: &MutexStatus,
         runs: &[RunView],
-        now: DateTime<Utc>,
+        now: Timestamp,
         facts: MutexFacts,
         multi: &MultiKeys,
     ) -> Decision {
@@ -110,7 +110,7 @@ pub(crate) mod test_entry {
         spec: &LockSpec,
         status: &MutexStatus,
         runs: &[RunView],
-        now: DateTime<Utc>,
+        now: Timestamp,
         facts: MutexFacts,
         requests: &[Result<Request, Unreadable>],
         multi: &MultiKeys,

@@ -4,7 +4,7 @@
 
 use crate::core::requests::{Dismissal, Request, Unreadable};
 use crate::model::mutex::{Age, LockSpec, MutexStatus, RunRef, Supersede};
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use std::collections::{BTreeMap, HashMap};
 
 /// Everything one decision is made from: the lock's spec and status, its runs
@@ -15,7 +15,7 @@ pub struct Input<'a> {
     pub spec: &'a LockSpec,
     pub status: &'a MutexStatus,
     pub runs: &'a [RunView],
-    pub now: DateTime<Utc>,
+    pub now: Timestamp,
     pub facts: MutexFacts,
     pub requests: &'a [Result<Request, Unreadable>],
     pub multi: &'a MultiKeys,
@@ -34,7 +34,7 @@ pub struct RunView {
     pub cancel_mode: CancelMode,
     pub wait: bool,
     /// When this run started waiting (its first attempt's start): waited-seconds counts from here.
-    pub waiting_since: DateTime<Utc>,
+    pub waiting_since: Timestamp,
     /// Why it was asked to stop (`spec.statusMessage`), when Tekton or a person said.
     pub cancel_message: Option<String>,
     pub phase: Phase,

@@ -8,7 +8,7 @@ use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::{PIPELINE_LABEL, kept_label};
 use crate::model::tekton::run::Run;
 use crate::model::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::Resource;
 
 /// A field selector for pods that have not ended: a terminating pod is still
@@ -22,7 +22,7 @@ pub struct ObservedRun<'a> {
     pub namespace: String,
     pub uid: String,
     pub resource_version: Option<String>,
-    pub created: DateTime<Utc>,
+    pub created: Timestamp,
     pub deleting: bool,
     /// The controlling PipelineRun: (name, uid).
     pub parent: Option<(String, String)>,
@@ -108,8 +108,8 @@ impl<'a> ObservedRun<'a> {
             created: meta
                 .creation_timestamp
                 .as_ref()
-                .map(|t| to_chrono(t.0))
-                .unwrap_or_else(Utc::now),
+                .map(|t| t.0)
+                .unwrap_or_else(Timestamp::now),
             deleting: meta.deletion_timestamp.is_some(),
             parent,
             pipeline_label: obj.label(PIPELINE_LABEL).map(str::to_string),
@@ -160,26 +160,24 @@ impl<'a> ObservedRun<'a> {
     }
 
     /// When the current attempt started waiting.
-    pub fn attempt_start(&self) -> DateTime<Utc> {
+    pub fn attempt_start(&self) -> Timestamp {
         self.status
             .start_time
             .as_deref()
-            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-            .map(|t| t.with_timezone(&Utc))
+            .and_then(|s| s.parse().ok())
             .unwrap_or(self.created)
     }
 
     /// When the run started waiting: its first attempt's start (an earlier
     /// attempt's, after a retry), else its creation.
-    pub fn waiting_since(&self) -> DateTime<Utc> {
+    pub fn waiting_since(&self) -> Timestamp {
         self.status
             .retries_status
             .first()
             .and_then(|a| a.get("startTime"))
             .and_then(|t| t.as_str())
             .or(self.status.start_time.as_deref())
-            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-            .map(|t| t.with_timezone(&Utc))
+            .and_then(|s| s.parse().ok())
             .unwrap_or(self.created)
     }
 }
@@ -209,11 +207,6 @@ impl Observe for Run {
     fn label(&self, name: &str) -> Option<&str> {
         kept_label(&self.spec.kept_labels, &self.metadata, name)
     }
-}
-
-/// Kubernetes timestamps (jiff) as chrono, which the Mutex status uses.
-pub fn to_chrono(t: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
-    DateTime::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32).unwrap_or_default()
 }
 
 /// A run that refers to ClusterMutexes: `Some(Ok(names))`, the one named in

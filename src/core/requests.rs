@@ -12,7 +12,7 @@
 
 pub use crate::model::requests::{Action, Dismissal, Dismissed, ObservedRequest, Verdict};
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -78,8 +78,8 @@ impl Request {
 
 /// A fresh request id: time-ordered, unique enough for one Mutex, and valid as
 /// the name part of an annotation key.
-pub fn new_id(now: DateTime<Utc>, nonce: u32) -> String {
-    format!("{}-{:08x}", now.format("%Y%m%dt%H%M%S%3f"), nonce)
+pub fn new_id(now: Timestamp, nonce: u32) -> String {
+    format!("{}-{:08x}", now.strftime("%Y%m%dt%H%M%S%3f"), nonce)
 }
 
 /// The longest `reason`, `by` or PipelineRun name a request may carry, in bytes
@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn a_request_round_trips_through_its_annotation() {
         let r = Request {
-            id: new_id(Utc::now(), 0xabc),
+            id: new_id(Timestamp::now(), 0xabc),
             action: Action::Release,
             pipeline_run: Some("deploy-1".into()),
             reason: Some("hung in finally".into()),
@@ -154,6 +154,13 @@ mod tests {
         assert!(name.len() <= 63 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
         let read = requests_from(&[(k, v), ("other".into(), "x".into())].into());
         assert_eq!(read, vec![Ok(r)]);
+    }
+
+    /// An id's time part: UTC, to the millisecond (cut, not rounded).
+    #[test]
+    fn a_request_id_is_its_time_to_the_millisecond() {
+        let t = Timestamp::new(1_800_000_000, 123_999_999).unwrap();
+        assert_eq!(new_id(t, 0xabc), "20270115t080000123-00000abc");
     }
 
     /// Issue 23 item 8: a 200 KB reason is refused, never copied into the status.

@@ -4,7 +4,7 @@
 use crate::core::model::Outcome;
 use crate::model::mutex::RunKind;
 use crate::model::tekton::{Condition, RunStatus};
-use chrono::{DateTime, SecondsFormat, Utc};
+use jiff::Timestamp;
 use serde_json::{Value, json};
 
 /// Every reason this controller writes on a run's `Succeeded` condition or in an
@@ -243,8 +243,9 @@ fn results(key: &str, outcome: &Outcome) -> Option<Value> {
     }
 }
 
-fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+fn rfc3339(t: Timestamp) -> String {
+    // RFC 3339 in UTC (`Z`), in whole seconds: a fraction is dropped, not rounded.
+    format!("{t:.0}")
 }
 
 /// The merge patch that brings `current` to `outcome`, or None if it already says so.
@@ -254,7 +255,7 @@ pub fn patch(
     outcome: &Outcome,
     current: &RunStatus,
     resource_version: Option<&str>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Option<Value> {
     let (reason, message) = condition(kind, key, outcome);
     let status = reason.status();
@@ -314,12 +315,7 @@ pub fn patch(
 
 /// A condition's lastTransitionTime moves only when its status or reason does:
 /// a new position in the queue is not a transition.
-fn transition_time(
-    current: &RunStatus,
-    status: &str,
-    reason: Reason,
-    now: DateTime<Utc>,
-) -> String {
+fn transition_time(current: &RunStatus, status: &str, reason: Reason, now: Timestamp) -> String {
     current
         .succeeded()
         .filter(|c| c.status == status && c.reason.as_deref() == Some(reason.as_str()))
@@ -328,7 +324,7 @@ fn transition_time(
 }
 
 /// Status for a run whose spec we cannot accept.
-pub fn invalid_params_patch(message: &str, current: &RunStatus, now: DateTime<Utc>) -> Value {
+pub fn invalid_params_patch(message: &str, current: &RunStatus, now: Timestamp) -> Value {
     json!({"status": {
         "conditions": [Condition {
             type_: "Succeeded".into(),
@@ -345,10 +341,10 @@ pub fn invalid_params_patch(message: &str, current: &RunStatus, now: DateTime<Ut
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::TimeZone;
+    use jiff::SignedDuration;
 
-    fn now() -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+    fn now() -> Timestamp {
+        "2026-11-30T12:00:00Z".parse().unwrap()
     }
 
     /// Issue 23 item 2: a grant binds to the lock that made it, by kind and name.
@@ -527,7 +523,7 @@ mod tests {
 
     #[test]
     fn last_transition_time_moves_only_with_status_or_reason() {
-        let later = now() + chrono::TimeDelta::seconds(30);
+        let later = now() + SignedDuration::from_secs(30);
         let first = patch(
             RunKind::CustomRun,
             "k",

@@ -3,14 +3,14 @@
 //! and the deadline of its current attempt.
 
 use crate::core::model::{Parent, ParentState, Phase, RunView, Timeout};
-use crate::core::observe::{ObservedRun, to_chrono};
+use crate::core::observe::ObservedRun;
 use crate::core::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::core::release_after;
 use crate::core::run_status;
 use crate::model::mutex::{Age, Holder, RunKind, Waiter};
 use crate::model::tekton::labels::PIPELINE_LABEL;
 use crate::model::tekton::pipelinerun::PipelineRun;
-use chrono::{DateTime, Utc};
+use jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 /// The owning PipelineRun as fetched: `object` is None when it is gone
@@ -32,14 +32,14 @@ pub struct FetchedParent<'a> {
 pub struct MemberView {
     pub view: RunView,
     /// When the current attempt times out; None waits forever.
-    pub deadline: Option<DateTime<Utc>>,
+    pub deadline: Option<Timestamp>,
 }
 
 pub fn member_view(
     o: &ObservedRun<'_>,
     cfg: &RunConfig,
     parent: Option<FetchedParent<'_>>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> MemberView {
     let age = age(o, cfg, parent);
     let deadline = deadline(o, cfg);
@@ -90,7 +90,7 @@ pub fn deleted_reserved_view(w: &Waiter, parent: FetchedParent<'_>) -> MemberVie
     deleted_view(w, w.age.created, parent)
 }
 
-fn deleted_view(w: &Waiter, since: DateTime<Utc>, parent: FetchedParent<'_>) -> MemberView {
+fn deleted_view(w: &Waiter, since: Timestamp, parent: FetchedParent<'_>) -> MemberView {
     MemberView {
         view: RunView {
             run: w.run.clone(),
@@ -123,7 +123,7 @@ pub fn age(o: &ObservedRun<'_>, cfg: &RunConfig, parent: Option<FetchedParent<'_
             p.name.to_string(),
             p.object
                 .and_then(|pr| pr.creation_timestamp())
-                .map(|t| to_chrono(t.0))
+                .map(|t| t.0)
                 .unwrap_or(o.created),
         ),
         None => (o.name.clone(), o.created),
@@ -158,15 +158,15 @@ pub fn group(
 /// a PipelineRun's run waits as long as its PipelineRun may run (Tekton cancels
 /// it when the PipelineRun times out), and a standalone run gets Tekton's default
 /// of 1h. A timeout too large for a date is no timeout at all.
-pub fn deadline(o: &ObservedRun<'_>, cfg: &RunConfig) -> Option<DateTime<Utc>> {
+pub fn deadline(o: &ObservedRun<'_>, cfg: &RunConfig) -> Option<Timestamp> {
     let limit = match cfg.timeout {
         WaitLimit::After(t) => t,
         WaitLimit::Unset if o.parent.is_none() => STANDALONE_DEFAULT_TIMEOUT,
         WaitLimit::Unset | WaitLimit::Never => return None,
     };
-    chrono::TimeDelta::from_std(limit)
+    SignedDuration::try_from(limit)
         .ok()
-        .and_then(|t| o.attempt_start().checked_add_signed(t))
+        .and_then(|t| o.attempt_start().checked_add(t).ok())
 }
 
 /// Does the run's PipelineRun list it as its child? A PipelineRun that is gone
@@ -182,8 +182,8 @@ pub fn listed(o: &ObservedRun<'_>, parent: FetchedParent<'_>) -> bool {
 pub fn phase(
     o: &ObservedRun<'_>,
     cfg: &RunConfig,
-    deadline: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
+    deadline: Option<Timestamp>,
+    now: Timestamp,
 ) -> Phase {
     if o.is_done() {
         return Phase::Done {
@@ -198,10 +198,10 @@ pub fn phase(
 
 /// Has the current attempt timed out, and does a retry remain?
 pub fn timeout(
-    deadline: Option<DateTime<Utc>>,
+    deadline: Option<Timestamp>,
     attempts_failed: usize,
     retries: u32,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Timeout {
     match deadline {
         Some(d) if d <= now && attempts_failed < retries as usize => Timeout::Retry,

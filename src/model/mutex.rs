@@ -4,7 +4,7 @@
 //! compare-and-swap on the object's resourceVersion, which is what keeps
 //! holders within capacity and tokens unique across restarts and replicas.
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -219,7 +219,7 @@ pub enum RunKind {
 pub struct Age {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<i64>,
-    pub created: DateTime<Utc>,
+    pub created: Timestamp,
     /// The PipelineRun's name (the run's own name for a standalone run).
     pub name: String,
 }
@@ -245,7 +245,7 @@ pub struct Holder {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run_uid: Option<String>,
     pub token: i64,
-    pub since: DateTime<Utc>,
+    pub since: Timestamp,
     pub waited_seconds: i64,
     pub group: String,
     pub age: Age,
@@ -280,5 +280,44 @@ pub struct GroupMark {
     /// When the group was last granted: idle marks are forgotten, and only the
     /// most recently active groups are kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub granted: Option<DateTime<Utc>>,
+    pub granted: Option<Timestamp>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A status written before the switch of time library reads the same and is
+    /// written back the same: RFC 3339 in UTC, with or without a fraction.
+    #[test]
+    fn an_old_status_round_trips_with_its_times() {
+        let age = json!({"created": "2026-11-30T23:59:00Z", "name": "deploy-1"});
+        let old = json!({
+            "holders": [{
+                "run": {"kind": "CustomRun", "name": "deploy-1-lock", "uid": "u1"},
+                "token": 3,
+                "since": "2026-12-01T00:00:00.123456789Z",
+                "waitedSeconds": 60,
+                "group": "deploy",
+                "age": age,
+                "supersede": "none",
+            }],
+            "queue": [],
+            "lastToken": 3,
+            "groups": [{"group": "deploy", "newest": age, "granted": "2026-12-01T00:00:00Z"}],
+            "waiting": 0,
+        });
+        let status: MutexStatus = serde_json::from_value(old.clone()).unwrap();
+        let since = status.holders[0].since;
+        assert_eq!(
+            (since.as_second(), since.subsec_nanosecond()),
+            (1_796_083_200, 123_456_789)
+        );
+        assert_eq!(
+            status.groups[0].granted,
+            Some(Timestamp::from_second(1_796_083_200).unwrap())
+        );
+        assert_eq!(serde_json::to_value(&status).unwrap(), old);
+    }
 }

@@ -2,7 +2,7 @@
 //! ([`ObservedRequest`]) and the PipelineRuns a person let go ([`Dismissed`]).
 //! The request protocol itself is `crate::core::requests`.
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -52,7 +52,7 @@ pub struct ObservedRequest {
     pub by: String,
     pub verdict: Verdict,
     pub message: String,
-    pub at: DateTime<Utc>,
+    pub at: Timestamp,
 }
 
 /// Why a PipelineRun was let go by a person.

@@ -140,8 +140,8 @@ pub async fn pipeline_runs(client: &Client, ns: &str) -> Result<BTreeMap<String,
                 .unwrap_or_default();
             let ts = |p: &str| {
                 text(p)
-                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
-                    .map(|t| t.timestamp())
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .map(|t| t.as_second())
             };
             let fin = PrFinal {
                 done: cond["status"] == "True" || cond["status"] == "False",

@@ -1,7 +1,7 @@
 //! The one place the model calls the product's decision core: `decide(&Input)`
 //! and the multi-key commit check, exactly as the controller calls them.
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use std::collections::BTreeMap;
 use tekton_mutex::core::decide::{commit_multikey, decide};
 pub use tekton_mutex::core::model::{
@@ -15,7 +15,7 @@ pub fn decide_step(
     spec: &LockSpec,
     prev: &MutexStatus,
     runs: &[RunView],
-    now: DateTime<Utc>,
+    now: Timestamp,
     facts: MutexFacts,
     multi: &MultiKeys,
 ) -> Decision {

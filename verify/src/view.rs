@@ -6,19 +6,19 @@
 use crate::adapter::{MultiKeyRun, MultiKeys, Parent, ParentState, Phase, RunView, Timeout};
 use crate::config::{Broken, Config};
 use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told};
-use chrono::{DateTime, TimeZone, Utc};
+use jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeMap;
 use tekton_mutex::core::model::CancelMode;
 use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
 
 /// Time is abstract: every decision happens at the same instant (timeouts are
 /// an event of their own), so statuses do not differ by when they were written.
-pub fn now() -> DateTime<Utc> {
-    base() + chrono::TimeDelta::seconds(1000)
+pub fn now() -> Timestamp {
+    base() + SignedDuration::from_secs(1000)
 }
 
-fn base() -> DateTime<Utc> {
-    Utc.timestamp_opt(1_700_000_000, 0).unwrap()
+fn base() -> Timestamp {
+    Timestamp::from_second(1_700_000_000).unwrap()
 }
 
 pub fn key_name(k: u8) -> String {
@@ -176,7 +176,7 @@ pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
     };
     let age = Age {
         sequence: None,
-        created: base() + chrono::TimeDelta::seconds(i as i64),
+        created: base() + SignedDuration::from_secs(i as i64),
         name: pr_name(i),
     };
     let supersede = if spec.supersede {

@@ -11,7 +11,7 @@ use crate::core::run_status::{self, Reason};
 use crate::core::scope::Scope;
 use crate::model::mutex::{MutexStatus, RunKind, RunRef};
 use crate::model::tekton::RunStatus;
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType};
 use tracing::warn;
@@ -62,7 +62,7 @@ pub fn for_outcome(
 
 /// Released events for the holders a status write let go.
 pub fn releases(key: &str, before: &MutexStatus, after: &MutexStatus) -> Vec<(RunRef, Transition)> {
-    let now = Utc::now();
+    let now = Timestamp::now();
     before
         .holders
         .iter()
@@ -84,8 +84,8 @@ pub fn releases(key: &str, before: &MutexStatus, after: &MutexStatus) -> Vec<(Ru
         .collect()
 }
 
-fn held_for(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
-    format!("{}s", (now - since).num_seconds().max(0))
+fn held_for(since: Timestamp, now: Timestamp) -> String {
+    format!("{}s", now.duration_since(since).as_secs().max(0))
 }
 
 pub fn invalid_params(message: &str) -> Transition {
@@ -204,7 +204,7 @@ pub fn status_written(
     key: &str,
     before: &MutexStatus,
     after: &MutexStatus,
-    seen: DateTime<Utc>,
+    seen: Timestamp,
 ) {
     ctx.metrics
         .status_written(scope.label(), key, before, after, seen);

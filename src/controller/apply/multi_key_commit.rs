@@ -20,7 +20,7 @@ use crate::core::run_status::{self, Reason};
 use crate::core::scope::Scope;
 use crate::model::mutex::{MutexSpec, MutexStatus, RunKind, RunRef};
 use crate::model::tekton::RunStatus;
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ pub struct Candidate<'a> {
     pub multi: &'a MultiKeyRun,
     pub resource_version: Option<&'a str>,
     pub status: &'a RunStatus,
-    pub waiting_since: DateTime<Utc>,
+    pub waiting_since: Timestamp,
 }
 
 /// After this key's ledger is written: tell `Acquired` every run for which all
@@ -98,7 +98,7 @@ pub async fn commit_reserved<L: LockObject>(
     key: &str,
     ledger: &MutexStatus,
     candidates: &[Candidate<'_>],
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<(), Error> {
     for c in candidates {
         let kept = slot_for(ledger, &c.run.uid, c.multi.epoch, c.pipeline_run_uid).is_some();
@@ -116,7 +116,7 @@ pub async fn commit_reserved<L: LockObject>(
         else {
             continue;
         };
-        let waited = (now - c.waiting_since).num_seconds().max(0);
+        let waited = now.duration_since(c.waiting_since).as_secs().max(0);
         let Some(patch) = acquired_patch::<L>(c, &tokens, waited, now) else {
             continue;
         };
@@ -149,7 +149,7 @@ fn acquired_patch<L: LockObject>(
     c: &Candidate<'_>,
     tokens: &BTreeMap<String, i64>,
     waited_seconds: i64,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Option<Value> {
     let first = &c.multi.keys[0];
     let outcome = Outcome::Acquired {
@@ -220,7 +220,7 @@ pub fn patch(
     outcome: &Outcome,
     current: &RunStatus,
     resource_version: Option<&str>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Option<Value> {
     let keys = multi.keys.join(",");
     match outcome {
@@ -319,8 +319,8 @@ mod tests {
         .unwrap()
     }
 
-    fn now() -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).unwrap()
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::model::mutex::{Mutex, MutexSpec, RunKind, RunRef};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
-use chrono::Utc;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
@@ -127,7 +127,7 @@ pub async fn invalid_params(
     o: &ObservedRun<'_>,
     message: &str,
 ) -> Result<bool, Error> {
-    let patch = run_status::invalid_params_patch(message, &o.status, Utc::now());
+    let patch = run_status::invalid_params_patch(message, &o.status, Timestamp::now());
     run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await
 }
 

@@ -12,7 +12,7 @@ use crate::core::observe::{Observe, ObservedRun};
 use crate::core::release_after::Verdict;
 use crate::core::run_status::{self, Reason};
 use crate::model::cluster_mutex::{self, ClusterMutex, ClusterMutexSpec};
-use chrono::Utc;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
@@ -42,7 +42,7 @@ pub async fn intake<K: Observe + Resource<DynamicType = ()>>(
     };
     if let Some((reason, message)) = refused {
         warn!(run = %o.name, namespace = %o.namespace, reason, %message, "ClusterMutex run refused");
-        let mut patch = run_status::invalid_params_patch(&message, &o.status, Utc::now());
+        let mut patch = run_status::invalid_params_patch(&message, &o.status, Timestamp::now());
         patch["status"]["conditions"][0]["reason"] = reason.into();
         if writes::run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await? {
             events::invalid(ctx, &o, &message);

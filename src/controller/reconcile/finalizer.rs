@@ -99,7 +99,7 @@ pub async fn unprotect<L: LockObject>(
         .collect();
     let patch = json!({"metadata": {
         "finalizers": finalizers,
-        "annotations": {IDLE_SINCE: chrono::Utc::now().to_rfc3339()},
+        "annotations": {IDLE_SINCE: jiff::Timestamp::now().to_string()},
         "resourceVersion": lock.resource_version(),
     }});
     ctx.metrics.api_write("patch", L::PLURAL);

@@ -13,37 +13,29 @@
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::LockObject;
 use crate::controller::reconcile::finalizer::{self, IDLE_SINCE};
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 use tracing::info;
 
-
 /// When the idle lock `lock` may go: None if never (not ours to delete, or kept).
-fn expiry<L: LockObject>(lock: &L) -> Option<DateTime<Utc>> {
+fn expiry<L: LockObject>(lock: &L) -> Option<Timestamp> {
     let keep = lock.idle_delete_after()?;
-    let since = lock.annotations().get(IDLE_SINCE)?;
-    let since = DateTime::parse_from_rfc3339(since)
-        .ok()?
-        .with_timezone(&Utc);
-    Some(since + keep)
+    let since: Timestamp = lock.annotations().get(IDLE_SINCE)?.parse().ok()?;
+    since.checked_add(keep).ok()
 }
 
 /// After a sync that left `lock` idle and unprotected: stamp when it became idle
 /// if no one did (a lock idle from before), or delete it once that is long enough ago.
-pub async fn settle<L: LockObject>(
-    ctx: &Context,
-    lock: &L,
-    now: DateTime<Utc>,
-) -> Result<(), Error> {
+pub async fn settle<L: LockObject>(ctx: &Context, lock: &L, now: Timestamp) -> Result<(), Error> {
     if lock.idle_delete_after().is_none() || finalizer::protected(lock) {
         return Ok(());
     }
     let api = L::api(&ctx.client, &lock.scope());
     if !lock.annotations().contains_key(IDLE_SINCE) {
         let patch = json!({"metadata": {
-            "annotations": {IDLE_SINCE: now.to_rfc3339()},
+            "annotations": {IDLE_SINCE: now.to_string()},
             "resourceVersion": lock.resource_version(),
         }});
         ctx.metrics.api_write("patch", L::PLURAL);

@@ -18,7 +18,7 @@ use crate::core::requests::{Request, Unreadable, requests_from};
 use crate::core::run_status;
 use crate::core::scope::Scope;
 use crate::model::mutex::{MutexStatus, RunRef};
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use std::sync::Arc;
@@ -56,7 +56,7 @@ async fn sync_lock<L: LockObject>(
         return Ok(Action::await_change());
     };
     let current = lock.lock_status().cloned().unwrap_or_default();
-    let now = Utc::now();
+    let now = Timestamp::now();
     let members = members::gather(ctx, &lock, &current, now).await?;
     let requests = requests_from(lock.annotations());
     let facts = lock_facts(ctx, &lock).await?;
@@ -154,7 +154,7 @@ fn decide_on<L: LockObject>(
     lock: &L,
     current: &MutexStatus,
     members: &[Member],
-    now: DateTime<Utc>,
+    now: Timestamp,
     facts: MutexFacts,
     requests: &[Result<Request, Unreadable>],
 ) -> Decision {
@@ -192,7 +192,7 @@ async fn apply<L: LockObject>(
     decision: &Decision,
     members: &[Member],
     facts: MutexFacts,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<(), Error> {
     let (scope, name) = (lock.scope(), lock.name_any());
     let protected = finalizer::protected(&lock);
@@ -293,7 +293,7 @@ async fn commit_and_revoke<L: LockObject>(
     key: &str,
     decision: &Decision,
     members: &[Member],
-    now: DateTime<Utc>,
+    now: Timestamp,
     first_error: &mut Option<Error>,
 ) {
     let candidates: Vec<multi_key_commit::Candidate> = members
@@ -329,7 +329,7 @@ async fn write_lock_state<L: LockObject>(
     mut lock: L,
     current: &MutexStatus,
     decision: &Decision,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<(), Error> {
     if decision.status == *current {
         return Ok(());
@@ -363,7 +363,7 @@ struct Tell<'a> {
     /// The lock's kind, written beside its name into every status it writes.
     lock_kind: std::borrow::Cow<'static, str>,
     members: &'a [Member],
-    now: DateTime<Utc>,
+    now: Timestamp,
 }
 
 impl Tell<'_> {
@@ -422,7 +422,7 @@ impl Tell<'_> {
 
 /// Would applying the decision write anything besides the lock state: a cancel,
 /// or a run whose status does not yet say its outcome?
-fn writes_runs(key: &str, members: &[Member], decision: &Decision, now: DateTime<Utc>) -> bool {
+fn writes_runs(key: &str, members: &[Member], decision: &Decision, now: Timestamp) -> bool {
     let tells = |(run, outcome): &(RunRef, Outcome)| {
         members
             .iter()
@@ -437,7 +437,7 @@ fn writes_runs(key: &str, members: &[Member], decision: &Decision, now: DateTime
 }
 
 /// Wake up for the first waiting timeout; otherwise wait for events.
-fn next_wake(members: &[Member], decision: &Decision, now: DateTime<Utc>) -> Action {
+fn next_wake(members: &[Member], decision: &Decision, now: Timestamp) -> Action {
     let st = &decision.status;
     let waits = |m: &&Member| {
         let uid = &m.run().uid;
@@ -451,7 +451,8 @@ fn next_wake(members: &[Member], decision: &Decision, now: DateTime<Utc>) -> Act
         .min()
     {
         Some(t) => {
-            Action::requeue((t - now).to_std().unwrap_or_default() + Duration::from_millis(20))
+            let wait = Duration::try_from(t.duration_since(now)).unwrap_or_default();
+            Action::requeue(wait + Duration::from_millis(20))
         }
         None => Action::requeue(RESYNC),
     }

@@ -62,7 +62,7 @@ impl LockObject for Mutex {
         Ok(true)
     }
 
-    fn idle_delete_after(&self) -> Option<chrono::TimeDelta> {
+    fn idle_delete_after(&self) -> Option<jiff::SignedDuration> {
         let ours = self
             .labels()
             .get("app.kubernetes.io/managed-by")
@@ -72,7 +72,7 @@ impl LockObject for Mutex {
             .spec
             .idle_delete_days
             .unwrap_or(DEFAULT_IDLE_DELETE_DAYS);
-        (ours && days > 0).then(|| chrono::TimeDelta::days(i64::from(days)))
+        (ours && days > 0).then(|| jiff::SignedDuration::from_hours(24 * i64::from(days)))
     }
 
     fn qualify(&self, _: &str, _: &mut RunView) {}

@@ -20,7 +20,7 @@ use crate::model::tekton::RunStatus;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use kube::{Api, ResourceExt};
 use std::sync::Arc;
 
@@ -56,7 +56,7 @@ pub async fn gather<L: LockObject>(
     ctx: &Context,
     lock: &L,
     status: &MutexStatus,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<Vec<Member>, Error> {
     let key = lock.name_any();
     let mut fetched = fetch_runs(ctx, lock, status).await?;
@@ -242,7 +242,7 @@ async fn missing(
 }
 
 /// The run as the decision core sees it, named as the lock's status names it.
-fn view_of<L: LockObject>(lock: &L, f: &Fetched, now: DateTime<Utc>) -> Member {
+fn view_of<L: LockObject>(lock: &L, f: &Fetched, now: Timestamp) -> Member {
     let o = f.run.observe();
     let parent = f.parent.as_ref().map(ParentFetched::as_view);
     let mut facts = view::member_view(&o, &f.config, parent, now);

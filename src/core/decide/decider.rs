@@ -10,7 +10,7 @@ use crate::model::mutex::{
     Age, GroupMark, Holder, LockSpec, MAX_GROUP_MARKS, MutexStatus, Order, RunRef, Supersede,
     Waiter,
 };
-use chrono::{DateTime, Utc};
+use jiff::{SignedDuration, Timestamp};
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
 
@@ -30,7 +30,7 @@ pub(super) struct Decider<'a> {
     pub(super) outcomes: Vec<(RunRef, Outcome)>,
     pub(super) cancels: Vec<Cancel>,
     pub(super) control_cancels: Vec<ControlCancel>,
-    pub(super) now: DateTime<Utc>,
+    pub(super) now: Timestamp,
     pub(super) all: &'a [RunView],
     pub(super) runs: HashMap<&'a str, &'a RunView>,
     pub(super) multi: &'a MultiKeys,
@@ -42,7 +42,7 @@ impl<'a> Decider<'a> {
         spec: &'a LockSpec,
         prev: &MutexStatus,
         all: &'a [RunView],
-        now: DateTime<Utc>,
+        now: Timestamp,
         facts: MutexFacts,
         multi: &'a MultiKeys,
     ) -> Self {
@@ -230,14 +230,15 @@ impl<'a> Decider<'a> {
     /// A mark from before grant times were kept counts as granted now.
     pub(super) fn forget_idle_marks(&mut self) {
         let now = self.now;
-        let idle = chrono::TimeDelta::days(i64::from(self.spec.mark_idle_days));
+        let idle = SignedDuration::from_hours(24 * i64::from(self.spec.mark_idle_days));
         for m in &mut self.st.groups {
             m.granted.get_or_insert(now);
         }
         let holders = &self.st.holders;
         // A group that still holds the key is not idle.
         self.st.groups.retain(|m| {
-            m.granted.is_some_and(|g| now - g < idle) || holders.iter().any(|h| h.group == m.group)
+            m.granted.is_some_and(|g| now.duration_since(g) < idle)
+                || holders.iter().any(|h| h.group == m.group)
         });
         self.st.groups.sort_by(|a, b| {
             b.granted
@@ -479,7 +480,7 @@ impl<'a> Decider<'a> {
     /// while waiting leaves no mark; and a run alone in its group (a standalone
     /// run, a PipelineRun without a pipeline label) leaves none, as nothing can
     /// ever be older in it.
-    pub(super) fn mark_group(&mut self, w: &Waiter, granted: DateTime<Utc>) {
+    pub(super) fn mark_group(&mut self, w: &Waiter, granted: Timestamp) {
         if w.supersede == Supersede::None || w.group == w.age.name {
             return;
         }
@@ -578,7 +579,7 @@ impl<'a> Decider<'a> {
 
     /// Seconds since the run started waiting.
     pub(super) fn waited(&self, r: &RunView) -> i64 {
-        (self.now - r.waiting_since).num_seconds().max(0)
+        self.now.duration_since(r.waiting_since).as_secs().max(0)
     }
 
     pub(super) fn holder_names(&self) -> Vec<String> {
@@ -654,12 +655,7 @@ pub(super) fn waiter_of(r: &RunView) -> Waiter {
     }
 }
 
-pub(super) fn holder_of(
-    w: Waiter,
-    token: i64,
-    since: DateTime<Utc>,
-    waited_seconds: i64,
-) -> Holder {
+pub(super) fn holder_of(w: Waiter, token: i64, since: Timestamp, waited_seconds: i64) -> Holder {
     Holder {
         run: w.run,
         pipeline_run: w.pipeline_run,

@@ -8,15 +8,14 @@
 use crate::core::decide::test_entry::*;
 use crate::core::model::*;
 use crate::model::mutex::*;
-use chrono::TimeZone;
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use proptest::prelude::*;
 #[allow(unused_imports)]
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::discriminant;
 
-pub(super) fn t(secs: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
+pub(super) fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + secs).unwrap()
 }
 
 /// A live run of PipelineRun `pr<i>`, created at second `i`.

@@ -5,7 +5,7 @@ use super::*;
 use crate::core::model::{Outcome, Parent, Phase, RunView, Timeout};
 use crate::core::params::CancelMode;
 use crate::model::mutex::{Age, LockSpec, MutexStatus, RunKind, RunRef, Supersede};
-use chrono::{DateTime, TimeZone, Utc};
+use jiff::Timestamp;
 use serde_json::{Value, json};
 
 fn pr(status: Value) -> PipelineRun {
@@ -106,8 +106,8 @@ fn only_a_running_pipeline_run_turns_section_done() {
     }
 }
 
-fn t(secs: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + secs).unwrap()
 }
 
 fn run(i: i64, state: ParentState) -> RunView {

@@ -3,15 +3,14 @@
 use super::*;
 use crate::core::observe::Observe;
 use crate::model::tekton::customrun::CustomRun;
-use chrono::TimeZone;
 use serde_json::{Value, json};
 
-fn t(secs: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + secs).unwrap()
 }
 
 fn ts(secs: i64) -> String {
-    t(secs).to_rfc3339()
+    t(secs).to_string()
 }
 
 /// A lock run created at second 10, owned by PipelineRun `pr` unless `owned` is false.
