@@ -7,7 +7,7 @@ use crate::core::observe::ObservedRun;
 use crate::core::params::{CancelMode, RunConfig, STANDALONE_DEFAULT_TIMEOUT, WaitLimit};
 use crate::core::release_after;
 use crate::core::run_status;
-use crate::model::mutex::{Age, Holder, RunKind, Waiter};
+use crate::model::mutex::{Age, RunKind, Waiter};
 use crate::model::tekton::labels::PIPELINE_LABEL;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use jiff::{SignedDuration, Timestamp};
@@ -69,28 +69,11 @@ pub fn member_view(
     }
 }
 
-/// A holder whose lock run was deleted, as the core sees it: its PipelineRun
-/// keeps the slot until released. Its params went with the run object, so the
-/// cancel mode (should a newer run supersede it) is the default one.
-pub fn deleted_holder_view(h: &Holder, parent: FetchedParent<'_>) -> MemberView {
-    let entry = Waiter {
-        run: h.run.clone(),
-        pipeline_run: h.pipeline_run.clone(),
-        pipeline_run_uid: h.pipeline_run_uid.clone(),
-        group: h.group.clone(),
-        age: h.age.clone(),
-        priority: 0,
-        supersede: h.supersede,
-    };
-    deleted_view(&entry, h.since, parent)
-}
-
-/// A run a slot is reserved for, whose lock run was deleted: as a deleted holder.
-pub fn deleted_reserved_view(w: &Waiter, parent: FetchedParent<'_>) -> MemberView {
-    deleted_view(w, w.age.created, parent)
-}
-
-fn deleted_view(w: &Waiter, since: Timestamp, parent: FetchedParent<'_>) -> MemberView {
+/// A holder, or a run a slot is reserved for, whose lock run was deleted, as the
+/// core sees it: its PipelineRun keeps the slot until released. Its params went
+/// with the run object, so the cancel mode (should a newer run supersede it) is
+/// the default one.
+pub fn deleted_member_view(w: &Waiter, since: Timestamp, parent: FetchedParent<'_>) -> MemberView {
     MemberView {
         view: RunView {
             run: w.run.clone(),

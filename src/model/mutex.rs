@@ -252,6 +252,21 @@ pub struct Holder {
     pub supersede: Supersede,
 }
 
+impl Holder {
+    /// The entry as it waited (a hold keeps no priority: it no longer ranks).
+    pub fn as_waiter(&self) -> Waiter {
+        Waiter {
+            run: self.run.clone(),
+            pipeline_run: self.pipeline_run.clone(),
+            pipeline_run_uid: self.pipeline_run_uid.clone(),
+            group: self.group.clone(),
+            age: self.age.clone(),
+            priority: 0,
+            supersede: self.supersede,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Waiter {

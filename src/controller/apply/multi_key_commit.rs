@@ -282,16 +282,8 @@ pub async fn mutexes_for(
         }
         specs.push((k.clone(), spec));
     }
-    let (first, spec) = &specs[0];
-    if let Some((k, other)) = specs.iter().find(|(_, s)| s.lock.order != spec.lock.order) {
-        return Ok(Some(format!(
-            "the keys of param \"keys\" must share one order: Mutex {first} has order {}, but Mutex {k} has order {}; \
-             set the same spec.order on both",
-            spec.lock.order.as_str(),
-            other.lock.order.as_str()
-        )));
-    }
-    Ok(None)
+    let orders = specs.iter().map(|(k, s)| (k.as_str(), s.lock.order));
+    Ok(crate::core::params::keys::orders_differ("Mutex", orders))
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
+/// What the controller creates carries `MANAGED_BY: MANAGER` (and only a Mutex
+/// it created may be deleted when idle).
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "tekton-mutex";
 
 impl RunKind {
@@ -50,13 +53,7 @@ pub async fn ensure_mutex(
     m.metadata = ObjectMeta {
         name: Some(key.into()),
         namespace: Some(ns.into()),
-        labels: Some(
-            [(
-                "app.kubernetes.io/managed-by".to_string(),
-                MANAGER.to_string(),
-            )]
-            .into(),
-        ),
+        labels: Some([(MANAGED_BY.to_string(), MANAGER.to_string())].into()),
         ..Default::default()
     };
     ctx.metrics.api_write("create", "mutexes");

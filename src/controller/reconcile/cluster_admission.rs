@@ -68,14 +68,14 @@ async fn admission<K: Observe + Resource<DynamicType = ()>>(
         Ok(cfg) => cfg,
         Err(m) => return Ok(invalid(m)),
     };
-    let mut found: Vec<ClusterMutex> = Vec::new();
+    let mut orders = Vec::new();
     for name in names {
         match admitted_by(ctx, o, name).await? {
-            Ok(cm) => found.push(cm),
+            Ok(cm) => orders.push((name.as_str(), cm.spec.lock.order)),
             Err(refused) => return Ok(refused),
         }
     }
-    if let Some(message) = orders_differ(&found) {
+    if let Some(message) = crate::core::params::keys::orders_differ("ClusterMutex", orders) {
         return Ok(invalid(message));
     }
     Ok(
@@ -115,23 +115,6 @@ async fn admitted_by(
         return Ok(Err(Admission::Refused(FORBIDDEN, message)));
     }
     Ok(Ok(cm))
-}
-
-/// The ClusterMutexes of one run must rank waiters alike, as a run's Mutexes
-/// must (see `multi_key_commit::mutexes_for`).
-fn orders_differ(found: &[ClusterMutex]) -> Option<String> {
-    let first = found.first()?;
-    let other = found
-        .iter()
-        .find(|c| c.spec.lock.order != first.spec.lock.order)?;
-    Some(format!(
-        "the keys of param \"keys\" must share one order: ClusterMutex {} has order {}, but ClusterMutex {} has order {}; \
-         ask the administrator to set the same spec.order on both",
-        first.name_any(),
-        first.spec.lock.order.as_str(),
-        other.name_any(),
-        other.spec.lock.order.as_str()
-    ))
 }
 
 pub async fn allowed(

@@ -63,11 +63,8 @@ impl LockObject for Mutex {
     }
 
     fn idle_delete_after(&self) -> Option<jiff::SignedDuration> {
-        let ours = self
-            .labels()
-            .get("app.kubernetes.io/managed-by")
-            .map(String::as_str)
-            == Some(writes::MANAGER);
+        let ours =
+            self.labels().get(writes::MANAGED_BY).map(String::as_str) == Some(writes::MANAGER);
         let days = self
             .spec
             .idle_delete_days

@@ -327,30 +327,22 @@ async fn deleted_holders(
     status: &MutexStatus,
     members: &[Member],
 ) -> Result<Vec<Member>, Error> {
-    let reserved = status.reservations.iter().map(|r| {
-        let w = &r.waiter;
-        (
-            &w.run,
-            &w.pipeline_run,
-            &w.pipeline_run_uid,
-            Ghost::Reserved(w),
-        )
-    });
-    let held = status
-        .holders
+    let held = status.holders.iter().map(|h| (h.as_waiter(), h.since));
+    let reserved = status
+        .reservations
         .iter()
-        .map(|h| (&h.run, &h.pipeline_run, &h.pipeline_run_uid, Ghost::Held(h)));
-    let mut ghosts = Vec::new();
-    for (run, pipeline_run, pipeline_run_uid, ghost) in held.chain(reserved) {
+        .map(|r| (r.waiter.clone(), r.waiter.age.created));
+    let mut ghosts: Vec<Member> = Vec::new();
+    for (entry, since) in held.chain(reserved) {
         if members
             .iter()
             .chain(&ghosts)
-            .any(|m| m.run().uid == run.uid)
+            .any(|m| m.run().uid == entry.run.uid)
         {
             continue;
         }
         // A standalone run, or a record from before uids were kept: released as before.
-        let (Some(name), Some(uid)) = (pipeline_run, pipeline_run_uid) else {
+        let (Some(name), Some(uid)) = (&entry.pipeline_run, &entry.pipeline_run_uid) else {
             continue;
         };
         let Some((ns, local)) = scope.local(name) else {
@@ -365,24 +357,16 @@ async fn deleted_holders(
             section_done: false,
             object,
         };
-        let run_name = scope.local(&run.name).map_or(run.name.as_str(), |(_, n)| n);
+        let run = &entry.run.name;
+        let run_name = scope.local(run).map_or(run.as_str(), |(_, n)| n);
         ghosts.push(Member {
             namespace: ns.to_string(),
             name: run_name.to_string(),
-            facts: match ghost {
-                Ghost::Held(h) => view::deleted_holder_view(h, parent.as_view()),
-                Ghost::Reserved(w) => view::deleted_reserved_view(w, parent.as_view()),
-            },
+            facts: view::deleted_member_view(&entry, since, parent.as_view()),
             resource_version: None,
             status: RunStatus::default(),
             multi: None,
         });
     }
     Ok(ghosts)
-}
-
-/// What a status entry without its lock run was.
-enum Ghost<'a> {
-    Held(&'a crate::model::mutex::Holder),
-    Reserved(&'a crate::model::mutex::Waiter),
 }

@@ -13,6 +13,7 @@
 //! compare-and-swap. Past [`MAX_ENTRIES`] keys, the entries fold into one floor for the whole
 //! ledger: higher floors are always safe, and the ConfigMap stays far below its 1 MiB limit.
 
+use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::core::scope::Scope;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -168,7 +169,7 @@ fn terminating(scope: &Scope, e: &kube::core::Status) -> bool {
 
 fn new_ledger(ns: &str) -> ConfigMap {
     let labels = [
-        ("app.kubernetes.io/managed-by", "tekton-mutex"),
+        (writes::MANAGED_BY, writes::MANAGER),
         ("app.kubernetes.io/component", "token-ledger"),
     ];
     ConfigMap {

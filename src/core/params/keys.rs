@@ -1,6 +1,7 @@
 //! The `keys` param: several keys taken all together (see `decide::multikey`).
 
 use crate::core::key_name::validate as validate_key;
+use crate::model::mutex::Order;
 
 /// The most keys one run may take.
 pub const MAX_KEYS: usize = 16;
@@ -29,6 +30,24 @@ pub fn parse(value: &str) -> Result<Vec<String>, String> {
         ));
     }
     Ok(keys)
+}
+
+/// Why the locks of one run's `keys` cannot serve it together: they rank
+/// waiters in different orders (every key must rank alike, or two runs could
+/// each be first on one key). `locks` are (name, order), `kind` names them.
+pub fn orders_differ<'a>(
+    kind: &str,
+    locks: impl IntoIterator<Item = (&'a str, Order)>,
+) -> Option<String> {
+    let mut locks = locks.into_iter();
+    let (first, order) = locks.next()?;
+    let (other, theirs) = locks.find(|(_, o)| *o != order)?;
+    Some(format!(
+        "the keys of param \"keys\" must share one order: {kind} {first} has order {}, but {kind} {other} has order {}; \
+         set the same spec.order on both",
+        order.as_str(),
+        theirs.as_str()
+    ))
 }
 
 #[cfg(test)]

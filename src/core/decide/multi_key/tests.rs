@@ -594,6 +594,21 @@ fn settle_follows_the_run() {
     assert_eq!(settle(0, Some(&m(1, true)), false), Settle::Void);
 }
 
+/// Key `a`'s view of runs of several keys: pr<i> takes a and b, in `epoch`.
+fn pr_of_keys_ab(i: usize, epoch: i64) -> MultiKeys {
+    MultiKeys {
+        key: "a".into(),
+        runs: HashMap::from([(
+            SimRun::uid(i),
+            MultiKeyRun {
+                keys: vec!["a".into(), "b".into()],
+                epoch,
+                acquired: None,
+            },
+        )]),
+    }
+}
+
 /// A run of PipelineRun `pr<i>` in group `deploy` with `supersede: pending`.
 fn pending(i: usize, acquired: Option<i64>) -> RunView {
     let name = format!("pr{i}");
@@ -635,17 +650,7 @@ fn pending(i: usize, acquired: Option<i64>) -> RunView {
 fn a_reserved_run_superseded_on_one_key_is_cancelled_and_gives_its_slot_back() {
     let spec = LockSpec::default();
     let facts = MutexFacts::default();
-    let two_keys = |epoch| MultiKeys {
-        key: "a".into(),
-        runs: HashMap::from([(
-            SimRun::uid(1),
-            MultiKeyRun {
-                keys: vec!["a".into(), "b".into()],
-                epoch,
-                acquired: None,
-            },
-        )]),
-    };
+    let two_keys = |epoch| pr_of_keys_ab(1, epoch);
     // pr1 takes a,b: a keeps a slot for it.
     let d = decide_multikey(
         &spec,
@@ -725,17 +730,7 @@ fn a_key_ordered_newest_first_does_not_deadlock_runs_of_several_keys() {
 fn a_reserved_run_whose_lock_run_is_deleted_keeps_the_slot_for_its_pipelinerun() {
     let spec = LockSpec::default();
     let facts = MutexFacts::default();
-    let keys = MultiKeys {
-        key: "a".into(),
-        runs: HashMap::from([(
-            SimRun::uid(1),
-            MultiKeyRun {
-                keys: vec!["a".into(), "b".into()],
-                epoch: 0,
-                acquired: None,
-            },
-        )]),
-    };
+    let keys = pr_of_keys_ab(1, 0);
     let d = decide_multikey(
         &spec,
         &MutexStatus::default(),
