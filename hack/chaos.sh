@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The chaos campaign (issue 12): randomized rounds of PipelineRuns on a few keys with faults
 # injected at random times (controller SIGKILL/SIGSTOP/second replica, kube-apiserver and etcd
-# restarts, users cancelling and deleting, Mutex deletion and status loss, an admission policy
-# denying the controller's cancels), checked by an independent checker. Exits non-zero on any
+# restarts, users cancelling, deleting and re-pointing runs, Mutex deletion and status loss, an
+# admission policy denying the controller's cancels; pipelines with a `release-after` sibling lock
+# task, and multi-key runs whose reserved lock run is deleted), checked by an independent checker. Exits non-zero on any
 # violation. Each round prints the seed that reproduces it.
 #
 #   hack/chaos.sh --rounds 100            the full campaign (random seeds, printed)

@@ -7,6 +7,7 @@ pub mod core;
 pub mod http;
 pub mod manifests;
 pub mod model;
+pub mod promise;
 
 /// The Mutex and ClusterMutex CRDs as YAML, generated from the Rust types
 /// (committed as config/crd.yaml).

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use tekton_mutex::promise::{Rule, Section, replay};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Invariant {
@@ -89,6 +90,8 @@ pub struct RunFacts {
     /// What the campaign did to it.
     pub user_cancelled: bool,
     pub lock_run_deleted: bool,
+    /// A user patched its lock run's key: InvalidParams is then the documented answer.
+    pub repointed: bool,
     /// The PipelineRun at the end (None: it is gone).
     pub done: Option<bool>,
     pub reason: Option<String>,
@@ -120,8 +123,8 @@ pub fn is_superseded(reason: Option<&str>, message: Option<&str>) -> bool {
     }
 }
 
-/// Lock-run reasons of the README's table (InvalidParams is documented but never right here:
-/// the campaign only passes valid params).
+/// Lock-run reasons of the README's table (InvalidParams is documented but right here only for a
+/// run a user re-pointed: the campaign otherwise passes valid params).
 pub const LOCK_REASONS: [&str; 5] = [
     "Acquired",
     "NotAcquired",
@@ -142,114 +145,51 @@ pub fn check(round: &Round) -> Vec<Violation> {
     let mut out = Vec::new();
     for (key, &capacity) in round.capacity {
         let deploys: Vec<&Deploy> = round.deploys.iter().filter(|d| &d.key == key).collect();
-        out.extend(exclusion(key, capacity, &deploys));
-        out.extend(fencing(key, capacity, &deploys));
-        if capacity == 1 {
-            out.extend(stale_deploys(key, &deploys, round.runs));
-        }
+        out.extend(promise(key, capacity, &deploys, round.runs));
     }
     out.extend(liveness(round.runs, round.stuck));
     out.extend(reasons(round.runs));
     out
 }
 
-/// At no instant more than `capacity` deploys of the key alive (an end and a start at the same
-/// millisecond do not overlap).
-pub fn exclusion(key: &str, capacity: usize, deploys: &[&Deploy]) -> Vec<Violation> {
-    let mut edges: Vec<(u64, bool, &Deploy)> = deploys
-        .iter()
-        .flat_map(|d| [(d.start_ms, true, *d), (d.end_ms, false, *d)])
-        .collect();
-    edges.sort_by_key(|(t, is_start, _)| (*t, *is_start));
-    let mut alive: BTreeSet<&str> = BTreeSet::new();
-    let mut over = false;
-    let mut out = Vec::new();
-    for (t, is_start, d) in edges {
-        if !is_start {
-            alive.remove(d.pr.as_str());
-            over = alive.len() > capacity;
-            continue;
-        }
-        alive.insert(d.pr.as_str());
-        if alive.len() > capacity && !over {
-            over = true;
-            out.push(Violation {
-                invariant: Invariant::Exclusion,
-                key: key.into(),
-                at_ms: t,
-                detail: format!(
-                    "{} deploys alive at once (capacity {capacity}): {}",
-                    alive.len(),
-                    alive.iter().copied().collect::<Vec<_>>().join(", ")
-                ),
-            });
-        }
-    }
-    out
-}
-
-/// Tokens never shared by two holders, never 0; with capacity 1, strictly increasing in the
-/// order deploys start (with capacity 2, two holders' pods may start in either order).
-pub fn fencing(key: &str, capacity: usize, deploys: &[&Deploy]) -> Vec<Violation> {
-    let mut sorted = deploys.to_vec();
-    sorted.sort_by_key(|d| d.start_ms);
-    let mut out = Vec::new();
-    let mut owner: BTreeMap<i64, &str> = BTreeMap::new();
-    let mut last: Option<&Deploy> = None;
-    for d in sorted {
-        let v = |detail: String| Violation {
-            invariant: Invariant::Fencing,
-            key: key.into(),
-            at_ms: d.start_ms,
-            detail,
-        };
-        if d.token <= 0 {
-            out.push(v(format!("{} deployed without a token", d.pr)));
-        } else if let Some(other) = owner.insert(d.token, &d.pr).filter(|o| *o != d.pr) {
-            out.push(v(format!("token {} used by {other} and {}", d.token, d.pr)));
-        } else if let Some(prev) = last.filter(|p| capacity == 1 && p.token >= d.token) {
-            out.push(v(format!(
-                "{} deployed with token {} after {} with token {}",
-                d.pr, d.token, prev.pr, prev.token
-            )));
-        }
-        last = Some(d);
-    }
-    out
-}
-
-/// Where supersede is on, no deploy of a group starts after a newer run's deploy of that group.
-pub fn stale_deploys(key: &str, deploys: &[&Deploy], runs: &[RunFacts]) -> Vec<Violation> {
+/// Exclusion, fencing and no stale deploy: the key's deploys, as sections, replayed through the
+/// lock's promise as the model checker states it (`tekton_mutex::promise`). Supersede counts
+/// only where it is on for the run and its age is known.
+pub fn promise(
+    key: &str,
+    capacity: usize,
+    deploys: &[&Deploy],
+    runs: &[RunFacts],
+) -> Vec<Violation> {
     let facts: BTreeMap<&str, &RunFacts> = runs.iter().map(|r| (r.name.as_str(), r)).collect();
-    let mut sorted = deploys.to_vec();
-    sorted.sort_by_key(|d| d.start_ms);
-    let mut out = Vec::new();
-    for (i, late) in sorted.iter().enumerate() {
-        let Some(late_run) = facts.get(late.pr.as_str()) else {
-            continue;
-        };
-        if !late_run.supersede_on || late_run.age.is_none() {
-            continue;
-        }
-        let newer_before = sorted[..i].iter().find(|early| {
-            early.group == late.group
-                && facts
-                    .get(early.pr.as_str())
-                    .is_some_and(|e| e.age.is_some() && e.age > late_run.age)
-        });
-        if let Some(newer) = newer_before {
-            out.push(Violation {
-                invariant: Invariant::StaleDeploy,
-                key: key.into(),
-                at_ms: late.start_ms,
-                detail: format!(
-                    "{} (group {}) deployed after the newer {} had started deploying",
-                    late.pr, late.group, newer.pr
-                ),
-            });
-        }
-    }
-    out
+    let sections: Vec<Section<Age>> = deploys
+        .iter()
+        .map(|d| Section {
+            pipeline_run: d.pr.clone(),
+            key: d.key.clone(),
+            token: d.token,
+            start: d.start_ms,
+            end: d.end_ms,
+            supersede: facts
+                .get(d.pr.as_str())
+                .filter(|r| r.supersede_on)
+                .and_then(|r| Some((d.group.clone(), r.age.clone()?))),
+        })
+        .collect();
+    let refs: Vec<&Section<Age>> = sections.iter().collect();
+    replay(key, capacity, &refs)
+        .into_iter()
+        .map(|b| Violation {
+            invariant: match b.rule {
+                Rule::Exclusion => Invariant::Exclusion,
+                Rule::Fencing => Invariant::Fencing,
+                Rule::Supersede => Invariant::StaleDeploy,
+            },
+            key: b.key,
+            at_ms: b.at,
+            detail: b.detail,
+        })
+        .collect()
 }
 
 /// Every run ended within the bound; a stuck run waiting behind a holder that ended is named so.
@@ -312,6 +252,7 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
         };
         let lock = r.lock_reason.as_deref();
         match lock {
+            Some("InvalidParams") if r.repointed => {}
             Some(x) if x != "Waiting" && !LOCK_REASONS.contains(&x) => {
                 v(format!("lock run ended with undocumented reason {x}"))
             }
@@ -350,8 +291,10 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
             ));
         }
         let failed = r.reason.as_deref() == Some("Failed");
-        let failure_explained =
-            explained || matches!(lock, Some("CustomRunTimedOut")) || r.has_pipeline_timeout;
+        let failure_explained = explained
+            || r.repointed
+            || matches!(lock, Some("CustomRunTimedOut"))
+            || r.has_pipeline_timeout;
         if failed && !failure_explained {
             v(format!(
                 "Failed with no documented cause; lock run {lock:?} {:?}",

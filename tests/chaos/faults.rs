@@ -260,3 +260,60 @@ pub async fn allow_cancels(client: &Client, ns: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// A user re-points the lock run(s) of PipelineRun `pr` at `to`: its `key` (or `keys`) param is
+/// patched, the rest of its params kept (issue 23 item 2). Returns how many were patched.
+pub async fn repoint_lock_run(client: &Client, ns: &str, pr: &str, to: &str) -> Result<usize> {
+    let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("tekton.dev/pipelineRun={pr}"));
+    let runs = api.list(&lp).await?.items;
+    for r in &runs {
+        let mut params = serde_json::to_value(&r.spec.params)?;
+        for p in params.as_array_mut().into_iter().flatten() {
+            if p["name"] == "key" || p["name"] == "keys" {
+                p["value"] = json!(to);
+            }
+        }
+        let patch = json!({"spec": {"params": params}});
+        api.patch(
+            &r.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    }
+    Ok(runs.len())
+}
+
+/// Deletes a lock run that some Mutex keeps a reserved slot for (issue 23 item 5), waiting up
+/// to `within` for one to exist. Returns its PipelineRun, or None if no key reserved a slot.
+pub async fn delete_reserved_lock_run(
+    client: &Client,
+    ns: &str,
+    within: Duration,
+) -> Result<Option<String>> {
+    let mutexes: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    let reserved = wait_until("a key to keep a reserved slot", within, || {
+        let mutexes = mutexes.clone();
+        async move {
+            let list = mutexes.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .filter_map(|m| m.status.as_ref())
+                .flat_map(|s| &s.reservations)
+                .map(|r| (r.waiter.run.name.clone(), r.waiter.pipeline_run.clone()))
+                .next())
+        }
+    })
+    .await;
+    let Ok((run, pr)) = reserved else {
+        return Ok(None);
+    };
+    let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+    match api.delete(&run, &DeleteParams::default()).await {
+        Ok(_) => Ok(pr),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None), // it ended meanwhile
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,7 +1,7 @@
 //! The PipelineRuns of a round: the Mutex first (unless unguarded), then a deploy step that
 //! records its own start and end as ConfigMaps, the checker's evidence.
 
-use super::plan::{RoundPlan, RunPlan};
+use super::plan::{RoundPlan, RunPlan, Shape};
 use serde_json::{Value, json};
 
 /// Label on every mark ConfigMap; its value is `start` or `end`.
@@ -13,11 +13,16 @@ pub const USER_ANNOTATION: &str = "chaos.tekton-mutex.dev/user";
 /// it keeps working `term-s` seconds, like a deploy finishing its apply, then marks its end.
 /// Each mark carries the step's own clock and is retried while the API server is away.
 const DEPLOY_SCRIPT: &str = r#"#!/bin/sh
-NS="$(params.ns)"; PR="$(params.pr)"
+NS="$(params.ns)"; PR="$(params.pr)"; KEY="$(params.key)"
+# A multi-key run passes the lock's `tokens` (a JSON object): this key's token is in it.
+TOKEN='$(params.token)'
+case "$TOKEN" in
+  "{"*) TOKEN=$(echo "$TOKEN" | sed -n "s/.*\"$KEY\":\([0-9]*\).*/\1/p") ;;
+esac
 mark() {
   now=$(date +%s%3N)
-  body=$(printf '{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"mark-%s-%s","labels":{"chaos.tekton-mutex.dev/mark":"%s"}},"data":{"pr":"%s","key":"%s","group":"%s","seq":"%s","token":"%s","ms":"%s","how":"%s"}}' \
-    "$PR" "$1" "$1" "$PR" "$(params.key)" "$(params.group)" "$(params.seq)" "$(params.token)" "$now" "$2")
+  body=$(printf '{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"mark-%s-%s-%s","labels":{"chaos.tekton-mutex.dev/mark":"%s"}},"data":{"pr":"%s","task":"%s","key":"%s","group":"%s","seq":"%s","token":"%s","ms":"%s","how":"%s"}}' \
+    "$PR" "$KEY" "$1" "$1" "$PR" "$(params.task)" "$KEY" "$(params.group)" "$(params.seq)" "$TOKEN" "$now" "$2")
   i=0
   until echo "$body" | kubectl -n "$NS" apply -f - >/dev/null 2>&1; do
     i=$((i+1)); [ "$i" -lt 200 ] || return 0
@@ -32,7 +37,7 @@ on_term() {
 }
 trap on_term TERM
 mark start work
-echo "deploying with token $(params.token)"
+echo "deploying $KEY with token $TOKEN"
 sleep "$(params.work-s)" &
 wait $!
 mark end ok
@@ -46,10 +51,19 @@ fn param(name: &str, value: impl Into<String>) -> Value {
     json!({"name": name, "value": value.into()})
 }
 
-fn lock_task(plan: &RoundPlan, run: &RunPlan) -> Value {
+/// The lock params every lock task of `run` shares: its key (or keys), group and policy.
+fn lock_params(plan: &RoundPlan, run: &RunPlan) -> Vec<Value> {
     let group = &plan.groups[run.group];
+    let keys: Vec<&str> = plan
+        .keys_of(run)
+        .into_iter()
+        .map(|k| plan.keys[k].name.as_str())
+        .collect();
     let mut params = vec![
-        param("key", &plan.key_of(run).name),
+        match run.shape {
+            Shape::MultiKey(_) => param("keys", keys.join(",")),
+            Shape::Plain | Shape::Sibling => param("key", keys[0]),
+        },
         param("group", &group.name),
         param("supersede", group.supersede.as_str()),
         param("cancel-mode", run.cancel_mode),
@@ -63,8 +77,15 @@ fn lock_task(plan: &RoundPlan, run: &RunPlan) -> Value {
     if !run.wait {
         params.push(param("wait", "false"));
     }
+    params
+}
+
+fn lock_task(name: &str, mut params: Vec<Value>, run: &RunPlan) -> Value {
+    if name != LOCK {
+        params.push(param("release-after", QUICK));
+    }
     let mut lock = json!({
-        "name": "lock",
+        "name": name,
         "taskRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"},
         "params": params,
     });
@@ -77,22 +98,44 @@ fn lock_task(plan: &RoundPlan, run: &RunPlan) -> Value {
     lock
 }
 
-fn deploy_task(plan: &RoundPlan, run: &RunPlan) -> Value {
-    let token = if plan.unguarded {
-        "0".to_string()
+/// The lock task every deploy is guarded by; its lock run is the one the checker reads.
+pub const LOCK: &str = "lock";
+/// The sibling shape's second lock task, and the quick task its `release-after` names.
+const EARLY_LOCK: &str = "lock-early";
+const QUICK: &str = "quick";
+
+/// The sibling shape's quick task: over in a second, after its own lock task.
+fn quick_task() -> Value {
+    json!({
+        "name": QUICK,
+        "runAfter": [EARLY_LOCK],
+        "taskSpec": {"steps": [{"name": "quick", "image": "busybox", "script": "sleep 1"}]},
+    })
+}
+
+/// The deploy task of `key` (the `i`th key of the run): marks its start and end.
+fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
+    let task = if i == 0 {
+        "deploy".to_string()
     } else {
-        "$(tasks.lock.results.token)".to_string()
+        format!("deploy-{}", i + 1)
+    };
+    let token = match (plan.unguarded, run.shape) {
+        (true, _) => "0",
+        (false, Shape::MultiKey(_)) => "$(tasks.lock.results.tokens)",
+        (false, _) => "$(tasks.lock.results.token)",
     };
     let names = [
-        "token", "ns", "pr", "key", "group", "seq", "work-s", "term-s",
+        "token", "ns", "pr", "task", "key", "group", "seq", "work-s", "term-s",
     ];
     let mut deploy = json!({
-        "name": "deploy",
+        "name": task,
         "params": [
             param("token", token),
             param("ns", "$(context.pipelineRun.namespace)"),
             param("pr", "$(context.pipelineRun.name)"),
-            param("key", &plan.key_of(run).name),
+            param("task", &task),
+            param("key", &plan.keys[key].name),
             param("group", &plan.groups[run.group].name),
             param("seq", run.sequence.map(|s| s.to_string()).unwrap_or_default()),
             param("work-s", secs(run.deploy_ms)),
@@ -104,7 +147,11 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan) -> Value {
         },
     });
     if !plan.unguarded {
-        deploy["runAfter"] = json!(["lock"]);
+        let after = match run.shape {
+            Shape::Sibling => json!([LOCK, QUICK]),
+            Shape::Plain | Shape::MultiKey(_) => json!([LOCK]),
+        };
+        deploy["runAfter"] = after;
         if !run.wait {
             deploy["when"] = json!([{
                 "input": "$(tasks.lock.results.acquired)", "operator": "in", "values": ["true"],
@@ -118,9 +165,15 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan) -> Value {
 pub fn pipeline_run(plan: &RoundPlan, run: &RunPlan) -> Value {
     let mut tasks = vec![];
     if !plan.unguarded {
-        tasks.push(lock_task(plan, run));
+        tasks.push(lock_task(LOCK, lock_params(plan, run), run));
+        if run.shape == Shape::Sibling {
+            tasks.push(lock_task(EARLY_LOCK, lock_params(plan, run), run));
+            tasks.push(quick_task());
+        }
     }
-    tasks.push(deploy_task(plan, run));
+    for (i, key) in plan.keys_of(run).into_iter().enumerate() {
+        tasks.push(deploy_task(plan, run, key, i));
+    }
     let mut pr = json!({
         "apiVersion": "tekton.dev/v1",
         "kind": "PipelineRun",

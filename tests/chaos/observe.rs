@@ -2,7 +2,7 @@
 //! steps' marks (ConfigMaps), the removal of TaskRun pods, and at the end every PipelineRun and
 //! lock run.
 
-use super::manifest::MARK_LABEL;
+use super::manifest::{LOCK, MARK_LABEL};
 use anyhow::Result;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -26,6 +26,8 @@ pub fn now_ms() -> u64 {
 #[derive(Clone, Debug)]
 pub struct Mark {
     pub pr: String,
+    /// The deploy task that marked (a multi-key run has one per key).
+    pub task: String,
     pub end: bool,
     pub key: String,
     pub group: String,
@@ -39,6 +41,7 @@ fn mark_of(cm: &ConfigMap) -> Option<Mark> {
     let get = |k: &str| d.get(k).cloned().unwrap_or_default();
     Some(Mark {
         pr: get("pr"),
+        task: get("task"),
         end: cm.labels().get(MARK_LABEL)? == "end",
         key: get("key"),
         group: get("group"),
@@ -51,8 +54,8 @@ fn mark_of(cm: &ConfigMap) -> Option<Mark> {
 pub struct Seen {
     /// By ConfigMap name: the first sighting is kept.
     pub marks: BTreeMap<String, Mark>,
-    /// PipelineRun name -> when our watch saw its (last) TaskRun pod removed.
-    pub pods_gone_ms: BTreeMap<String, u64>,
+    /// (PipelineRun, pipeline task) -> when our watch saw its TaskRun pod removed.
+    pub pods_gone_ms: BTreeMap<(String, String), u64>,
 }
 
 /// Background watches of one namespace; they survive API server restarts (watcher backoff).
@@ -86,7 +89,9 @@ impl Watches {
                 if let Ok(Event::Delete(pod)) = ev
                     && let Some(pr) = pod.labels().get("tekton.dev/pipelineRun")
                 {
-                    s2.lock().unwrap().pods_gone_ms.insert(pr.clone(), now_ms());
+                    let task = pod.labels().get("tekton.dev/pipelineTask");
+                    let at = (pr.clone(), task.cloned().unwrap_or_default());
+                    s2.lock().unwrap().pods_gone_ms.insert(at, now_ms());
                 }
             }
         });
@@ -163,7 +168,7 @@ pub async fn pipeline_runs(client: &Client, ns: &str) -> Result<BTreeMap<String,
         .collect())
 }
 
-/// The lock runs of the namespace, by PipelineRun.
+/// The lock runs of the namespace (of each PipelineRun's `lock` task), by PipelineRun.
 pub async fn lock_runs(client: &Client, ns: &str) -> Result<BTreeMap<String, LockFinal>> {
     let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
     let list = api.list(&ListParams::default()).await?;
@@ -172,6 +177,10 @@ pub async fn lock_runs(client: &Client, ns: &str) -> Result<BTreeMap<String, Loc
         .into_iter()
         .filter_map(|cr| {
             let pr = cr.labels().get("tekton.dev/pipelineRun")?.clone();
+            let task = cr.labels().get("tekton.dev/pipelineTask");
+            if task.is_some_and(|t| t != LOCK) {
+                return None; // a sibling lock task's run
+            }
             let cond = cr.status.as_ref().and_then(|s| s.succeeded().cloned());
             let fin = LockFinal {
                 status: cond.as_ref().map(|c| c.status.clone()),

@@ -63,6 +63,19 @@ pub struct RunPlan {
     pub deploy_ms: u64,
     /// How long the deploy keeps working after SIGTERM (0: ends at once).
     pub term_extra_ms: u64,
+    pub shape: Shape,
+}
+
+/// How a run's pipeline takes the lock (issue 23's user actions that are pipeline shapes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One lock task, then the deploy.
+    Plain,
+    /// A second lock task on the same key, with `release-after` a quick task: its section is
+    /// over early, while the first lock task still guards the deploy (item 1).
+    Sibling,
+    /// `keys: <its group's key>,<this key>`: one deploy per key, both under one grant (item 5).
+    MultiKey(usize),
 }
 
 /// Every kind of fault, named as `--faults` takes them.
@@ -79,9 +92,12 @@ pub enum FaultKind {
     MutexDelete,
     MutexWipe,
     AdmissionDeny,
+    SiblingReleaseAfter,
+    Repoint,
+    DeleteReserved,
 }
 
-pub const ALL_FAULTS: [FaultKind; 11] = [
+pub const ALL_FAULTS: [FaultKind; 14] = [
     FaultKind::ControllerKill,
     FaultKind::ControllerReplica,
     FaultKind::ControllerPause,
@@ -93,6 +109,9 @@ pub const ALL_FAULTS: [FaultKind; 11] = [
     FaultKind::MutexDelete,
     FaultKind::MutexWipe,
     FaultKind::AdmissionDeny,
+    FaultKind::SiblingReleaseAfter,
+    FaultKind::Repoint,
+    FaultKind::DeleteReserved,
 ];
 
 impl FaultKind {
@@ -109,6 +128,9 @@ impl FaultKind {
             FaultKind::MutexDelete => "mutex-delete",
             FaultKind::MutexWipe => "mutex-wipe",
             FaultKind::AdmissionDeny => "admission-deny",
+            FaultKind::SiblingReleaseAfter => "sibling-release-after",
+            FaultKind::Repoint => "repoint",
+            FaultKind::DeleteReserved => "delete-reserved",
         }
     }
 
@@ -118,9 +140,12 @@ impl FaultKind {
             | FaultKind::ControllerReplica
             | FaultKind::ControllerPause => "controller",
             FaultKind::ApiserverRestart | FaultKind::EtcdRestart => "apiserver",
-            FaultKind::UserCancel | FaultKind::UserDeleteRun | FaultKind::UserDeleteLockRun => {
-                "users"
-            }
+            FaultKind::UserCancel
+            | FaultKind::UserDeleteRun
+            | FaultKind::UserDeleteLockRun
+            | FaultKind::SiblingReleaseAfter
+            | FaultKind::Repoint
+            | FaultKind::DeleteReserved => "users",
             FaultKind::MutexDelete | FaultKind::MutexWipe => "mutex",
             FaultKind::AdmissionDeny => "admission",
         }
@@ -188,6 +213,15 @@ impl RoundPlan {
         &self.keys[self.groups[run.group].key]
     }
 
+    /// The keys a run takes: its group's, and a second one for a multi-key run.
+    pub fn keys_of(&self, run: &RunPlan) -> Vec<usize> {
+        let own = self.groups[run.group].key;
+        match run.shape {
+            Shape::MultiKey(other) => vec![own, other],
+            Shape::Plain | Shape::Sibling => vec![own],
+        }
+    }
+
     /// How long every run may take at most before it counts as stuck: per key, the deploys
     /// one after another plus each run's overhead, plus the longest lock wait, the faults'
     /// downtime and a margin. The round's bound is the largest over keys, after the last
@@ -196,7 +230,7 @@ impl RoundPlan {
         const PER_RUN_OVERHEAD_MS: u64 = 6_000;
         const MARGIN_MS: u64 = 90_000;
         let per_key = (0..self.keys.len()).map(|k| {
-            let runs = self.runs.iter().filter(|r| self.groups[r.group].key == k);
+            let runs = self.runs.iter().filter(|r| self.keys_of(r).contains(&k));
             let work: u64 = runs
                 .clone()
                 .map(|r| r.deploy_ms + r.term_extra_ms + PER_RUN_OVERHEAD_MS)
@@ -234,8 +268,9 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
             supersede: supersedes[rng.random_range(0..supersedes.len())],
         })
         .collect();
-    let runs = draw_runs(&mut rng, &groups, knobs);
+    let mut runs = draw_runs(&mut rng, &groups, knobs);
     let faults = draw_faults(&mut rng, &runs, keys.len(), knobs);
+    draw_shapes(&mut rng, &mut runs, &groups, &faults, keys.len());
     RoundPlan {
         seed,
         unguarded: knobs.unguarded,
@@ -297,6 +332,7 @@ fn draw_runs(rng: &mut TestRng, groups: &[GroupPlan], knobs: &Knobs) -> Vec<RunP
                 } else {
                     0
                 },
+                shape: Shape::Plain,
             }
         })
         .collect()
@@ -333,6 +369,37 @@ fn draw_faults(rng: &mut TestRng, runs: &[RunPlan], keys: usize, knobs: &Knobs) 
         .collect();
     faults.sort_by_key(|f| f.at_ms);
     faults
+}
+
+/// The shape faults: a `sibling-release-after` fault gives its run the sibling shape; with
+/// `delete-reserved` on, its run and about one run in six take two keys, so that keys keep
+/// reservations for the fault to find.
+fn draw_shapes(
+    rng: &mut TestRng,
+    runs: &mut [RunPlan],
+    groups: &[GroupPlan],
+    faults: &[FaultPlan],
+    keys: usize,
+) {
+    let multi_key = |run: &mut RunPlan, rng: &mut TestRng| {
+        let own = groups[run.group].key;
+        run.shape = Shape::MultiKey((own + rng.random_range(1..keys)) % keys);
+        run.wait = true; // `keys` refuses `wait: "false"`
+    };
+    if faults.iter().any(|f| f.kind == FaultKind::DeleteReserved) {
+        for run in runs.iter_mut() {
+            if rng.random_bool(1.0 / 6.0) {
+                multi_key(run, rng);
+            }
+        }
+    }
+    for f in faults {
+        match f.kind {
+            FaultKind::SiblingReleaseAfter => runs[f.run].shape = Shape::Sibling,
+            FaultKind::DeleteReserved => multi_key(&mut runs[f.run], rng),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -377,6 +444,8 @@ mod tests {
             .collect();
         assert_eq!(faults.len(), ALL_FAULTS.len());
         assert!(plans.iter().any(|p| p.keys.iter().any(|k| k.capacity == 2)));
+        assert!(runs().any(|r| r.shape == Shape::Sibling));
+        assert!(runs().any(|r| matches!(r.shape, Shape::MultiKey(_)) && r.wait));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::checker::{self, Age, Deploy, EndSeen, RunFacts, Violation};
 use super::faults::{self, Replica};
 use super::manifest;
 use super::observe::{self, LockFinal, PrFinal, Watches, now_ms};
-use super::plan::{FaultKind, RoundPlan, Supersede};
+use super::plan::{FaultKind, RoundPlan, Shape, Supersede};
 use crate::support::controller::install_crd;
 use crate::support::{TestNamespace, apply_yaml, dynamic_api, repo_root, secs, wait_until};
 use anyhow::{Context, Result};
@@ -44,6 +44,8 @@ enum Op {
     Cancel(usize, &'static str),
     DeleteRun(usize),
     DeleteLockRun(usize),
+    Repoint(usize, usize),
+    DeleteReserved,
     DeleteMutex(usize),
     WipeMutex(usize),
     DenyOn,
@@ -73,6 +75,10 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
             FaultKind::UserCancel => add(at, Op::Cancel(f.run, f.mode)),
             FaultKind::UserDeleteRun => add(at, Op::DeleteRun(f.run)),
             FaultKind::UserDeleteLockRun => add(at, Op::DeleteLockRun(f.run)),
+            FaultKind::Repoint => add(at, Op::Repoint(f.run, f.key)),
+            FaultKind::DeleteReserved => add(at, Op::DeleteReserved),
+            // A pipeline shape (plan::Shape::Sibling), counted per run: nothing to do on schedule.
+            FaultKind::SiblingReleaseAfter => {}
             FaultKind::MutexDelete => add(at, Op::DeleteMutex(f.key)),
             FaultKind::MutexWipe => add(at, Op::WipeMutex(f.key)),
             FaultKind::AdmissionDeny => {
@@ -91,6 +97,7 @@ struct UserActs {
     cancelled: BTreeSet<String>,
     deleted: BTreeSet<String>,
     lock_deleted: BTreeSet<String>,
+    repointed: BTreeSet<String>,
 }
 
 struct Stage<'a> {
@@ -171,6 +178,38 @@ impl Stage<'_> {
                 faults::wait_api(&c).await?;
                 format!("{name} restarted (down {down} ms + start-up)")
             }
+            Op::Cancel(..)
+            | Op::DeleteRun(_)
+            | Op::DeleteLockRun(_)
+            | Op::Repoint(..)
+            | Op::DeleteReserved => self.act(op).await?,
+            Op::DeleteMutex(k) => {
+                let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
+                format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
+            }
+            Op::WipeMutex(k) => {
+                let r = faults::wipe_mutex_status(&c, &ns, &key(*k)).await;
+                format!("user wipes Mutex {} status: {}", key(*k), outcome(&r))
+            }
+            Op::DenyOn => {
+                self.denials += 1;
+                faults::deny_cancels(&c, &ns, self.run_name(0)).await?;
+                "admission policy denies PipelineRun cancels".into()
+            }
+            Op::DenyOff => {
+                self.denials = self.denials.saturating_sub(1);
+                if self.denials == 0 {
+                    faults::allow_cancels(&c, &ns).await?;
+                }
+                "admission policy lifted".into()
+            }
+        })
+    }
+
+    /// A user's action on a run; what was done is recorded for the checker.
+    async fn act(&mut self, op: &Op) -> Result<String> {
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        Ok(match op {
             Op::Cancel(i, mode) => {
                 let pr = self.run_name(*i).to_string();
                 let r = faults::cancel_run(&c, &ns, &pr, mode).await;
@@ -195,27 +234,36 @@ impl Stage<'_> {
                 }
                 format!("user deletes the lock run of {pr}: {r:?}")
             }
-            Op::DeleteMutex(k) => {
-                let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
-                format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
-            }
-            Op::WipeMutex(k) => {
-                let r = faults::wipe_mutex_status(&c, &ns, &key(*k)).await;
-                format!("user wipes Mutex {} status: {}", key(*k), outcome(&r))
-            }
-            Op::DenyOn => {
-                self.denials += 1;
-                faults::deny_cancels(&c, &ns, self.run_name(0)).await?;
-                "admission policy denies PipelineRun cancels".into()
-            }
-            Op::DenyOff => {
-                self.denials = self.denials.saturating_sub(1);
-                if self.denials == 0 {
-                    faults::allow_cancels(&c, &ns).await?;
+            Op::Repoint(i, k) => {
+                let pr = self.run_name(*i).to_string();
+                let to = self.other_key(*i, *k);
+                let r = faults::repoint_lock_run(&c, &ns, &pr, &to).await;
+                if matches!(r, Ok(n) if n > 0) {
+                    self.acts.repointed.insert(pr.clone());
                 }
-                "admission policy lifted".into()
+                format!("user re-points the lock run of {pr} at {to}: {r:?}")
             }
+            Op::DeleteReserved => {
+                let r = faults::delete_reserved_lock_run(&c, &ns, secs(20)).await;
+                if let Ok(Some(pr)) = &r {
+                    self.acts.lock_deleted.insert(pr.clone());
+                }
+                format!("user deletes a reserved multi-key lock run: {r:?}")
+            }
+            _ => unreachable!("not a user's action: {op:?}"),
         })
+    }
+
+    /// Key `k`, or the next one if `k` is run `i`'s own: where a re-point sends it.
+    fn other_key(&self, i: usize, k: usize) -> String {
+        let run = &self.plan.runs[i.min(self.plan.runs.len() - 1)];
+        let own = self.plan.groups[run.group].key;
+        let to = if k == own {
+            (k + 1) % self.plan.keys.len()
+        } else {
+            k
+        };
+        self.plan.keys[to].name.clone()
     }
 
     /// Runs the fault schedule; returns how many faults of each kind were injected.
@@ -333,7 +381,11 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     };
     stage.start_replica(0)?;
     let creations = spawn_creations(plan, client.clone(), ns.name(), t0, timeline.clone());
-    let counts = stage.inject().await?;
+    let mut counts = stage.inject().await?;
+    let siblings = plan.runs.iter().filter(|r| r.shape == Shape::Sibling);
+    if siblings.clone().count() > 0 {
+        counts.insert(FaultKind::SiblingReleaseAfter.name(), siblings.count());
+    }
     creations.await??;
     let stuck = wait_all_done(plan, &client, ns.name(), t0, &stage.acts).await?;
     settle(&client, ns.name(), &watches).await;
@@ -425,12 +477,19 @@ async fn settle(client: &Client, ns: &str, watches: &Watches) {
     let _ = wait_until("every deploy to have ended", secs(45), || async {
         let seen = watches.seen.lock().unwrap();
         let open = seen.marks.values().filter(|m| !m.end).any(|m| {
-            !seen.marks.contains_key(&format!("mark-{}-end", m.pr))
-                && !seen.pods_gone_ms.contains_key(&m.pr)
+            !seen.marks.contains_key(&end_mark(m))
+                && !seen
+                    .pods_gone_ms
+                    .contains_key(&(m.pr.clone(), m.task.clone()))
         });
         Ok((!open).then_some(()))
     })
     .await;
+}
+
+/// The name of the end mark that pairs with start mark `m` (see the deploy script).
+fn end_mark(m: &observe::Mark) -> String {
+    format!("mark-{}-{}-end", m.pr, m.key)
 }
 
 fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {
@@ -439,9 +498,9 @@ fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {
         .values()
         .filter(|m| !m.end)
         .map(|m| {
-            let (end, end_seen) = match seen.marks.get(&format!("mark-{}-end", m.pr)) {
+            let (end, end_seen) = match seen.marks.get(&end_mark(m)) {
                 Some(e) => (rel(e.ms), EndSeen::Mark),
-                None => match seen.pods_gone_ms.get(&m.pr) {
+                None => match seen.pods_gone_ms.get(&(m.pr.clone(), m.task.clone())) {
                     Some(&g) => (rel(g), EndSeen::PodGone),
                     None => (end_ms, EndSeen::Unknown),
                 },
@@ -489,6 +548,7 @@ fn run_facts(
                 has_pipeline_timeout: r.pipeline_timeout_s.is_some(),
                 user_cancelled: acts.cancelled.contains(&r.name),
                 lock_run_deleted: acts.lock_deleted.contains(&r.name),
+                repointed: acts.repointed.contains(&r.name),
                 done: pr.map(|p| p.done),
                 reason: pr.and_then(|p| p.reason.clone()),
                 spec_status: pr.and_then(|p| p.spec_status.clone()),
