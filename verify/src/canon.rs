@@ -34,9 +34,10 @@ fn mutex_rvs(s: &State, k: usize) -> Vec<u16> {
             .filter(|x| x.key as usize == k)
             .flat_map(|x| &x.writes);
         seen.extend(writes.filter_map(|w| match w {
-            Write::CheckCurrent { rv } | Write::Protect { rv } | Write::Status { rv, .. } => {
-                Some(*rv)
-            }
+            Write::CheckCurrent { rv }
+            | Write::Protect { rv }
+            | Write::Status { rv, .. }
+            | Write::Unprotect { rv, .. } => Some(*rv),
             _ => None,
         }));
     }
@@ -66,9 +67,10 @@ fn for_each_mutex_rv(s: &mut State, k: usize, mut f: impl FnMut(&mut u16)) {
         };
         for w in &mut sync.writes {
             match w {
-                Write::CheckCurrent { rv } | Write::Protect { rv } | Write::Status { rv, .. } => {
-                    f(rv)
-                }
+                Write::CheckCurrent { rv }
+                | Write::Protect { rv }
+                | Write::Status { rv, .. }
+                | Write::Unprotect { rv, .. } => f(rv),
                 _ => {}
             }
         }

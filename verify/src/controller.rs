@@ -26,7 +26,6 @@ pub fn fresh_replica(cfg: &Config) -> Replica {
         cache: empty_cache(cfg),
         sync: None,
         retry: vec![false; cfg.keys as usize],
-        floors: vec![None; cfg.keys as usize],
     }
 }
 
@@ -47,7 +46,7 @@ pub fn spec(cfg: &Config) -> LockSpec {
     }
 }
 
-/// A restart: the in-flight sync, the caches and the in-memory token floors are lost.
+/// A restart: the in-flight sync and the caches are lost.
 pub fn crash(cfg: &Config, s: &mut State, rep: usize) {
     s.replicas[rep] = fresh_replica(cfg);
 }
@@ -106,7 +105,7 @@ pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     let Some(m) = read.clone() else { return retry };
     let facts = MutexFacts {
         deleting: m.deleting,
-        token_floor: token_floor(cfg, &mut s.replicas[rep], k, &m),
+        token_floor: token_floor(cfg, &s.api, k, &m),
         namespace_share: None, // Mutexes only
     };
     let writes = decide_writes(cfg, &s.api, &s.replicas[rep].cache, k, &m, !retry, facts);
@@ -135,6 +134,7 @@ fn decide_writes(
     let d = decide_step(&spec(cfg), &m.status.0, &views, now(), facts, &multi);
     let read = Read {
         mutex: m,
+        token_floor: facts.token_floor,
         from_cache,
         fetched: &fetched,
         views: &views,
@@ -142,19 +142,13 @@ fn decide_writes(
     plan::writes(cfg, &read, &d)
 }
 
-/// token_floor.rs's TokenFloors::floor, on this replica's memory.
-fn token_floor(cfg: &Config, r: &mut Replica, k: u8, m: &MutexObj) -> i64 {
-    if !cfg.guarded(Broken::TokenFloor) {
+/// lock_facts: the token ledger's floor, read from the API server while the
+/// Mutex has no status yet (its first status write carries it; from then on
+/// the CRD keeps `lastToken` from going down).
+fn token_floor(cfg: &Config, api: &Api, k: u8, m: &MutexObj) -> i64 {
+    let fresh = m.status == crate::world::Ledger::default();
+    if !cfg.guarded(Broken::TokenFloor) || !fresh {
         return 0;
     }
-    let slot = &mut r.floors[k as usize];
-    match *slot {
-        Some((gone, floor)) if gone == m.uid => floor,
-        Some((_, floor)) if floor > m.status.0.last_token => floor,
-        Some(_) => {
-            *slot = None;
-            0
-        }
-        None => 0,
-    }
+    api.ledger[k as usize]
 }

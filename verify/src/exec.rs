@@ -27,11 +27,15 @@ pub fn step(cfg: &Config, s: &mut State, rep: usize) {
     let k = sync.key as usize;
     match apply(cfg, s, rep, k, &w) {
         Done::Next if !sync.writes.is_empty() => {
-            if let (Write::Protect { .. }, Some(Write::Status { rv, .. })) =
-                (&w, sync.writes.first_mut())
-            {
+            let now = s.api.mutexes[k].as_ref().map(|m| m.rv);
+            match (&w, sync.writes.first_mut()) {
                 // protect() returns the Mutex at its new resourceVersion.
-                *rv = s.api.mutexes[k].as_ref().map_or(*rv, |m| m.rv);
+                (Write::Protect { .. }, Some(Write::Status { rv, .. }))
+                // unprotect's patch carries the version its fresh read saw.
+                | (Write::RecordIdle, Some(Write::Unprotect { rv, .. })) => {
+                    *rv = now.unwrap_or(*rv);
+                }
+                _ => {}
             }
             s.replicas[rep].sync = Some(sync);
         }
@@ -91,7 +95,12 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
             cancel_pr(&mut s.api, *pr as usize);
             Done::Next
         }
-        Write::HandOver { kept_out } => hand_over(s, rep, k, *kept_out),
+        Write::RecordFloor { token } => {
+            s.api.ledger[k] = s.api.ledger[k].max(*token);
+            Done::Next
+        }
+        Write::RecordIdle => record_idle(s, k),
+        Write::Unprotect { rv, kept_out } => unprotect(s, k, *rv, *kept_out),
     }
 }
 
@@ -158,22 +167,17 @@ pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &
     pr.pod = Pod::Live;
     let spec = &cfg.runs[i];
     for (&k, &t) in spec.keys.iter().zip(tokens) {
-        let top = &mut ghost.top_token[k as usize];
-        if t <= *top && ghost.broken.is_none() {
-            ghost.broken = Some(format!(
-                "Fencing: run-{i} starts a section of k{k} with token {t}, not above {top}"
-            ));
+        let verdict = ghost.fences[k as usize].admit(t);
+        if let (Err(why), None) = (verdict, &ghost.broken) {
+            ghost.broken = Some(format!("Fencing: run-{i} starts a section of k{k}: {why}"));
         }
-        *top = (*top).max(t);
     }
-    let newest = &mut ghost.newest_granted[spec.group as usize];
-    if spec.supersede && newest.is_some_and(|n| n as usize > i) && ghost.broken.is_none() {
+    let verdict = ghost.newest_granted[spec.group as usize].admit(&(i as u8));
+    if let (true, Err(why), None) = (spec.supersede, verdict, &ghost.broken) {
         ghost.broken = Some(format!(
-            "Supersede: run-{i} granted after newer run-{} of its group",
-            newest.unwrap()
+            "Supersede: run-{i} granted after a newer run of its group ({why})"
         ));
     }
-    *newest = Some(newest.map_or(i as u8, |n| n.max(i as u8)));
 }
 
 /// cancel_pipeline_run: a PipelineRun that still runs is asked to stop, and
@@ -190,21 +194,38 @@ pub fn cancel_pr(api: &mut Api, i: usize) {
     }
 }
 
-/// finalizer::release (read fresh, refused while holders or waiters remain),
-/// remembering the token floor; then ensure_mutex if runs were kept out.
-fn hand_over(s: &mut State, rep: usize, k: usize, kept_out: bool) -> Done {
+/// finalizer::unprotect up to its patch: read fresh, refused (409) while
+/// anyone is in the Mutex; its `lastToken` goes in the ledger first.
+fn record_idle(s: &mut State, k: usize) -> Done {
     let Some(m) = &s.api.mutexes[k] else {
         return Done::End { conflict: false };
     };
-    if !m.finalizer || !m.deleting {
+    if !m.finalizer {
         return Done::End { conflict: false };
     }
-    if !m.status.0.holders.is_empty() || !m.status.0.queue.is_empty() {
+    let st = &m.status.0;
+    if !st.holders.is_empty() || !st.queue.is_empty() || !st.reservations.is_empty() {
         return Done::End { conflict: true };
     }
-    let floor = &mut s.replicas[rep].floors[k];
-    let top = floor.map_or(0, |f| f.1);
-    *floor = Some((m.uid, top.max(m.status.0.last_token)));
+    s.api.ledger[k] = s.api.ledger[k].max(st.last_token);
+    Done::Next
+}
+
+/// finalizer::unprotect's patch (a CAS on the version read), then hand_over: a
+/// Mutex being deleted goes once its finalizer is off, and is created again if
+/// runs were kept out.
+fn unprotect(s: &mut State, k: usize, rv: u16, kept_out: bool) -> Done {
+    let Some(m) = &mut s.api.mutexes[k] else {
+        return Done::End { conflict: false };
+    };
+    if m.rv != rv {
+        return Done::End { conflict: true };
+    }
+    if !m.deleting {
+        m.finalizer = false;
+        m.rv += 1;
+        return Done::End { conflict: false };
+    }
     s.api.mutexes[k] = None;
     if kept_out {
         create_mutex(s, k);

@@ -7,6 +7,7 @@ use crate::env::{self, Env};
 use crate::props;
 use crate::world::{Api, Ghost, State};
 use stateright::{Model, Property};
+use tekton_mutex::promise::{Fence, Newest};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -66,6 +67,7 @@ impl LockModel {
             runs: vec![Default::default(); n],
             prs: vec![Default::default(); n],
             timed_out: vec![false; n],
+            ledger: vec![0; cfg.keys as usize],
         };
         let mut s = State {
             api,
@@ -73,8 +75,8 @@ impl LockModel {
                 .map(|_| controller::fresh_replica(cfg))
                 .collect(),
             ghost: Ghost {
-                top_token: vec![0; cfg.keys as usize],
-                newest_granted: vec![None; cfg.groups()],
+                fences: vec![Fence::default(); cfg.keys as usize],
+                newest_granted: vec![Newest::default(); cfg.groups()],
                 broken: None,
             },
             disrupt_left: cfg.disrupt,

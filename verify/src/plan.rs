@@ -1,6 +1,7 @@
-//! From a decision to the writes of one sync, in sync.rs's `apply` order:
-//! (still_current), finalizer, Mutex status, multi-key commit and revoke,
-//! grants, cancels, the other runs, and the hand-over of a deleting Mutex.
+//! From a decision to the writes of one sync, in lock.rs's order:
+//! (still_current), finalizer on, the ledger record of an unprotected lock's
+//! token, Mutex status, multi-key commit and revoke, grants, cancels, the other
+//! runs, and an idle lock's finalizer off (ledger first; a deleting one then goes).
 
 use crate::adapter::{Decision, Outcome, Phase, RunView};
 use crate::config::Config;
@@ -10,6 +11,8 @@ use crate::world::{Ledger, MutexObj, Told, Write};
 /// What a sync read and decided.
 pub struct Read<'a> {
     pub mutex: &'a MutexObj,
+    /// The floor the decision started above (lock_facts).
+    pub token_floor: i64,
     pub from_cache: bool,
     pub fetched: &'a [Fetched],
     pub views: &'a [RunView],
@@ -30,8 +33,16 @@ pub fn writes(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
     {
         w.push(Write::CheckCurrent { rv: r.mutex.rv });
     }
-    if in_use && !deleting && !r.mutex.finalizer {
+    let protected = r.mutex.finalizer;
+    if in_use && !deleting && !protected {
         w.push(Write::Protect { rv: r.mutex.rv });
+    }
+    // An unprotected lock may go at any time: a token it hands out is recorded first.
+    let raised = d.status.last_token > current.last_token.max(r.token_floor);
+    if !protected && !in_use && raised {
+        w.push(Write::RecordFloor {
+            token: d.status.last_token,
+        });
     }
     if !unchanged {
         w.push(Write::Status {
@@ -47,9 +58,10 @@ pub fn writes(cfg: &Config, r: &Read<'_>, d: &Decision) -> Vec<Write> {
         w.extend(pr.map(|i| Write::Cancel { pr: i as u8 }));
     }
     w.extend(others);
-    if deleting && !in_use {
-        let kept_out = d.outcomes.iter().any(|(_, o)| *o == Outcome::MutexDeleting);
-        w.push(Write::HandOver { kept_out });
+    if !in_use && (deleting || protected) {
+        let kept_out = deleting && d.outcomes.iter().any(|(_, o)| *o == Outcome::MutexDeleting);
+        w.push(Write::RecordIdle);
+        w.push(Write::Unprotect { rv: 0, kept_out });
     }
     w
 }

@@ -1,5 +1,6 @@
 //! The four properties. Exclusion, Fencing and Supersede are invariants over
-//! every reachable state. No lost waiter is liveness, checked as bounded
+//! every reachable state, judged by the rules of `tekton_mutex::promise` (which the
+//! fault campaign's checker replays its recorded histories through). No lost waiter is liveness, checked as bounded
 //! liveness: from every reachable state, a fair calm continuation (no more
 //! user actions or crashes; every replica finishes its sync, every watch event
 //! arrives, a replica with the lease syncs every key, Tekton finishes every section and every
@@ -41,8 +42,9 @@ pub fn over_capacity(cfg: &Config, s: &State) -> Option<String> {
             .runs_of(k)
             .filter(|&i| s.api.prs[i].pod == Pod::Live)
             .collect();
-        (live.len() > cfg.capacity as usize)
-            .then(|| format!("k{k} has {} live sections: {live:?}", live.len()))
+        tekton_mutex::promise::exclusion(live.len(), cfg.capacity as usize)
+            .err()
+            .map(|why| format!("k{k}: {why}: {live:?}"))
     })
 }
 

@@ -16,7 +16,7 @@ pub fn describe(a: &Action) -> String {
         ),
         Action::Write { rep, .. } => format!("replica {rep}: next write of its sync"),
         Action::Crash { rep } => {
-            format!("replica {rep}: crashes (cache, sync and token floors lost)")
+            format!("replica {rep}: crashes (cache and sync lost)")
         }
         Action::Lapse { key } => format!(
             "lease lapses: the other replica leads; the old leader, unaware, syncs k{key} (fetch, view, decide)"
@@ -73,7 +73,11 @@ pub fn write_name(w: &Write) -> String {
         Write::Revoke { run, epoch, .. } => format!("revoke run-{run}'s slots of epoch {epoch}"),
         Write::Tell { run, told, .. } => format!("tell run-{run} {}", told_name(told)),
         Write::Cancel { pr } => format!("cancel pr-{pr}"),
-        Write::HandOver { kept_out } => format!("take the finalizer off (recreate: {kept_out})"),
+        Write::RecordFloor { token } => format!("record token {token} in the ledger"),
+        Write::RecordIdle => "read fresh: idle, so record lastToken in the ledger".into(),
+        Write::Unprotect { rv, kept_out } => {
+            format!("take the finalizer off (CAS rv {rv}; recreate: {kept_out})")
+        }
     }
 }
 
@@ -124,6 +128,7 @@ pub fn summary(cfg: &Config, s: &State) -> String {
     for (k, m) in s.api.mutexes.iter().enumerate() {
         let _ = writeln!(out, "      Mutex k{k}: {}", mutex(m));
     }
+    let _ = writeln!(out, "      token ledger: {:?}", s.api.ledger);
     for i in 0..cfg.runs.len() {
         let (r, p) = (&s.api.runs[i], &s.api.prs[i]);
         if r.life == Life::NotYet && p.phase == PrPhase::NotYet {

@@ -5,6 +5,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use tekton_mutex::model::mutex::MutexStatus;
+use tekton_mutex::promise::{Fence, Newest};
 
 /// A Mutex status, shared and hashed once (through its JSON: the product's
 /// type has no `Hash`). States are cloned and fingerprinted far more often
@@ -169,6 +170,8 @@ pub struct Api {
     pub prs: Vec<PrObj>,
     /// The run's current attempt has timed out (time, not an object change).
     pub timed_out: Vec<bool>,
+    /// Per key: its entry in the token ledger ConfigMap (token_floor.rs), which only rises.
+    pub ledger: Vec<i64>,
 }
 
 /// One replica's informer caches (a copy of some version of each object).
@@ -203,9 +206,16 @@ pub enum Write {
     Tell { run: u8, run_rv: u8, told: Told },
     /// writes::cancel_pipeline_run (read fresh; a done one is not patched).
     Cancel { pr: u8 },
-    /// hand_over_to_new_mutex: finalizer off an empty deleting Mutex, then
-    /// create it again if runs were kept out.
-    HandOver { kept_out: bool },
+    /// token_floor::record of a lock without a finalizer that hands out a token
+    /// (it may be deleted at any time, so the token goes in the ledger first).
+    RecordFloor { token: i64 },
+    /// finalizer::unprotect's first half: read the Mutex fresh, refuse if it is in
+    /// use (409), and record its `lastToken` in the ledger.
+    RecordIdle,
+    /// finalizer::unprotect's patch, a compare-and-swap on the version RecordIdle
+    /// read (`rv`): the finalizer comes off an idle Mutex; one being deleted then
+    /// goes, and is created again if runs were kept out (hand_over).
+    Unprotect { rv: u16, kept_out: bool },
 }
 
 /// A sync of one key in flight: the writes still to do, first first.
@@ -223,17 +233,15 @@ pub struct Replica {
     pub sync: Option<Sync>,
     /// Per key: the last sync ended in a conflict, so the next reads the API server.
     pub retry: Vec<bool>,
-    /// Per key: token_floor.rs's memory (uid of the Mutex that went, its lastToken).
-    pub floors: Vec<Option<(u8, i64)>>,
 }
 
 /// What the properties need from the past.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Ghost {
-    /// Per key: the highest token a section of it started with.
-    pub top_token: Vec<i64>,
-    /// Per group: the newest run (index: higher is newer) granted so far.
-    pub newest_granted: Vec<Option<u8>>,
+    /// Per key: the highest token a section of it started with (the promise's fencing rule).
+    pub fences: Vec<Fence>,
+    /// Per group: the newest run (index: higher is newer) granted so far (its supersede rule).
+    pub newest_granted: Vec<Newest<u8>>,
     /// The first property broken by a grant, as a message (fencing, supersede).
     pub broken: Option<String>,
 }
