@@ -37,6 +37,7 @@ pub fn decide(input: &Input) -> Decision {
     d.release_ended_holders();
     d.drop_leavers();
     d.settle_reservations();
+    d.reenter_queued_siblings();
     d.admit_arrivals();
     d.supersede_reserved();
     d.supersede_running();

@@ -447,6 +447,19 @@ impl<'a> Decider<'a> {
         true
     }
 
+    /// A waiter whose PipelineRun holds the key by now passes at once with the hold's
+    /// token, as an arrival would: a reserved sibling of several keys committed and
+    /// its slot became the hold, or the hold was rebuilt from the runs. Waiting for
+    /// its own PipelineRun would only end at its timeout.
+    pub(super) fn reenter_queued_siblings(&mut self) {
+        for w in std::mem::take(&mut self.st.queue) {
+            match self.runs.get(w.run.uid.as_str()).copied() {
+                Some(r) if self.reenter(r) => {}
+                _ => self.st.queue.push(w),
+            }
+        }
+    }
+
     /// Queue a live arrival. A run that supersedes marks its group and supersedes
     /// older waiters of it.
     pub(super) fn arrive(&mut self, r: &RunView) {

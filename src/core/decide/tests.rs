@@ -1809,3 +1809,6 @@ fn a_namespace_beyond_its_share_of_a_cluster_mutex_queue_is_refused() {
     };
     told_is("over its share", &d, "uid-3", &Told::Is(refused));
 }
+
+/// Exclusion by PipelineRun over two keys, siblings, re-pointed and deleted runs.
+mod pipeline_runs;

@@ -826,3 +826,54 @@ fn the_commit_counts_a_hold_of_the_runs_pipelinerun_as_its_slot() {
         "another PipelineRun's hold is no slot"
     );
 }
+
+/// A PipelineRun with a lock task of keys a,b and one of key a alone: the first is
+/// reserved on a, the second queues behind it. Once the first commits and a turns
+/// the slot into the PipelineRun's hold, the second passes at once with the hold's
+/// token; before, it waited for its own PipelineRun, which waited for it.
+#[test]
+fn a_lock_run_queued_behind_its_own_pipelineruns_reserved_sibling_passes_once_that_commits() {
+    let spec = LockSpec::default();
+    let facts = MutexFacts::default();
+    let reserved = pending(1, None);
+    let single = RunView {
+        run: RunRef {
+            kind: RunKind::CustomRun,
+            name: "pr1-lock-a".into(),
+            uid: "uid-1-a".into(),
+        },
+        ..pending(1, None)
+    };
+    let keys = pr_of_keys_ab(1, 0);
+    let runs = [reserved.clone(), single.clone()];
+    let d = decide_multikey(&spec, &MutexStatus::default(), &runs, t(10), facts, &keys);
+    assert_eq!(d.status.reservations[0].waiter.run.uid, SimRun::uid(1));
+    assert_eq!(
+        d.status.queue[0].run.uid, "uid-1-a",
+        "queued behind its sibling"
+    );
+    // The commit told pr1's run of a,b Acquired with a's reserved token 1.
+    let mut committed = keys.clone();
+    let tokens = BTreeMap::from([("a".into(), 1), ("b".into(), 1)]);
+    committed.runs.get_mut(&SimRun::uid(1)).unwrap().acquired = Some(tokens);
+    let runs = [pending(1, Some(1)), single];
+    let d = decide_multikey(&spec, &d.status, &runs, t(11), facts, &committed);
+    assert_eq!(d.status.holders.len(), 1, "one hold, pr1's");
+    assert!(
+        d.status.queue.is_empty(),
+        "no run waits for its own PipelineRun"
+    );
+    expect_uid_acquired(&d, "uid-1-a", 1);
+}
+
+fn expect_uid_acquired(d: &Decision, uid: &str, want: i64) {
+    let told = d
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == uid)
+        .map(|(_, o)| o);
+    assert!(
+        matches!(told, Some(Outcome::Acquired { token, .. }) if *token == want),
+        "{uid} told {told:?}"
+    );
+}
