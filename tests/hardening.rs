@@ -11,6 +11,66 @@ use support::pipelines::*;
 use support::*;
 use tekton_mutex::model::tekton::customrun::CustomRun;
 
+/// Item 2, for a waiting run: re-pointed at another key while it waits, it fails
+/// `InvalidParams` naming both keys, leaves the first key's queue, and is never
+/// granted by the second (before, the second key granted it beside its holder's
+/// PipelineRun's deploy: seen in the chaos campaign's `repoint` fault).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_waiting_run_repointed_at_another_key_fails_invalid_params() -> Result<()> {
+    let ns = TestNamespace::create("repoint-waiting").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    for key in ["prod", "staging"] {
+        let o = Opts {
+            lock_params: &[("key", key)],
+            ..Opts::default()
+        };
+        ns.apply(&pipeline(&format!("deploy-{key}"), &o)).await?;
+    }
+    ns.apply(&pipeline_run("a", "deploy-prod", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    ns.apply(&pipeline_run("b", "deploy-prod", &[])).await?;
+    wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
+
+    // The user re-points b's waiting lock run at staging, which is free.
+    let run = ns.api::<CustomRun>().get(&lock_run("b")).await?;
+    let mut params = serde_json::to_value(&run.spec.params)?;
+    for p in params.as_array_mut().into_iter().flatten() {
+        if p["name"] == "key" {
+            p["value"] = json!("staging");
+        }
+    }
+    let patch = json!({"spec": {"params": params}});
+    ns.api::<CustomRun>()
+        .patch(
+            &lock_run("b"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    let failed = wait_reason(&ns, &lock_run("b"), "InvalidParams", slow()).await?;
+    let message = failed.message.unwrap_or_default();
+    ensure!(
+        message.contains("\"prod\"") && message.contains("\"staging\""),
+        "the refusal names neither key: {message}"
+    );
+    let staging = mutex_status(&ns, "staging").await.unwrap_or_default();
+    ensure!(
+        staging.holders.is_empty(),
+        "staging granted the re-pointed run: {:?}",
+        staging.holders
+    );
+    // a ends: prod drops b at its next sync, and grants nobody.
+    release(&ns, "a").await?;
+    wait_until("prod to be idle", slow(), || async {
+        let prod = mutex_status(&ns, "prod").await?;
+        Ok((prod.holders.is_empty() && prod.queue.is_empty()).then_some(()))
+    })
+    .await?;
+    wait_reason(&ns, &lock_run("b"), "InvalidParams", slow()).await?;
+    Ok(())
+}
+
 /// Item 2: a held lock run whose `key` param is patched to another key keeps its
 /// hold on the first key (its PipelineRun still runs), and the second key never
 /// adopts it: each key has at most its capacity of holders.

@@ -2,8 +2,9 @@
 //! (`tekton.dev/v1beta1`) or Run (`tekton.dev/v1alpha1`).
 
 use crate::core::params::{self, RunConfig, RunInput, Target};
+use crate::core::run_status;
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::{RunKind, RunRef};
+use crate::model::mutex::{Mutex, RunKind, RunRef};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::{PIPELINE_LABEL, kept_label};
 use crate::model::tekton::run::Run;
@@ -142,6 +143,40 @@ impl<'a> ObservedRun<'a> {
             name: self.name.clone(),
             uid: self.uid.clone(),
         }
+    }
+
+    /// The locks the run names now: their kind and names (Mutex names as the Mutex objects
+    /// are named). None if it names none readably (intake then refuses its params).
+    pub fn named_locks(&self) -> Option<(String, Vec<String>)> {
+        match cluster_mutex_targets(self) {
+            Some(targets) => Some((ClusterMutex::kind(&()).into_owned(), targets.ok()?)),
+            None if self.is_mutex() => {
+                Some((Mutex::kind(&()).into_owned(), self.config().ok()?.keys))
+            }
+            None => None,
+        }
+    }
+
+    /// A live run whose status a lock wrote, though its params or taskRef now name another lock:
+    /// it was re-pointed after it was first seen (issue 23 item 2). A lock run never moves to
+    /// another lock, so the answer is the InvalidParams message naming both; a granted (done)
+    /// run keeps its hold with the first lock instead.
+    pub fn repointed(&self) -> Option<String> {
+        if self.is_done() {
+            return None;
+        }
+        let (was_kind, was_key) = run_status::written_by(&self.status)?;
+        let (kind, names) = self.named_locks()?;
+        let was_kind = was_kind.unwrap_or_else(|| kind.clone());
+        if was_kind == kind && names.contains(&was_key) {
+            return None;
+        }
+        Some(format!(
+            "the run was first queued on {was_kind} {was_key:?}, and its key, keys or taskRef now \
+             name {kind} {:?}: a lock run cannot move to another lock; put the key back, or create \
+             a new run",
+            names.join(",")
+        ))
     }
 
     /// The run's settings, or the message for an InvalidParams failure.
@@ -286,5 +321,48 @@ mod tests {
         assert!(twice.contains("twice"), "{twice}");
         let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
         assert_eq!(targets(mutex, Some("a,b")), None, "a Mutex run is not one");
+    }
+
+    fn told(
+        key_param: (&str, &str),
+        task_ref: serde_json::Value,
+        by: serde_json::Value,
+    ) -> CustomRun {
+        serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"customRef": task_ref, "params": [{"name": key_param.0, "value": key_param.1}]},
+            "status": {"conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "Waiting"}],
+                       "extraFields": by},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_waiting_run_re_pointed_at_another_lock_is_refused_naming_both() {
+        let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"});
+        let by_staging = json!({"key": "staging", "lockKind": "Mutex"});
+        let same = told(("key", "staging"), mutex.clone(), by_staging.clone());
+        assert_eq!(same.observe().repointed(), None);
+        let moved = told(("key", "prod"), mutex.clone(), by_staging.clone());
+        let why = moved.observe().repointed().unwrap();
+        assert!(
+            why.contains("Mutex \"staging\"") && why.contains("\"prod\""),
+            "{why}"
+        );
+        let cluster = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": "staging"});
+        let to_cluster = told(("key", "staging"), cluster, by_staging.clone());
+        assert!(
+            to_cluster
+                .observe()
+                .repointed()
+                .unwrap()
+                .contains("ClusterMutex")
+        );
+        // One of its keys told it: not re-pointed. A status no lock wrote: nothing to compare.
+        let multi = told(("keys", "db,staging"), mutex.clone(), by_staging);
+        assert_eq!(multi.observe().repointed(), None);
+        let fresh = told(("key", "prod"), mutex, json!({}));
+        assert_eq!(fresh.observe().repointed(), None);
     }
 }

@@ -99,6 +99,14 @@ pub fn told_by_another_lock(status: &RunStatus, kind: &str, key: &str) -> bool {
     differs(LOCK_KEY_FIELD, key) || differs(LOCK_KIND_FIELD, kind)
 }
 
+/// The lock that wrote this run's status: its kind (None in a status from before the kind
+/// was written) and its name. None if no lock wrote it.
+pub fn written_by(status: &RunStatus) -> Option<(Option<String>, String)> {
+    let fields = status.extra_fields.as_ref()?;
+    let text = |field: &str| fields.get(field)?.as_str().map(String::from);
+    Some((text(LOCK_KIND_FIELD), text(LOCK_KEY_FIELD)?))
+}
+
 /// Did this run end superseded? By our marker, or by the reason older versions wrote.
 pub fn superseded(status: &RunStatus) -> bool {
     let marked = status

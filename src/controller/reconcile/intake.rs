@@ -55,6 +55,13 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
     if !needs_intake(&o) {
         return Ok(Action::await_change());
     }
+    if let Some(message) = o.repointed() {
+        warn!(run = %o.name, namespace = %o.namespace, %message, "lock run re-pointed");
+        if writes::invalid_params(&ctx, &o, &message).await? {
+            events::invalid(&ctx, &o, &message);
+        }
+        return Ok(Action::await_change());
+    }
     if let Some(action) =
         crate::controller::reconcile::cluster_admission::intake(obj.as_ref(), &ctx).await?
     {

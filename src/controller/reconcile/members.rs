@@ -180,7 +180,8 @@ async fn fetched<L: LockObject>(
         return Ok(None);
     };
     let known = named.iter().any(|r| r.uid == o.uid);
-    if o.deleting || !lock.claims(&o, &config, known) {
+    // A waiting run re-pointed at another lock belongs to neither: intake fails it.
+    if o.deleting || o.repointed().is_some() || !lock.claims(&o, &config, known) {
         return Ok(None);
     }
     if !known && !lock.admits(ctx, &o.namespace, labels).await? {
