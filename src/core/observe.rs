@@ -168,7 +168,9 @@ impl<'a> ObservedRun<'a> {
         let (was_kind, was_key) = run_status::written_by(&self.status)?;
         let (kind, names) = self.named_locks()?;
         let was_kind = was_kind.unwrap_or_else(|| kind.clone());
-        if was_kind == kind && names.contains(&was_key) {
+        // A run of several keys is told under all of them (`a,b`).
+        let same_keys = was_key.split(',').all(|k| names.iter().any(|n| n == k));
+        if was_kind == kind && same_keys {
             return None;
         }
         Some(format!(
@@ -362,6 +364,11 @@ mod tests {
         // One of its keys told it: not re-pointed. A status no lock wrote: nothing to compare.
         let multi = told(("keys", "db,staging"), mutex.clone(), by_staging);
         assert_eq!(multi.observe().repointed(), None);
+        let by_both = json!({"key": "db,staging", "lockKind": "Mutex"});
+        let both = told(("keys", "db,staging"), mutex.clone(), by_both.clone());
+        assert_eq!(both.observe().repointed(), None);
+        let other = told(("keys", "db,prod"), mutex.clone(), by_both);
+        assert!(other.observe().repointed().is_some());
         let fresh = told(("key", "prod"), mutex, json!({}));
         assert_eq!(fresh.observe().repointed(), None);
     }

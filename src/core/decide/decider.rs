@@ -121,6 +121,12 @@ impl<'a> Decider<'a> {
     /// over while the other's is not), so the last of them releases it.
     pub(super) fn release_ended_holders(&mut self) {
         let all = self.all;
+        #[cfg(feature = "guard-switches")]
+        if super::guard_switches::one_hold_off() {
+            let own = |h: &Holder, r: &RunView| r.run.uid == h.run.uid && still_holds(r);
+            self.st.holders.retain(|h| all.iter().any(|r| own(h, r)));
+            return;
+        }
         self.st
             .holders
             .retain(|h| all.iter().any(|r| shares_hold(h, r) && still_holds(r)));
