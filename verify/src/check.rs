@@ -1,11 +1,12 @@
 //! Running the checker on a configuration and reporting what it found.
 
-use crate::config::Config;
+use crate::config::{Broken, Config};
 use crate::model::LockModel;
 use crate::props;
 use crate::trace;
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
+use tekton_mutex::core::decide::guard_switches;
 
 pub struct Report {
     pub config: &'static str,
@@ -26,6 +27,10 @@ pub fn run(cfg: Config, threads: usize, stop_at_first: bool) -> Report {
 /// A full check is depth-first with the replicas' symmetry reduced; a search
 /// for a counterexample is breadth-first, for the shortest trace.
 pub fn run_bounded(cfg: Config, threads: usize, stop_at_first: bool, max: Option<usize>) -> Report {
+    // The decision core's guard switches are process-wide: one check at a time sets them.
+    static SWITCHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
+    guard_switches::set_one_hold_per_pipeline_run(cfg.guarded(Broken::OneHold));
     let start = Instant::now();
     let (name, depth) = (cfg.name, cfg.max_depth);
     let finish = if stop_at_first {

@@ -1,12 +1,31 @@
 //! The bounds of a check and the guards it runs with.
 
-/// One PipelineRun and its lock run: which keys it takes and its supersede group.
+/// One lock run: which keys it takes, its supersede group, and whose it is. Run i is the lock
+/// run of PipelineRun i, unless it is a second lock task of another's (`sibling_of`).
 #[derive(Clone, Debug)]
 pub struct RunSpec {
     pub keys: Vec<u8>,
     pub group: u8,
     /// `supersede: pending` (the default) or `none`.
     pub supersede: bool,
+    /// A second lock task of PipelineRun `p`, on the same keys (its pipeline's, not a PipelineRun
+    /// of its own): the two share one hold (issue 23 item 1).
+    pub sibling_of: Option<u8>,
+    /// `release-after` a task of its PipelineRun: its own section may end before the
+    /// PipelineRun's (Env::SectionEnds).
+    pub release_after: bool,
+}
+
+impl RunSpec {
+    pub fn new(keys: Vec<u8>, group: u8, supersede: bool) -> RunSpec {
+        RunSpec {
+            keys,
+            group,
+            supersede,
+            sibling_of: None,
+            release_after: false,
+        }
+    }
 }
 
 /// A guard of the real code, removed in the model's I/O layer (test-only).
@@ -20,6 +39,9 @@ pub enum Broken {
     /// The token floor: the API server's `lastToken >= oldSelf` rule (so a
     /// status wipe resets it) and the floor kept after a Mutex goes.
     TokenFloor,
+    /// One hold per PipelineRun: the real decide's `release_ended_holders` judges
+    /// each lock run alone (the switch behind the root crate's test-only feature).
+    OneHold,
 }
 
 #[derive(Clone, Debug)]
@@ -75,11 +97,7 @@ impl Config {
     /// Config A: 2 replicas, 1 key of capacity 1, 3 PipelineRuns of one
     /// supersede group (run i is older than run i + 1).
     pub fn a() -> Config {
-        let run = |group| RunSpec {
-            keys: vec![0],
-            group,
-            supersede: true,
-        };
+        let run = |group| RunSpec::new(vec![0], group, true);
         Config {
             name: "A",
             keys: 1,
@@ -104,11 +122,7 @@ impl Config {
     /// [`Config::b_delete_reserved`]) or its PipelineRun stopped (found by
     /// this model, see [`Config::b_cancel_reserved`]); both are fixed.
     pub fn b() -> Config {
-        let run = |keys: Vec<u8>, group| RunSpec {
-            keys,
-            group,
-            supersede: false,
-        };
+        let run = |keys: Vec<u8>, group| RunSpec::new(keys, group, false);
         Config {
             name: "B",
             keys: 2,
@@ -223,6 +237,28 @@ impl Config {
         }
     }
 
+    /// Issue 23 item 1: pr-0 takes the key through two lock tasks: run-0 has
+    /// `release-after` a task that ends while pr-0 still runs, and run-2 guards
+    /// the rest; pr-1 waits. 2 replicas, capacity 1, no supersede, a crash and a
+    /// lagging sync.
+    pub fn a_sibling() -> Config {
+        let section = RunSpec {
+            release_after: true,
+            ..RunSpec::new(vec![0], 0, false)
+        };
+        let sibling = RunSpec {
+            sibling_of: Some(0),
+            ..RunSpec::new(vec![0], 0, false)
+        };
+        Config {
+            name: "A-sibling",
+            runs: vec![section, RunSpec::new(vec![0], 1, false), sibling],
+            disrupt: 0,
+            lapses: 0,
+            ..Config::a()
+        }
+    }
+
     /// Found by this model: a status wipe while a deposed leader still has a
     /// grant's `Acquired` write in flight (config A, a wipe and a lease lapse).
     pub fn a_wipe_race() -> Config {
@@ -313,6 +349,13 @@ impl Config {
             },
             Config::b_cancel_reserved(),
             Config::b_delete_reserved(),
+            Config::a_sibling(),
+            Config {
+                name: "A-floor-failover[no lag, no lapse]",
+                lags: 0,
+                lapses: 0,
+                ..Config::a_floor_failover()
+            },
             Config {
                 name: "A-floor[prune+wipe,lag]",
                 crashes: 0,
@@ -329,6 +372,21 @@ impl Config {
 
     pub fn guarded(&self, b: Broken) -> bool {
         self.broken != Some(b)
+    }
+
+    /// The PipelineRun lock run `i` belongs to.
+    pub fn pr_of(&self, i: usize) -> usize {
+        self.runs[i].sibling_of.map_or(i, usize::from)
+    }
+
+    /// Is index `i` a PipelineRun of its own (not a sibling lock run)?
+    pub fn is_pr(&self, i: usize) -> bool {
+        self.runs[i].sibling_of.is_none()
+    }
+
+    /// The lock runs of PipelineRun `p`.
+    pub fn runs_of_pr(&self, p: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.runs.len()).filter(move |&i| self.pr_of(i) == p)
     }
 
     pub fn runs_of(&self, key: u8) -> impl Iterator<Item = usize> + '_ {

@@ -22,8 +22,10 @@ pub enum Env {
     DeletePr(u8),
     /// A user deletes the lock run of PipelineRun i.
     DeleteRun(u8),
-    /// The waiting lock run of PipelineRun i times out.
+    /// The waiting lock run i times out.
     Timeout(u8),
+    /// The tasks PipelineRun i's `release-after` lock run names end (their pods too).
+    SectionEnds(u8),
     /// A user deletes the Mutex of key k.
     DeleteMutex(u8),
     /// A user empties the Mutex's status (holders, queue, marks, reservations).
@@ -35,7 +37,11 @@ impl Env {
     pub fn disturbs(self) -> bool {
         !matches!(
             self,
-            Env::Create(_) | Env::Finish(_) | Env::Stopped(_) | Env::PodEnds(_)
+            Env::Create(_)
+                | Env::Finish(_)
+                | Env::Stopped(_)
+                | Env::PodEnds(_)
+                | Env::SectionEnds(_)
         )
     }
 }
@@ -43,16 +49,23 @@ impl Env {
 pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
     let u = cfg.users;
     for i in 0..cfg.runs.len() as u8 {
+        out.extend(u.delete_run.then_some(Env::DeleteRun(i)));
+        out.extend(u.timeout.then_some(Env::Timeout(i)));
+        if !cfg.is_pr(i as usize) {
+            continue; // a sibling lock run: its PipelineRun's events are its own
+        }
         out.extend([
             Env::Create(i),
             Env::Finish(i),
             Env::Stopped(i),
             Env::PodEnds(i),
         ]);
+        let sections = cfg
+            .runs_of_pr(i as usize)
+            .any(|j| cfg.runs[j].release_after);
+        out.extend(sections.then_some(Env::SectionEnds(i)));
         out.extend(u.cancel.then_some(Env::Cancel(i)));
         out.extend(u.delete_pr.then_some(Env::DeletePr(i)));
-        out.extend(u.delete_run.then_some(Env::DeleteRun(i)));
-        out.extend(u.timeout.then_some(Env::Timeout(i)));
     }
     for k in 0..cfg.keys {
         out.extend(u.delete_mutex.then_some(Env::DeleteMutex(k)));
@@ -64,37 +77,49 @@ pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
 pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
     let api = &mut s.api;
     match e {
-        Env::Create(i) | Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => {
-            tekton(api, e, i as usize)
+        Env::Create(i)
+        | Env::Finish(i)
+        | Env::Stopped(i)
+        | Env::PodEnds(i)
+        | Env::SectionEnds(i)
+        | Env::Cancel(i)
+        | Env::DeletePr(i)
+            if !cfg.is_pr(i as usize) =>
+        {
+            false
+        }
+        Env::Create(i) => {
+            let created = tekton(api, e, i as usize);
+            for j in cfg
+                .runs_of_pr(i as usize)
+                .filter(|&j| created && j != i as usize)
+            {
+                api.runs[j].life = Life::Live;
+                api.runs[j].bump();
+            }
+            created
+        }
+        Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => tekton(api, e, i as usize),
+        Env::SectionEnds(i) => {
+            let pr = &mut api.prs[i as usize];
+            let ends = pr.phase == PrPhase::Running && pr.pod == Pod::Live && !pr.section_done;
+            pr.section_done |= ends;
+            ends
         }
         Env::Cancel(i) => {
             let running = api.prs[i as usize].phase == PrPhase::Running;
             running && {
-                crate::exec::cancel_pr(api, i as usize);
+                crate::exec::cancel_pr(cfg, api, i as usize);
                 true
             }
         }
-        Env::DeletePr(i) => {
-            let (pr, run) = (&mut api.prs[i as usize], &mut api.runs[i as usize]);
-            if matches!(pr.phase, PrPhase::NotYet | PrPhase::Deleted) {
-                return false;
-            }
-            if cfg.users.prune_only && (pr.phase != PrPhase::Done || pr.pod == Pod::Live) {
-                return false;
-            }
-            pr.phase = PrPhase::Deleted;
-            if run.live() {
-                run.life = Life::Deleted;
-                run.bump();
-            }
-            true
-        }
+        Env::DeletePr(i) => delete_pr(cfg, api, i as usize),
         Env::DeleteRun(i) => {
             let run = &mut api.runs[i as usize];
             run.live() && {
                 run.life = Life::Deleted;
                 run.bump();
-                fail(api, i as usize);
+                fail(cfg, api, i as usize);
                 true
             }
         }
@@ -163,10 +188,30 @@ fn tekton(api: &mut crate::world::Api, e: Env, i: usize) -> bool {
     true
 }
 
-/// Tekton fails a running PipelineRun whose lock run ended without a grant or
+/// A user deletes PipelineRun p; its lock runs go with it.
+fn delete_pr(cfg: &Config, api: &mut crate::world::Api, p: usize) -> bool {
+    let pr = &mut api.prs[p];
+    if matches!(pr.phase, PrPhase::NotYet | PrPhase::Deleted) {
+        return false;
+    }
+    if cfg.users.prune_only && (pr.phase != PrPhase::Done || pr.pod == Pod::Live) {
+        return false;
+    }
+    pr.phase = PrPhase::Deleted;
+    for j in cfg.runs_of_pr(p) {
+        let run = &mut api.runs[j];
+        if run.live() {
+            run.life = Life::Deleted;
+            run.bump();
+        }
+    }
+    true
+}
+
+/// Tekton fails a running PipelineRun whose lock run i ended without a grant or
 /// was deleted while waiting (at once: the states in between change nothing).
-pub fn fail(api: &mut crate::world::Api, i: usize) {
-    let pr = &mut api.prs[i];
+pub fn fail(cfg: &Config, api: &mut crate::world::Api, i: usize) {
+    let pr = &mut api.prs[cfg.pr_of(i)];
     if pr.phase == PrPhase::Running && pr.pod == Pod::None {
         pr.phase = PrPhase::Done;
     }

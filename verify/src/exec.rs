@@ -86,13 +86,13 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
                 r.bump();
                 match told {
                     Told::Acquired(tokens) => grant(cfg, &mut s.api, &mut s.ghost, i, tokens),
-                    _ => crate::env::fail(&mut s.api, i),
+                    _ => crate::env::fail(cfg, &mut s.api, i),
                 }
             }
             Done::Next
         }
         Write::Cancel { pr } => {
-            cancel_pr(&mut s.api, *pr as usize);
+            cancel_pr(cfg, &mut s.api, *pr as usize);
             Done::Next
         }
         Write::RecordFloor { token } => {
@@ -147,7 +147,7 @@ fn commit(
             ledgers.insert(key_name(o), (*x.status.0).clone());
         }
     }
-    let Some(tokens) = commit_step(&run_ref(i).uid, &m, &pr_uid(i), &ledgers) else {
+    let Some(tokens) = commit_step(&run_ref(i).uid, &m, &pr_uid(cfg.pr_of(i)), &ledgers) else {
         return;
     };
     let tokens = tokens_by_key(cfg, i, &tokens);
@@ -160,7 +160,7 @@ fn commit(
 /// A run told `Acquired` while its PipelineRun runs starts its section: its pod
 /// runs from now until it ends. Fencing and supersede are judged here.
 pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &[i64]) {
-    let pr = &mut api.prs[i];
+    let pr = &mut api.prs[cfg.pr_of(i)];
     if pr.phase != PrPhase::Running || pr.pod != Pod::None {
         return;
     }
@@ -180,17 +180,19 @@ pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &
     }
 }
 
-/// cancel_pipeline_run: a PipelineRun that still runs is asked to stop, and
-/// Tekton passes the cancel on to its lock run if that has not finished.
-pub fn cancel_pr(api: &mut Api, i: usize) {
-    if api.prs[i].phase != PrPhase::Running {
+/// cancel_pipeline_run: PipelineRun p, if it still runs, is asked to stop, and
+/// Tekton passes the cancel on to each of its lock runs that has not finished.
+pub fn cancel_pr(cfg: &Config, api: &mut Api, p: usize) {
+    if api.prs[p].phase != PrPhase::Running {
         return;
     }
-    api.prs[i].phase = PrPhase::Stopping;
-    let r = &mut api.runs[i];
-    if r.live() && !r.done() && !r.cancel {
-        r.cancel = true;
-        r.bump();
+    api.prs[p].phase = PrPhase::Stopping;
+    for i in cfg.runs_of_pr(p) {
+        let r = &mut api.runs[i];
+        if r.live() && !r.done() && !r.cancel {
+            r.cancel = true;
+            r.bump();
+        }
     }
 }
 

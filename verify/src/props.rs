@@ -38,10 +38,14 @@ fn broke(s: &State, what: &str) -> bool {
 /// A key whose live sections (pod running since the grant) exceed capacity.
 pub fn over_capacity(cfg: &Config, s: &State) -> Option<String> {
     (0..cfg.keys).find_map(|k| {
-        let live: Vec<usize> = cfg
+        // By PipelineRun: two lock runs of one PipelineRun are one section.
+        let mut live: Vec<usize> = cfg
             .runs_of(k)
-            .filter(|&i| s.api.prs[i].pod == Pod::Live)
+            .map(|i| cfg.pr_of(i))
+            .filter(|&p| s.api.prs[p].pod == Pod::Live)
             .collect();
+        live.sort_unstable();
+        live.dedup();
         tekton_mutex::promise::exclusion(live.len(), cfg.capacity as usize)
             .err()
             .map(|why| format!("k{k}: {why}: {live:?}"))
@@ -52,7 +56,7 @@ pub fn over_capacity(cfg: &Config, s: &State) -> Option<String> {
 pub fn lost_waiter(cfg: &Config, s: &State) -> Option<String> {
     let end = settle(cfg, s);
     (0..cfg.runs.len()).find_map(|i| {
-        let (r, pr) = (&end.api.runs[i], &end.api.prs[i]);
+        let (r, pr) = (&end.api.runs[i], &end.api.prs[cfg.pr_of(i)]);
         let waiting = r.live() && r.told == Told::Nothing && pr.phase == PrPhase::Running;
         waiting.then(|| format!("run-{i} still waits after everything else settled"))
     })

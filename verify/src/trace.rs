@@ -48,6 +48,7 @@ fn env(e: Env) -> String {
         Env::DeletePr(i) => format!("user: deletes pr-{i} (and run-{i})"),
         Env::DeleteRun(i) => format!("user: deletes run-{i}"),
         Env::Timeout(i) => format!("clock: run-{i} times out"),
+        Env::SectionEnds(i) => format!("tekton: the task pr-{i}'s release-after names ends"),
         Env::DeleteMutex(k) => format!("user: deletes Mutex k{k}"),
         Env::Wipe(k) => format!("user: wipes the status of Mutex k{k}"),
     }
@@ -130,7 +131,7 @@ pub fn summary(cfg: &Config, s: &State) -> String {
     }
     let _ = writeln!(out, "      token ledger: {:?}", s.api.ledger);
     for i in 0..cfg.runs.len() {
-        let (r, p) = (&s.api.runs[i], &s.api.prs[i]);
+        let (r, p) = (&s.api.runs[i], &s.api.prs[cfg.pr_of(i)]);
         if r.life == Life::NotYet && p.phase == PrPhase::NotYet {
             continue;
         }
@@ -141,8 +142,10 @@ pub fn summary(cfg: &Config, s: &State) -> String {
         };
         let _ = writeln!(
             out,
-            "      pr-{i} {:?}{pod}; run-{i} {:?} {}{}",
+            "      pr-{} {:?}{pod}{}; run-{i} {:?} {}{}",
+            cfg.pr_of(i),
             p.phase,
+            if p.section_done { " section over" } else { "" },
             r.life,
             told_name(&r.told),
             if r.cancel { " cancel" } else { "" }

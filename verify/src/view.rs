@@ -9,6 +9,7 @@ use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told
 use jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeMap;
 use tekton_mutex::core::model::CancelMode;
+use tekton_mutex::core::release_after;
 use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
 
 /// Time is abstract: every decision happens at the same instant (timeouts are
@@ -53,6 +54,8 @@ pub struct Fetched {
     pub obj: RunObj,
     pub parent: Option<PrObj>,
     pub pods_alive: bool,
+    /// Its `release-after` section is over (mark_done_sections: only for a run told Acquired).
+    pub section_done: bool,
     /// A holder whose lock run was deleted (sync.rs's deleted_holders).
     pub deleted_holder: Option<tekton_mutex::model::mutex::Holder>,
 }
@@ -74,7 +77,10 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
             _ if named(i) && api.runs[i].live() => api.runs[i].clone(),
             _ => continue,
         };
-        let parent = fetch_parent(cache, api, i);
+        let parent = fetch_parent(cache, api, cfg.pr_of(i));
+        let section_done = cfg.runs[i].release_after
+            && matches!(obj.told, Told::Acquired(_))
+            && parent.as_ref().is_some_and(|p| p.section_done);
         // members.rs's may_hold: a holder, a reserved run, a sibling of a holder's
         // token, or a grant the status does not know of.
         let uid = run_ref(i).uid;
@@ -83,15 +89,17 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
             || st.reservations.iter().any(|r| r.waiter.run.uid == uid)
             || told.is_some_and(|t| t > st.last_token || st.holders.iter().any(|h| h.token == t));
         let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
-        let pods_alive = holds && ended && pods_alive(cfg, api, i);
+        let pods_alive = holds && ended && pods_alive(cfg, api, cfg.pr_of(i));
         out.push(Fetched {
             run: i,
             obj,
             parent,
             pods_alive,
+            section_done,
             deleted_holder: None,
         });
     }
+    hold_sharers(cfg, api, k, &mut out);
     // members.rs's deleted_holders: holders, and runs slots are reserved for.
     let reserved = st
         .reservations
@@ -104,9 +112,9 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
         if out.iter().any(|f| f.run == i) || h.pipeline_run_uid.is_none() {
             continue;
         }
-        let parent = fetch_parent(cache, api, i);
+        let parent = fetch_parent(cache, api, cfg.pr_of(i));
         let ended = parent.as_ref().is_none_or(|p| p.phase == PrPhase::Done);
-        let pods_alive = ended && pods_alive(cfg, api, i);
+        let pods_alive = ended && pods_alive(cfg, api, cfg.pr_of(i));
         let obj = RunObj {
             life: Life::Deleted,
             ..RunObj::new()
@@ -116,10 +124,45 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
             obj,
             parent,
             pods_alive,
+            section_done: false,
             deleted_holder: Some(h),
         });
     }
     out
+}
+
+/// members.rs's hold_sharers: where a fetched run's `release-after` section is
+/// over, its PipelineRun's other lock runs told `Acquired` with its token, read
+/// from the API server (the cache may not show them).
+fn hold_sharers(cfg: &Config, api: &Api, k: u8, out: &mut Vec<Fetched>) {
+    let over: Vec<(usize, Option<i64>, Option<PrObj>)> = out
+        .iter()
+        .filter(|f| f.section_done)
+        .map(|f| {
+            (
+                cfg.pr_of(f.run),
+                token_for(cfg, &f.obj, f.run, k),
+                f.parent.clone(),
+            )
+        })
+        .collect();
+    for (p, token, parent) in over {
+        for j in cfg.runs_of_pr(p) {
+            let obj = &api.runs[j];
+            let shares = obj.live() && token.is_some() && token_for(cfg, obj, j, k) == token;
+            if !shares || out.iter().any(|f| f.run == j) {
+                continue;
+            }
+            out.push(Fetched {
+                run: j,
+                obj: obj.clone(),
+                parent: parent.clone(),
+                pods_alive: false,
+                section_done: false,
+                deleted_holder: None,
+            });
+        }
+    }
 }
 
 /// A reserved run as the stand-in for its PipelineRun (only its names are read).
@@ -140,7 +183,7 @@ fn reserved_as_holder(
     }
 }
 
-/// sync.rs's fetch_parent: the cache, else the API; one being deleted is gone.
+/// sync.rs's fetch_parent (of PipelineRun i): the cache, else the API; one being deleted is gone.
 fn fetch_parent(cache: &Cache, api: &Api, i: usize) -> Option<PrObj> {
     let present = |p: &PrObj| !matches!(p.phase, PrPhase::NotYet | PrPhase::Deleted);
     let p = if present(&cache.prs[i]) {
@@ -167,17 +210,17 @@ pub fn token_for(cfg: &Config, obj: &RunObj, i: usize, k: u8) -> Option<i64> {
 
 /// src/view.rs's member_view (or deleted_holder_view) for one fetched run.
 pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
-    let i = f.run;
+    let (i, p) = (f.run, cfg.pr_of(f.run));
     let spec = &cfg.runs[i];
     let parent = Parent {
-        name: pr_name(i),
-        uid: pr_uid(i),
-        state: parent_state(f),
+        name: pr_name(p),
+        uid: pr_uid(p),
+        state: release_after::state(parent_state(f), f.section_done),
     };
     let age = Age {
         sequence: None,
-        created: base() + SignedDuration::from_secs(i as i64),
-        name: pr_name(i),
+        created: base() + SignedDuration::from_secs(p as i64),
+        name: pr_name(p),
     };
     let supersede = if spec.supersede {
         Supersede::Pending

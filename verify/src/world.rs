@@ -139,6 +139,8 @@ pub enum Pod {
 pub struct PrObj {
     pub phase: PrPhase,
     pub pod: Pod,
+    /// The tasks a `release-after` lock run names are done and their pods ended.
+    pub section_done: bool,
 }
 
 impl PrObj {
@@ -146,6 +148,7 @@ impl PrObj {
         PrObj {
             phase: PrPhase::NotYet,
             pod: Pod::None,
+            section_done: false,
         }
     }
 

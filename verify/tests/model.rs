@@ -134,17 +134,32 @@ fn b_delete_reserved_holds_with_the_real_guards() {
     holds(Config::b_delete_reserved());
 }
 
-/// Issue 23 item 6: the token floor of a Mutex that went lives in the memory
-/// of the replica that let it go; after a failover the new Mutex starts over.
+/// Issue 23 item 6 (fixed): the token floor of a Mutex that went lived in the
+/// memory of the replica that let it go, and after a failover the new Mutex
+/// started over. It now lives in the token ledger in the API server.
 #[test]
-fn known_bug_issue_23_item_6_the_token_floor_is_lost_on_failover() {
-    let cfg = Config {
+fn the_token_floor_survives_a_failover_with_the_ledger() {
+    holds(Config {
         lags: 0,
         lapses: 0,
         liveness: false,
         ..Config::a_floor_failover()
-    };
-    breaks(cfg, &[props::FENCING]);
+    });
+}
+
+/// Issue 23 item 1: two lock runs of one PipelineRun share one hold, one of
+/// them with `release-after` (a sibling the lagging cache hides is read live).
+#[test]
+fn a_release_after_sibling_holds_with_the_real_guards() {
+    holds(Config::a_sibling());
+}
+
+#[test]
+fn without_one_hold_per_pipeline_run_a_release_after_section_frees_the_slot() {
+    breaks(
+        Config::a_sibling().with_broken(Broken::OneHold),
+        &[props::EXCLUSION],
+    );
 }
 
 /// A status wipe while a deposed leader's `Acquired` write is in flight: the

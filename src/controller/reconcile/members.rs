@@ -62,6 +62,8 @@ pub async fn gather<L: LockObject>(
     let mut fetched = fetch_runs(ctx, lock, status).await?;
     mark_draining_holders(ctx, status, &key, &mut fetched).await?;
     mark_done_sections(ctx, &mut fetched).await?;
+    let sharers = hold_sharers(ctx, lock, &fetched).await?;
+    fetched.extend(sharers);
     let mut members: Vec<Member> = fetched.iter().map(|f| view_of(lock, f, now)).collect();
     members.extend(deleted_holders(ctx, &lock.scope(), status, &members).await?);
     let kind = L::kind(&());
@@ -85,6 +87,7 @@ struct Fetched {
 
 /// A PipelineRun as fetched: the object unless it is gone, and whether a pod
 /// of it still runs (looked up only once it has ended and holds a slot).
+#[derive(Clone)]
 struct ParentFetched {
     name: String,
     uid: String,
@@ -315,6 +318,55 @@ async fn mark_done_sections(ctx: &Context, fetched: &mut [Fetched]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The lock runs that share a hold whose `release-after` section is over, read from the API
+/// server. The status names one run per hold, so a sibling lock task's run that still holds is
+/// seen only if the cache shows it and it still names this lock; one hidden by a lagging cache
+/// or a re-pointed `key` would let the slot go while the sibling's tasks run (found by the model
+/// checker, config A-sibling). Only the PipelineRun's runs this lock told, with the same token.
+async fn hold_sharers<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    fetched: &[Fetched],
+) -> Result<Vec<Fetched>, Error> {
+    let (kind, key) = (L::kind(&()), lock.name_any());
+    let mut found: Vec<Fetched> = Vec::new();
+    for f in fetched
+        .iter()
+        .filter(|f| f.parent.as_ref().is_some_and(|p| p.section_done))
+    {
+        let o = f.run.observe();
+        let (Some(p), Some(token)) = (&f.parent, run_status::acquired_token(&o.status)) else {
+            continue;
+        };
+        let api: Api<CustomRun> = Api::namespaced(ctx.client.clone(), &o.namespace);
+        let selector = format!("tekton.dev/pipelineRun={}", p.name);
+        let runs = api
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await?;
+        for run in runs.items {
+            let r = run.observe();
+            let seen = |g: &Fetched| g.run.observe().uid == r.uid;
+            let ours = run_status::written_by(&r.status)
+                .is_some_and(|(k, name)| name == key && k.is_none_or(|k| k == kind));
+            let shares = ours && run_status::acquired_token(&r.status) == Some(token);
+            if !shares || fetched.iter().chain(&found).any(seen) {
+                continue;
+            }
+            let config = r.config().unwrap_or_else(|_| f.config.clone());
+            let parent = Some(ParentFetched {
+                section_done: false,
+                ..p.clone()
+            });
+            found.push(Fetched {
+                run: AnyRun::Custom(Arc::new(run)),
+                config,
+                parent,
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// The holders, and the runs slots are reserved for, whose lock runs were
