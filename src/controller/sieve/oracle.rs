@@ -588,6 +588,18 @@ mod tests {
         )
         .unwrap();
         let f = facts(&w, &cap, &prior);
+        assert!(
+            lost_waiters(&s, &[], &f, false).is_empty(),
+            "no Mutex to be granted by yet"
+        );
+        let mutex = ObjKey::new(Kind::Mutex, "ns", "k");
+        s.create(&mutex, json!({"spec": {"frozen": true}}), Actor::World)
+            .unwrap();
+        assert!(
+            lost_waiters(&s, &[], &f, false).is_empty(),
+            "a frozen key grants nothing"
+        );
+        s.edit(&mutex, |m| m["spec"]["frozen"] = json!(false));
         assert_eq!(lost_waiters(&s, &[], &f, false).len(), 1, "the key is free");
         assert_eq!(
             lost_waiters(&s, &[], &f, true).len(),
