@@ -20,6 +20,8 @@ mod leader;
 mod lock_object;
 mod reconcile;
 #[cfg(test)]
+mod sieve;
+#[cfg(test)]
 mod tests;
 mod wiring;
 

@@ -163,7 +163,14 @@ impl Metrics {
         out
     }
 
+    /// Count one write to the API server, made right after this call. Every
+    /// write the controller makes is announced here, from its call site: the
+    /// in-process fault suite (controller/sieve) attributes each write it sees
+    /// to that site, and fails on a write that was not announced.
+    #[track_caller]
     pub fn api_write(&self, verb: &str, resource: &str) {
+        #[cfg(test)]
+        write_sites::announce(std::panic::Location::caller(), verb, resource);
         self.api_writes
             .get_or_create(&Write {
                 verb: verb.into(),
@@ -345,6 +352,73 @@ impl Collector for LockGauges {
             }
         }
         Ok(())
+    }
+}
+
+/// Test hook: the writes announced on this thread and not yet matched to a
+/// request, oldest first, while a test records them (see controller/sieve).
+/// Release builds have no such hook.
+#[cfg(test)]
+pub(crate) mod write_sites {
+    use std::cell::RefCell;
+    use std::panic::Location;
+
+    /// One announced write: where `api_write` was called, and what it said.
+    #[derive(Clone, Debug)]
+    pub struct Announced {
+        pub site: &'static Location<'static>,
+        pub verb: String,
+        pub resource: String,
+    }
+
+    thread_local! {
+        static PENDING: RefCell<Option<Vec<Announced>>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn announce(site: &'static Location<'static>, verb: &str, resource: &str) {
+        PENDING.with_borrow_mut(|p| {
+            if let Some(p) = p {
+                p.push(Announced {
+                    site,
+                    verb: verb.into(),
+                    resource: resource.into(),
+                });
+            }
+        });
+    }
+
+    /// Start recording on this thread (from empty).
+    pub fn record() {
+        PENDING.with_borrow_mut(|p| *p = Some(Vec::new()));
+    }
+
+    /// The oldest announcement not yet matched, taken.
+    pub fn take_oldest() -> Option<Announced> {
+        PENDING.with_borrow_mut(|p| {
+            let p = p.as_mut()?;
+            (!p.is_empty()).then(|| p.remove(0))
+        })
+    }
+
+    /// The announcements not yet matched, left in place.
+    pub fn pending() -> Vec<Announced> {
+        PENDING.with_borrow(|p| p.clone().unwrap_or_default())
+    }
+
+    #[test]
+    fn a_write_is_announced_from_its_call_site_once_recording() {
+        let metrics = super::Metrics::new();
+        metrics.api_write("create", "events");
+        assert!(take_oldest().is_none(), "not recorded yet");
+        record();
+        let line = line!() + 1;
+        metrics.api_write("patch", "mutexes");
+        let pending = pending();
+        assert_eq!(pending.len(), 1);
+        let a = take_oldest().expect("announced");
+        assert_eq!((a.site.file(), a.site.line()), (file!(), line));
+        assert_eq!((a.verb.as_str(), a.resource.as_str()), ("patch", "mutexes"));
+        assert!(take_oldest().is_none());
     }
 }
 

@@ -162,13 +162,15 @@ fn record_on(ctx: &Context, reference: ObjectReference, t: Transition) {
         action: "Lock".into(),
         secondary: None,
     };
-    ctx.metrics.api_write("create", "events");
     // Off the hand-over path: the next grant's writes do not wait for Events.
-    let (recorder, name) = (
+    let (recorder, metrics, name) = (
         ctx.recorder.clone(),
+        ctx.metrics.clone(),
         reference.name.clone().unwrap_or_default(),
     );
     tokio::spawn(async move {
+        // Counted where it is sent, so a write is announced right before it goes.
+        metrics.api_write("create", "events");
         if let Err(e) = recorder.publish(&event, &reference).await {
             warn!(error = %e, run = %name, reason = %event.reason, "could not record an Event");
         }
