@@ -16,25 +16,8 @@ mod queue_control;
 
 pub use multi_key::{commit as commit_multikey, rank, settle, slot_for};
 
-/// Guards of the decision core that a test may remove, so that the model checker
-/// (verify/) shows it would catch their loss. Only in builds with the test-only
-/// `guard-switches` feature, and only flipped in process: no setting reaches them.
 #[cfg(feature = "guard-switches")]
-pub mod guard_switches {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    static ONE_HOLD_OFF: AtomicBool = AtomicBool::new(false);
-
-    /// Off: each lock run's hold is judged alone, not with its PipelineRun's other lock runs
-    /// (the bug of issue 23 item 1).
-    pub fn set_one_hold_per_pipeline_run(on: bool) {
-        ONE_HOLD_OFF.store(!on, Ordering::SeqCst);
-    }
-
-    pub(super) fn one_hold_off() -> bool {
-        ONE_HOLD_OFF.load(Ordering::Relaxed)
-    }
-}
+pub mod guard_switches;
 
 /// The decision, as a script of named steps over one working state; `requests`
 /// are the queue-control requests on the Mutex, `multi` what runs of several keys say.

@@ -83,37 +83,7 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
         | Env::PodEnds(i)
         | Env::SectionEnds(i)
         | Env::Cancel(i)
-        | Env::DeletePr(i)
-            if !cfg.is_pr(i as usize) =>
-        {
-            false
-        }
-        Env::Create(i) => {
-            let created = tekton(api, e, i as usize);
-            for j in cfg
-                .runs_of_pr(i as usize)
-                .filter(|&j| created && j != i as usize)
-            {
-                api.runs[j].life = Life::Live;
-                api.runs[j].bump();
-            }
-            created
-        }
-        Env::Finish(i) | Env::Stopped(i) | Env::PodEnds(i) => tekton(api, e, i as usize),
-        Env::SectionEnds(i) => {
-            let pr = &mut api.prs[i as usize];
-            let ends = pr.phase == PrPhase::Running && pr.pod == Pod::Live && !pr.section_done;
-            pr.section_done |= ends;
-            ends
-        }
-        Env::Cancel(i) => {
-            let running = api.prs[i as usize].phase == PrPhase::Running;
-            running && {
-                crate::exec::cancel_pr(cfg, api, i as usize);
-                true
-            }
-        }
-        Env::DeletePr(i) => delete_pr(cfg, api, i as usize),
+        | Env::DeletePr(i) => cfg.is_pr(i as usize) && pipeline_run(cfg, api, e, i as usize),
         Env::DeleteRun(i) => {
             let run = &mut api.runs[i as usize];
             run.live() && {
@@ -142,27 +112,59 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             }
             None => false,
         },
-        Env::Wipe(k) => {
-            let Some(m) = &mut api.mutexes[k as usize] else {
-                return false;
-            };
-            // The CRD defaults lastToken to 0 and its CEL rule refuses a lower one:
-            // a wipe that the API server takes keeps it.
-            let keep = if cfg.guarded(Broken::TokenFloor) {
-                m.status.0.last_token
-            } else {
-                0
-            };
-            let wiped = Ledger::new(MutexStatus {
-                last_token: keep,
-                ..MutexStatus::default()
-            });
-            wiped != m.status && {
-                m.status = wiped;
-                m.rv += 1;
+        Env::Wipe(k) => wipe(cfg, api, k as usize),
+    }
+}
+
+/// What happens to PipelineRun p (and its lock runs): Tekton's, a pod's or a user's move.
+fn pipeline_run(cfg: &Config, api: &mut crate::world::Api, e: Env, p: usize) -> bool {
+    match e {
+        Env::Create(_) => {
+            let created = tekton(api, e, p);
+            for j in cfg.runs_of_pr(p).filter(|&j| created && j != p) {
+                api.runs[j].life = Life::Live;
+                api.runs[j].bump();
+            }
+            created
+        }
+        Env::SectionEnds(_) => {
+            let pr = &mut api.prs[p];
+            let ends = pr.phase == PrPhase::Running && pr.pod == Pod::Live && !pr.section_done;
+            pr.section_done |= ends;
+            ends
+        }
+        Env::Cancel(_) => {
+            let running = api.prs[p].phase == PrPhase::Running;
+            running && {
+                crate::exec::cancel_pr(cfg, api, p);
                 true
             }
         }
+        Env::DeletePr(_) => delete_pr(cfg, api, p),
+        _ => tekton(api, e, p),
+    }
+}
+
+/// A user empties Mutex k's status.
+fn wipe(cfg: &Config, api: &mut crate::world::Api, k: usize) -> bool {
+    let Some(m) = &mut api.mutexes[k] else {
+        return false;
+    };
+    // The CRD defaults lastToken to 0 and its CEL rule refuses a lower one:
+    // a wipe that the API server takes keeps it.
+    let keep = if cfg.guarded(Broken::TokenFloor) {
+        m.status.0.last_token
+    } else {
+        0
+    };
+    let wiped = Ledger::new(MutexStatus {
+        last_token: keep,
+        ..MutexStatus::default()
+    });
+    wiped != m.status && {
+        m.status = wiped;
+        m.rv += 1;
+        true
     }
 }
 
