@@ -52,9 +52,10 @@ if [[ -z $sieve_only ]]; then
   log "verify: checking ${args[*]}${broken:+ (broken capacity)}"
   "$REPO_ROOT/target/release/verify" "${args[@]}" --threads "$threads" | tee "$out/model" || status=$?
   if [[ -z $broken ]]; then
-    # The model's own tests: 0 counterexamples with the real guards, one for each removed guard.
-    log "verify: the model's tests (cargo test --release -p verify)"
-    (cd "$REPO_ROOT" && cargo test --quiet --release -p verify) || status=$?
+    # The model's own tests that the suite does not cover: one counterexample for each removed
+    # guard, and the known limits (the suite above is their "holds" half, at larger bounds).
+    log "verify: a counterexample for each removed guard (cargo test --release -p verify)"
+    (cd "$REPO_ROOT" && cargo test --quiet --release -p verify -- without_ known_bug) || status=$?
   fi
 fi
 # The Sieve-style suite: its report is every line starting `sieve:` (the test's --nocapture output).
