@@ -3,13 +3,76 @@
 
 mod support;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::controller::ControllerProcess;
 use support::pipelines::*;
 use support::*;
 use tekton_mutex::model::tekton::customrun::CustomRun;
+
+/// Item 1: two lock tasks of one PipelineRun on one key, the second with
+/// `release-after` a quick task. Once that task is over, the key still holds
+/// for the first lock task's deploy: the next PipelineRun waits until it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_release_after_sibling_keeps_the_hold_while_the_other_lock_task_deploys() -> Result<()> {
+    let ns = TestNamespace::create("sibling").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let o = Opts {
+        lock_params: &[("key", "staging")],
+        ..Opts::default()
+    };
+    ns.apply(&two_lock_tasks(&pipeline("deploy-staging", &o))?)
+        .await?;
+    ns.apply(&pipeline_run("a", "deploy-staging", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    wait_reason(&ns, "a-lock-early", "Acquired", slow()).await?;
+    let task_runs = dynamic_api(&ns.client(), Some(ns.name()), "tekton.dev/v1", "TaskRun").await?;
+    wait_until("a's quick task to succeed", slow(), || async {
+        let tr = task_runs.get_opt("a-quick").await?;
+        let ok = tr.and_then(|t| t.data.pointer("/status/conditions/0/status").cloned());
+        Ok((ok == Some(json!("True"))).then_some(()))
+    })
+    .await?;
+    // b arrives after a's release-after section is over: it waits for a's deploy.
+    ns.apply(&pipeline_run("b", "deploy-staging", &[])).await?;
+    wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
+    let holders: Vec<String> = mutex_status(&ns, "staging")
+        .await?
+        .holders
+        .iter()
+        .filter_map(|h| h.pipeline_run.clone())
+        .collect();
+    ensure!(
+        holders == ["a"],
+        "staging let a go while it deploys: {holders:?}"
+    );
+    release(&ns, "a").await?;
+    wait_reason(&ns, &lock_run("b"), "Acquired", slow()).await?;
+    release(&ns, "b").await
+}
+
+/// `pipeline`'s Pipeline with a second lock task on the lock's key (`lock-early`, with
+/// `release-after: quick`) and a quick task after it; the deploy runs after both.
+fn two_lock_tasks(pipeline_json: &str) -> Result<String> {
+    let mut p: serde_json::Value = serde_json::from_str(pipeline_json)?;
+    let tasks = p["spec"]["tasks"].as_array_mut().context("tasks")?;
+    let mut early = tasks[0].clone();
+    early["name"] = json!("lock-early");
+    early["params"]
+        .as_array_mut()
+        .context("lock params")?
+        .push(json!({"name": "release-after", "value": "quick"}));
+    let quick = json!({
+        "name": "quick",
+        "runAfter": ["lock-early"],
+        "taskSpec": {"steps": [{"name": "quick", "image": "busybox", "script": "true"}]},
+    });
+    tasks[1]["runAfter"] = json!(["lock", "quick"]);
+    tasks.extend([early, quick]);
+    Ok(p.to_string())
+}
 
 /// Item 2, for a waiting run: re-pointed at another key while it waits, it fails
 /// `InvalidParams` naming both keys, leaves the first key's queue, and is never
