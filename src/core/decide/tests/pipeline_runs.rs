@@ -930,7 +930,7 @@ impl World {
     /// hold, taken by a sibling with `release-after`, is named nowhere in the ledger.
     /// Deleted or re-pointed, it leaves no ghost, and the hold goes when the
     /// sibling's section ends although its own still runs (see
-    /// `a_hidden_sharer_keeps_a_release_after_hold`).
+    /// `known_limit_a_hidden_sharer_of_a_release_after_hold_lets_it_go`).
     fn shares_a_release_after_hold(&self, r: &LockRun) -> bool {
         let uid = self.prs[r.pr].uid.as_str();
         let mut mine = self.grants.iter().filter(|g| self.runs[g.run].uid == r.uid);
@@ -1063,14 +1063,16 @@ proptest! {
     }
 }
 
-/// The known gap the events leave out (see `World::shares_a_release_after_hold`):
+/// A known limit, which the events leave out (see `World::shares_a_release_after_hold`):
 /// pr0 takes key a with a `release-after` lock run and a sibling without one (it
 /// re-enters the hold); pr1 waits. The sibling is deleted, or re-pointed at key b;
 /// then the first run's section ends. Key a sees only the first run, whose section
-/// is over, and grants pr1 while pr0's tasks behind the sibling still run.
+/// is over, and grants pr1 while pr0's tasks behind the sibling still run. (A
+/// re-pointed sibling the engine reads from the API server, `members.rs`'s
+/// `hold_sharers`, which this world's views leave out; a deleted one is gone.) The
+/// test pins the limit: if it fails, the limit is gone; update the README and it.
 #[test]
-#[ignore = "known gap: a lock run sharing a release-after hold is named nowhere in the ledger"]
-fn a_hidden_sharer_keeps_a_release_after_hold() {
+fn known_limit_a_hidden_sharer_of_a_release_after_hold_lets_it_go() {
     for repointed in [false, true] {
         let mut w = World::new([1, 1], [false, false]);
         let arrive = |release_after| Op::Arrive {
@@ -1096,11 +1098,7 @@ fn a_hidden_sharer_keeps_a_release_after_hold() {
         }
         w.run_op(&Op::EndTask(0)).unwrap();
         let found = w.run_op(&Op::Sync(0)).err();
-        assert!(
-            found.is_none(),
-            "re-pointed {repointed}: {}",
-            found.unwrap()
-        );
+        assert!(found.is_some(), "re-pointed {repointed}: the limit is gone");
     }
 }
 
@@ -1109,10 +1107,10 @@ fn a_hidden_sharer_keeps_a_release_after_hold() {
 /// re-created. The slot becomes pr1's hold (the run may have been told `Acquired`),
 /// the new run waits for b. pr2, of a,b and a higher priority, queues on b; pr0
 /// ends, and b keeps its slot for pr2, which waits for a, which pr1 holds while it
-/// waits for b. Only the new run's timeout ends it.
+/// waits for b. Only the new run's timeout ends it. A known limit, pinned: if this
+/// fails, the limit is gone; update the README and this test.
 #[test]
-#[ignore = "known gap: a PipelineRun holding a key for its deleted reserved run waits for the rest"]
-fn a_re_created_run_of_several_keys_is_granted_despite_a_run_ranked_first() {
+fn known_limit_a_re_created_run_of_several_keys_waits_behind_a_run_ranked_first() {
     let mut w = World::new([1, 1], [false, false]);
     let arrive = |keys, priority| Op::Arrive {
         keys,
@@ -1142,5 +1140,8 @@ fn a_re_created_run_of_several_keys_is_granted_despite_a_run_ranked_first() {
         w.run_op(op).unwrap();
     }
     w.run_down().unwrap();
-    assert_eq!(w.hold_and_wait, 0, "a run waited until its timeout");
+    assert!(
+        w.hold_and_wait > 0,
+        "the limit is gone: no run waited until its timeout"
+    );
 }
