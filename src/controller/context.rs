@@ -100,6 +100,39 @@ impl Context {
     pub fn acting(&self) -> bool {
         *self.acting.borrow()
     }
+
+    /// A Context as `wiring::run` builds one, over these caches and this client, acting, with
+    /// no fault hook (the hermetic tests and the Sieve-style suite).
+    #[cfg(test)]
+    pub(crate) fn over(
+        client: Client,
+        custom_runs: Indexed<CustomRun>,
+        pipeline_runs: Store<PipelineRun>,
+        mutexes: Store<Mutex>,
+        ledger_namespace: &str,
+    ) -> Context {
+        let reporter = kube::runtime::events::Reporter {
+            controller: "tekton-mutex".into(),
+            instance: None,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            custom_runs: Some(custom_runs),
+            runs: None,
+            pipeline_runs,
+            mutexes,
+            listed: Vec::new(),
+            fault: None,
+            metrics: Arc::new(Metrics::new()),
+            backoff: Default::default(),
+            told: Default::default(),
+            written: Default::default(),
+            cluster_written: Default::default(),
+            acting: watch::channel(true).1,
+            ledger_namespace: ledger_namespace.into(),
+        }
+    }
 }
 
 pub fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>

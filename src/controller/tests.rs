@@ -11,7 +11,6 @@ use super::context::{Context, Error};
 use super::reconcile::{finalizer, token_floor};
 use super::reconcile::{intake, lock as sync};
 use super::wiring::{error_policy, intake_when_acting};
-use crate::metrics::Metrics;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
@@ -21,14 +20,12 @@ use kube::Client;
 use kube::Resource;
 use kube::client::Body;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tower_test::mock;
 
 const NS: &str = "ns";
@@ -50,27 +47,8 @@ fn context(
 ) -> (Arc<Context>, mock::Handle<Request<Body>, Response<Body>>) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, NS);
-    let reporter = Reporter {
-        controller: "tekton-mutex".into(),
-        instance: None,
-    };
-    let ctx = Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client,
-        custom_runs: Some(indexed_of(custom_runs)),
-        runs: None,
-        pipeline_runs: store_of(pipeline_runs),
-        mutexes: store_of(mutexes),
-        listed: Vec::new(),
-        fault: None,
-        metrics: Arc::new(Metrics::new()),
-        backoff: Default::default(),
-        told: Default::default(),
-        written: Default::default(),
-        cluster_written: Default::default(),
-        acting: watch::channel(true).1,
-        ledger_namespace: "tekton-mutex".into(),
-    };
+    let (runs, prs) = (indexed_of(custom_runs), store_of(pipeline_runs));
+    let ctx = Context::over(client, runs, prs, store_of(mutexes), "tekton-mutex");
     (Arc::new(ctx), handle)
 }
 

@@ -104,12 +104,12 @@ pub const LOCK: &str = "lock";
 const EARLY_LOCK: &str = "lock-early";
 const QUICK: &str = "quick";
 
-/// The sibling shape's quick task: over in a second, after its own lock task.
+/// The sibling shape's quick task: over at once, after its own lock task, while the deploy still runs.
 fn quick_task() -> Value {
     json!({
         "name": QUICK,
         "runAfter": [EARLY_LOCK],
-        "taskSpec": {"steps": [{"name": "quick", "image": "busybox", "script": "sleep 1"}]},
+        "taskSpec": {"steps": [{"name": "quick", "image": "busybox", "script": "true"}]},
     })
 }
 

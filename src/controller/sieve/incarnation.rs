@@ -18,13 +18,11 @@ use crate::controller::cache::triggers::run_tags;
 use crate::controller::context::{Context, Error};
 use crate::controller::reconcile::{intake, lock};
 use crate::core::observe::Observe;
-use crate::metrics::Metrics;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
@@ -224,28 +222,10 @@ where
 
 /// A Context as `wiring::run` builds one, over these caches and this client.
 fn context(client: Client, feed: &Feed) -> Context {
-    let reporter = Reporter {
-        controller: "tekton-mutex".into(),
-        instance: None,
+    let runs = Indexed {
+        store: feed.runs.as_reader(),
+        index: feed.run_index.clone(),
     };
-    Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client,
-        custom_runs: Some(Indexed {
-            store: feed.runs.as_reader(),
-            index: feed.run_index.clone(),
-        }),
-        runs: None,
-        pipeline_runs: feed.prs.as_reader(),
-        mutexes: feed.mutexes.as_reader(),
-        listed: Vec::new(),
-        fault: None,
-        metrics: Arc::new(Metrics::new()),
-        backoff: Default::default(),
-        told: Default::default(),
-        written: Default::default(),
-        cluster_written: Default::default(),
-        acting: tokio::sync::watch::channel(true).1,
-        ledger_namespace: LEDGER_NAMESPACE.into(),
-    }
+    let (prs, mutexes) = (feed.prs.as_reader(), feed.mutexes.as_reader());
+    Context::over(client, runs, prs, mutexes, LEDGER_NAMESPACE)
 }
