@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The benchmark (docs/performance.md): handover latency, the Mutex side by side with a polling
-# Lease, API writes per grant against queue length, throughput over many keys, and memory/CPU
-# with a large history. Runs the release-built controller against the local control plane (it
-# starts one unless one is already up, and stops what it started). Prints a table and writes
-# JSON to target/bench/. Every figure is measured from outside the controller.
+# Lease, API writes per grant against queue length, throughput over many keys, memory/CPU with a
+# large history, and memory after many free-form keys are each used once. Runs the release-built
+# controller against the local control plane (it starts one unless one is already up, and stops
+# what it started). Prints a table and writes JSON to target/bench/. Every figure is measured
+# from outside the controller.
 #
 #   hack/bench.sh                      full size (about 30-60 min on 2 cores)
 #   hack/bench.sh --quick              everything scaled down (a few minutes)
-#   hack/bench.sh --only writes,memory parts: handover,lease,writes,throughput,memory
+#   hack/bench.sh --only writes,memory parts: handover,lease,writes,throughput,memory,free-keys
 #   hack/bench.sh --handovers 100 --queue 10 --waiters 10,100,1000 --grants 5 --arrivals 10 \
-#                 --keys 1000 --runs-per-key 10 --history 10000 --settle-ms 1500
+#                 --keys 1000 --runs-per-key 10 --history 10000 --free-keys 10000 --settle-ms 1500
 #                                      the full-size defaults, each can be changed
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -4,14 +4,16 @@
 //! the deploy step itself), writes from the API server's `apiserver_request_total`, memory and
 //! CPU from /proc. It prints a table and writes JSON under target/bench/.
 //!
-//!   cargo bench --bench mutex -- [--quick] [--only handover,lease,writes,throughput,memory]
+//!   cargo bench --bench mutex -- [--quick]
+//!       [--only handover,lease,writes,throughput,memory,free-keys]
 //!       [--handovers 100] [--queue 10] [--waiters 10,100,1000] [--grants 5] [--arrivals 10]
-//!       [--keys 1000] [--runs-per-key 10] [--history 10000] [--settle-ms 1500]
+//!       [--keys 1000] [--runs-per-key 10] [--history 10000] [--free-keys 10000] [--settle-ms 1500]
 
 #[path = "../../tests/support/mod.rs"]
 pub mod support;
 
 mod apiserver;
+mod free_keys;
 mod handover;
 mod lease;
 mod memory;
@@ -31,7 +33,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 use support::controller::ControllerProcess;
 
-const PARTS: &[&str] = &["handover", "lease", "writes", "throughput", "memory"];
+const PARTS: &[&str] = &[
+    "handover",
+    "lease",
+    "writes",
+    "throughput",
+    "memory",
+    "free-keys",
+];
 
 /// Sizes, full by default; `--quick` scales everything down for a smoke run.
 #[derive(Clone, Debug)]
@@ -45,6 +54,8 @@ pub struct Opts {
     pub keys: usize,
     pub runs_per_key: usize,
     pub history: usize,
+    /// Distinct free-form keys of the `free-keys` part, one run each.
+    pub free_keys: usize,
     pub settle: Duration,
     pub out: PathBuf,
     pub quick: bool,
@@ -62,6 +73,7 @@ impl Opts {
             keys: 1000,
             runs_per_key: 10,
             history: 10_000,
+            free_keys: 10_000,
             settle: Duration::from_millis(1500),
             out: support::repo_root().join("target/bench"),
             quick: false,
@@ -78,6 +90,7 @@ impl Opts {
             keys: 20,
             runs_per_key: 3,
             history: 200,
+            free_keys: 200,
             settle: Duration::from_millis(1000),
             quick: true,
             ..self
@@ -118,6 +131,7 @@ impl Opts {
                 "--keys" => o.keys = num(value()?)?,
                 "--runs-per-key" => o.runs_per_key = num(value()?)?,
                 "--history" => o.history = num(value()?)?,
+                "--free-keys" => o.free_keys = num(value()?)?,
                 "--settle-ms" => o.settle = Duration::from_millis(num(value()?)? as u64),
                 "--out" => o.out = PathBuf::from(value()?),
                 other => bail!("unknown argument {other:?} (see benches/mutex/main.rs)"),
@@ -342,6 +356,7 @@ pub async fn run(args: &[String]) -> Result<()> {
             "writes" => writes::run(&mut bench).await,
             "throughput" => throughput::run(&mut bench).await,
             "memory" => memory::run(&mut bench).await,
+            "free-keys" => free_keys::run(&mut bench).await,
             _ => unreachable!("parts are checked when parsing"),
         };
         if let Err(e) = result {
