@@ -12,6 +12,9 @@ use crate::model::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use jiff::Timestamp;
 use kube::Resource;
 
+mod pending;
+pub use pending::PendingRun;
+
 /// A field selector for pods that have not ended: a terminating pod is still
 /// Running until its processes have stopped.
 pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
@@ -36,6 +39,8 @@ pub struct ObservedRun<'a> {
     /// `spec.statusMessage`: why Tekton (or a person) asked the run to stop.
     pub status_message: Option<&'a str>,
     pub status: RunStatus,
+    /// Why its settings cannot be read at all (a queued PipelineRun's bad annotation).
+    pub refused: Option<&'a str>,
 }
 
 impl<'a> ObservedRun<'a> {
@@ -121,6 +126,7 @@ impl<'a> ObservedRun<'a> {
             cancel_requested: spec_status == Some(RUN_CANCELLED),
             status_message: status_message.filter(|m| !m.is_empty()),
             status: status.unwrap_or_default(),
+            refused: None,
         }
     }
 
@@ -183,6 +189,19 @@ impl<'a> ObservedRun<'a> {
 
     /// The run's settings, or the message for an InvalidParams failure.
     pub fn config(&self) -> Result<RunConfig, String> {
+        if let Some(why) = self.refused {
+            return Err(why.to_string());
+        }
+        let parsed = self.parse();
+        match self.kind {
+            RunKind::PipelineRun => {
+                parsed.map_err(|m| params::annotations::as_annotation_message(&m))
+            }
+            RunKind::CustomRun | RunKind::Run => parsed,
+        }
+    }
+
+    fn parse(&self) -> Result<RunConfig, String> {
         let target = self
             .target
             .clone()

@@ -104,13 +104,9 @@ pub const WRITE_FAILED: &str = "WriteFailed";
 
 /// A run as an Event's subject.
 pub fn run_reference(namespace: &str, run: &RunRef) -> ObjectReference {
-    let api_version = match run.kind {
-        RunKind::CustomRun => "tekton.dev/v1beta1",
-        RunKind::Run => "tekton.dev/v1alpha1",
-    };
     ObjectReference {
-        api_version: Some(api_version.into()),
-        kind: Some(format!("{:?}", run.kind)),
+        api_version: Some(run.kind.api_version().into()),
+        kind: Some(run.kind.as_str().into()),
         name: Some(run.name.clone()),
         namespace: Some(namespace.into()),
         uid: Some(run.uid.clone()),

@@ -92,7 +92,7 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
 }
 
 /// Make sure the run's Mutex exists. Returns why the run cannot use it, if it cannot.
-async fn mutex_for(
+pub(crate) async fn mutex_for(
     ctx: &Context,
     o: &ObservedRun<'_>,
     cfg: &RunConfig,
