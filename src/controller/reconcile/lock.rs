@@ -416,7 +416,10 @@ impl Tell<'_> {
         ctx.told.patched(&run.uid, rv);
         let local = m.local_run();
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
-        if let Outcome::Superseded { by, group } = outcome {
+        // A queued PipelineRun is its own PipelineRun: the cancel recorded its Event.
+        if let Outcome::Superseded { by, group } = outcome
+            && run.kind != RunKind::PipelineRun
+        {
             writes::superseded_event(ctx, &m.namespace, key, &local, by, group).await;
         }
         events::run_transition(ctx, &m.namespace, key, &local, outcome, &m.status);
