@@ -37,6 +37,9 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
                  queue it, and nothing is locked for it. Create it Pending to queue it"
             ),
         ))
+    } else if let Some(message) = o.repointed() {
+        // Its key annotation changed while it waited: it belongs to neither lock.
+        Some(("InvalidParams", message))
     } else {
         match o.config() {
             Err(message) => Some(("InvalidParams", message)),
