@@ -44,6 +44,10 @@ pub fn for_outcome(
         Outcome::NotAcquired { .. } => (Reason::NotAcquired.as_str(), EventType::Normal),
         // Recorded with who superseded it, by the cancel path (writes::superseded_event).
         Outcome::Superseded { .. } => return None,
+        // A PipelineRun queued as a whole timed out in the queue (`queue-timeout`).
+        Outcome::TimedOut if kind == RunKind::PipelineRun => {
+            (Reason::TimedOut(kind).as_str(), EventType::Warning)
+        }
         Outcome::TimedOut => ("TimedOut", EventType::Warning),
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
         Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
