@@ -367,3 +367,69 @@ async fn a_controller_restart_mid_queue_loses_nothing() -> Result<()> {
     );
     Ok(())
 }
+
+/// A queued PipelineRun whose pipeline also has a lock task on its key: the lock task passes
+/// at once, with the PipelineRun's own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_lock_task_inside_a_queued_pipeline_run_re_enters_with_its_token() -> Result<()> {
+    let (ns, _c) = setup("queued-reenter").await?;
+    ns.apply(&queued_run("q", "locked", &[(KEY, "env")], json!({})))
+        .await?;
+    let token = wait_granted(&ns, "q").await?;
+    wait_reason(&ns, &lock_run("q"), "Acquired", slow()).await?;
+    let inner = lock_token(&ns, "q").await?;
+    ensure!(
+        inner == token,
+        "the lock task got token {inner}, the PipelineRun {token}"
+    );
+    let holders = mutex_status(&ns, "env").await?.holders;
+    ensure!(holders.len() == 1, "one hold, not two: {holders:?}");
+    release(&ns, "q").await?;
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
+        .await?;
+    ensure!(done.status == "True", "q ended {done:?}");
+    Ok(())
+}
+
+/// Queue control covers queued PipelineRuns: `tkn mutex clear` lets a waiting one go, and it
+/// ends Cancelled without ever starting, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn clear_lets_a_queued_pipeline_run_go_without_starting_it() -> Result<()> {
+    let (ns, _c) = setup("queued-clear").await?;
+    ns.apply(&pipeline_run("holder", "locked", &[])).await?;
+    wait_reason(&ns, &lock_run("holder"), "Acquired", slow()).await?;
+    ns.apply(&queued_run("q", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    wait_annotation(&ns, "q", "tekton-mutex.dev/waiting", slow()).await?;
+    let out =
+        support::cli::tkn_mutex(&["clear", "env", "--reason", "bad release", "-n", ns.name()])?;
+    ensure!(out.ok(), "{out:?}");
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
+        .await?;
+    ensure!(
+        done.status == "False" && done.reason == "Cancelled",
+        "q ended {done:?}"
+    );
+    let pr = pipeline_run_object(&ns, "q").await?;
+    let reason = pr
+        .annotations()
+        .get("tekton-mutex.dev/cancel-reason")
+        .cloned();
+    ensure!(
+        reason.as_deref() == Some("Cleared"),
+        "cancel reason {reason:?}"
+    );
+    let children = pr
+        .data
+        .pointer("/status/childReferences")
+        .and_then(|c| c.as_array());
+    ensure!(
+        children.is_none_or(|c| c.is_empty()),
+        "q started tasks: {children:?}"
+    );
+    release(&ns, "holder").await
+}
