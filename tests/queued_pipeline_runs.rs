@@ -127,6 +127,34 @@ async fn lock_token(ns: &TestNamespace, pr: &str) -> Result<i64> {
         .map_err(Into::into)
 }
 
+/// PipelineRun `name` of the lock-task pipeline, once it holds the key (its deploy waits for its gate).
+async fn hold(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.apply(&pipeline_run(name, "locked", &[])).await?;
+    wait_reason(ns, &lock_run(name), "Acquired", slow()).await?;
+    Ok(())
+}
+
+/// Waits until PipelineRun `name` has succeeded.
+async fn succeeds(ns: &TestNamespace, name: &str) -> Result<()> {
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", name, slow())
+        .await?;
+    ensure!(done.status == "True", "{name} ended {done:?}");
+    Ok(())
+}
+
+/// Waits until PipelineRun `name` has ended Cancelled.
+async fn ends_cancelled(ns: &TestNamespace, name: &str) -> Result<()> {
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", name, slow())
+        .await?;
+    ensure!(
+        done.status == "False" && done.reason == "Cancelled",
+        "{name} ended {done:?}"
+    );
+    Ok(())
+}
+
 async fn setup(prefix: &str) -> Result<(TestNamespace, ControllerProcess)> {
     let ns = TestNamespace::create(prefix).await?;
     let controller = ControllerProcess::start(ns.name()).await?;
@@ -169,10 +197,7 @@ async fn a_queued_pipeline_run_and_a_lock_task_exclude_each_other_in_both_orders
     let t3 = wait_granted(&ns, "q2").await?;
     ensure!(t1 < t2 && t2 < t3, "tokens did not go up: {t1}, {t2}, {t3}");
     release(&ns, "q2").await?;
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q2", slow())
-        .await?;
-    ensure!(done.status == "True", "q2 ended {done:?}");
+    succeeds(&ns, "q2").await?;
     Ok(())
 }
 
@@ -182,8 +207,7 @@ async fn a_queued_pipeline_run_and_a_lock_task_exclude_each_other_in_both_orders
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_wait_longer_than_the_pipeline_timeout_does_not_time_it_out() -> Result<()> {
     let (ns, _c) = setup("queued-timeout").await?;
-    ns.apply(&pipeline_run("holder", "locked", &[])).await?;
-    wait_reason(&ns, &lock_run("holder"), "Acquired", slow()).await?;
+    hold(&ns, "holder").await?;
     let limit = 10;
     let spec = json!({"timeouts": {"pipeline": format!("{limit}s")}});
     ns.apply(&queued_run("q", "gated", &[(KEY, "env")], spec))
@@ -207,10 +231,7 @@ async fn a_wait_longer_than_the_pipeline_timeout_does_not_time_it_out() -> Resul
     assert_still_pending(&ns, "q").await?;
     release(&ns, "holder").await?;
     wait_granted(&ns, "q").await?;
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
-        .await?;
-    ensure!(done.status == "True", "q ended {done:?} after its wait");
+    succeeds(&ns, "q").await?;
     Ok(())
 }
 
@@ -220,18 +241,11 @@ async fn a_wait_longer_than_the_pipeline_timeout_does_not_time_it_out() -> Resul
 #[ignore = "needs hack/cluster.sh up"]
 async fn queue_timeout_cancels_a_pipeline_run_still_queued() -> Result<()> {
     let (ns, _c) = setup("queue-timeout").await?;
-    ns.apply(&pipeline_run("holder", "locked", &[])).await?;
-    wait_reason(&ns, &lock_run("holder"), "Acquired", slow()).await?;
+    hold(&ns, "holder").await?;
     let annotations = [(KEY, "env"), ("tekton-mutex.dev/queue-timeout", "3s")];
     ns.apply(&queued_run("q", "gated", &annotations, json!({})))
         .await?;
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
-        .await?;
-    ensure!(
-        done.status == "False" && done.reason == "Cancelled",
-        "q ended {done:?}"
-    );
+    ends_cancelled(&ns, "q").await?;
     let pr = pipeline_run_object(&ns, "q").await?;
     let reason = pr
         .annotations()
@@ -287,10 +301,7 @@ async fn a_bad_annotation_leaves_the_pipeline_run_pending_with_a_clear_error() -
         .await?;
     create_gate(&ns, "release-q").await?;
     wait_granted(&ns, "q").await?;
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
-        .await?;
-    ensure!(done.status == "True", "q ended {done:?}");
+    succeeds(&ns, "q").await?;
     let pr = pipeline_run_object(&ns, "q").await?;
     ensure!(
         !pr.annotations().contains_key("tekton-mutex.dev/error"),
@@ -386,10 +397,7 @@ async fn a_lock_task_inside_a_queued_pipeline_run_re_enters_with_its_token() -> 
     let holders = mutex_status(&ns, "env").await?.holders;
     ensure!(holders.len() == 1, "one hold, not two: {holders:?}");
     release(&ns, "q").await?;
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
-        .await?;
-    ensure!(done.status == "True", "q ended {done:?}");
+    succeeds(&ns, "q").await?;
     Ok(())
 }
 
@@ -399,21 +407,14 @@ async fn a_lock_task_inside_a_queued_pipeline_run_re_enters_with_its_token() -> 
 #[ignore = "needs hack/cluster.sh up"]
 async fn clear_lets_a_queued_pipeline_run_go_without_starting_it() -> Result<()> {
     let (ns, _c) = setup("queued-clear").await?;
-    ns.apply(&pipeline_run("holder", "locked", &[])).await?;
-    wait_reason(&ns, &lock_run("holder"), "Acquired", slow()).await?;
+    hold(&ns, "holder").await?;
     ns.apply(&queued_run("q", "gated", &[(KEY, "env")], json!({})))
         .await?;
     wait_annotation(&ns, "q", "tekton-mutex.dev/waiting", slow()).await?;
     let out =
         support::cli::tkn_mutex(&["clear", "env", "--reason", "bad release", "-n", ns.name()])?;
     ensure!(out.ok(), "{out:?}");
-    let done = ns
-        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q", slow())
-        .await?;
-    ensure!(
-        done.status == "False" && done.reason == "Cancelled",
-        "q ended {done:?}"
-    );
+    ends_cancelled(&ns, "q").await?;
     let pr = pipeline_run_object(&ns, "q").await?;
     let reason = pr
         .annotations()

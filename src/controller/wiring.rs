@@ -267,10 +267,11 @@ impl Controllers {
             ..
         } = prs;
         let queued = Controller::for_shared_stream(
-            queued_intake::triggers(
+            intake::triggers_where(
                 pr_changes.pop().expect("one stream per consumer"),
                 &pr_cache.store,
                 leading.clone(),
+                queued_intake::needs_intake,
             ),
             pr_cache.store.clone(),
         );
@@ -481,26 +482,31 @@ pub(super) async fn intake_when_acting<K: Observe + Resource<DynamicType = ()>>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    if !ctx.acting() {
-        return Ok(Action::await_change());
-    }
-    let object = backoff_key(obj.as_ref());
-    let result = intake::reconcile(obj, ctx.clone()).await;
-    if result.is_ok() {
-        ctx.backoff.succeeded(&object);
-    }
-    result
+    when_acting(obj, ctx, intake::reconcile).await
 }
 
 async fn queued_intake_when_acting(
     pr: Arc<PipelineRun>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    when_acting(pr, ctx, queued_intake::reconcile).await
+}
+
+/// An intake that acts only while this replica acts; a success resets the object's backoff.
+async fn when_acting<K, Fut>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: fn(Arc<K>, Arc<Context>) -> Fut,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()>,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
     if !ctx.acting() {
         return Ok(Action::await_change());
     }
-    let object = backoff_key(pr.as_ref());
-    let result = queued_intake::reconcile(pr, ctx.clone()).await;
+    let object = backoff_key(obj.as_ref());
+    let result = reconcile(obj, ctx.clone()).await;
     if result.is_ok() {
         ctx.backoff.succeeded(&object);
     }

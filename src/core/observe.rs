@@ -12,8 +12,7 @@ use crate::model::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use jiff::Timestamp;
 use kube::Resource;
 
-mod pending;
-pub use pending::PendingRun;
+pub mod pending;
 
 /// A field selector for pods that have not ended: a terminating pod is still
 /// Running until its processes have stopped.

@@ -4,7 +4,8 @@
 //! are looked up in the caches' indexes, never by scanning a cache.
 
 use crate::controller::cache::index::{Indexed, Tag, namespace_of};
-use crate::core::observe::{Observe, PendingRun, cluster_mutex_targets};
+use crate::core::observe::pending::PendingRun;
+use crate::core::observe::{Observe, cluster_mutex_targets};
 use crate::core::params::annotations;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;

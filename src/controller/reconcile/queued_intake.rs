@@ -7,8 +7,9 @@ use crate::controller::apply::events::{self, Transition};
 use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::controller::reconcile::{cluster_admission, intake};
-use crate::core::observe::{PendingRun, cluster_mutex_targets};
-use crate::core::params::annotations::{ERROR, KEY};
+use crate::core::observe::cluster_mutex_targets;
+use crate::core::observe::pending::PendingRun;
+use crate::core::params::annotations::{self, ERROR, KEY};
 use crate::core::run_status::queued::refused_patch;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use kube::runtime::controller::Action;
@@ -90,27 +91,12 @@ async fn clear_error(ctx: &Context, queued: &PendingRun) -> Result<(), Error> {
     Ok(())
 }
 
-/// What intake hears of: the PipelineRuns that ask to be queued and are not
-/// done, as they change, and all of them again each time this replica becomes the leader.
-pub fn triggers(
-    changes: impl futures::Stream<Item = Arc<PipelineRun>> + Send + 'static,
-    cache: &kube::runtime::reflector::Store<PipelineRun>,
-    leading: Option<tokio::sync::watch::Receiver<bool>>,
-) -> impl futures::Stream<Item = Arc<PipelineRun>> + Send + 'static {
-    use futures::StreamExt;
-    let cache = cache.clone();
-    let again = match leading {
-        Some(rx) => crate::controller::leader::became_leader(rx)
-            .flat_map(move |()| futures::stream::iter(cache.state()))
-            .left_stream(),
-        None => futures::stream::empty().right_stream(),
-    };
-    futures::stream::select(changes, again).filter(|pr| {
-        let asks = pr
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(crate::core::params::annotations::opted_in);
-        futures::future::ready(asks && !pr.is_done())
-    })
+/// What intake hears of: the PipelineRuns that ask to be queued and are not done.
+pub fn needs_intake(pr: &PipelineRun) -> bool {
+    let asks = pr
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(annotations::opted_in);
+    asks && !pr.is_done()
 }

@@ -776,7 +776,7 @@ impl World {
         self.add_run(n, keys, task);
     }
 
-    /// PipelineRun `pr` itself as a member of its key (`observe::PendingRun`).
+    /// PipelineRun `pr` itself as a member of its key (`observe::pending::PendingRun`).
     fn add_queued(&mut self, pr: usize, keys: Vec<String>) {
         self.add_run(pr, keys, None);
         let (name, uid) = (self.prs[pr].name.clone(), self.prs[pr].uid.clone());
