@@ -396,6 +396,20 @@ async fn a_lock_task_inside_a_queued_pipeline_run_re_enters_with_its_token() -> 
     );
     let holders = mutex_status(&ns, "env").await?.holders;
     ensure!(holders.len() == 1, "one hold, not two: {holders:?}");
+    // Tekton copies the PipelineRun's annotations to its TaskRuns (and their pods): where a
+    // step reads the token (the README's `fieldRef`).
+    let task_runs = ns.dynamic("tekton.dev/v1", "TaskRun").await?;
+    let copied = wait_until("q's deploy TaskRun", slow(), || async {
+        Ok(task_runs
+            .get_opt("q-deploy")
+            .await?
+            .map(|t| t.annotations().get(TOKEN).cloned()))
+    })
+    .await?;
+    ensure!(
+        copied == Some(token.to_string()),
+        "the deploy TaskRun carries token {copied:?}"
+    );
     release(&ns, "q").await?;
     succeeds(&ns, "q").await?;
     Ok(())
