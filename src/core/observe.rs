@@ -2,6 +2,7 @@
 //! (`tekton.dev/v1beta1`) or Run (`tekton.dev/v1alpha1`).
 
 use crate::core::params::{self, RunConfig, RunInput, Target};
+use crate::core::release_after;
 use crate::core::run_status;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::{Mutex, RunKind, RunRef};
@@ -162,13 +163,16 @@ impl<'a> ObservedRun<'a> {
         }
     }
 
-    /// A live run whose status a lock wrote, though its params or taskRef now name another lock:
-    /// it was re-pointed after it was first seen (issue 23 item 2). A lock run never moves to
-    /// another lock, so the answer is the InvalidParams message naming both; a granted (done)
-    /// run keeps its hold with the first lock instead.
+    /// A live run whose status a lock wrote, though its params or taskRef now name another lock,
+    /// or its `release-after` another section: it was re-pointed after it was first seen (issue
+    /// 23 item 2). A lock run never moves, so the answer is the InvalidParams message naming
+    /// what changed; a granted (done) run keeps its hold with the first lock and section instead.
     pub fn repointed(&self) -> Option<String> {
         if self.is_done() {
             return None;
+        }
+        if let Some(changed) = self.release_after_changed() {
+            return Some(changed);
         }
         let (was_kind, was_key) = run_status::written_by(&self.status)?;
         let (kind, names) = self.named_locks()?;
@@ -186,7 +190,20 @@ impl<'a> ObservedRun<'a> {
         ))
     }
 
-    /// The run's settings, or the message for an InvalidParams failure.
+    /// The message for a `release-after` that is no longer what the lock recorded at its first
+    /// tell. An unreadable value is left to [`Self::config`]'s message.
+    fn release_after_changed(&self) -> Option<String> {
+        let param = self.params.iter().find(|p| p.name == release_after::PARAM);
+        let now = match param {
+            Some(p) => release_after::parse(p.value.as_str()?).ok()?,
+            None => Vec::new(),
+        };
+        run_status::release_after_change(&self.status, &now)
+    }
+
+    /// The run's settings, or the message for an InvalidParams failure. Its `release-after` is
+    /// the one the lock recorded at its first tell, whatever the param says since: a held run
+    /// lets go after the section it was granted for.
     pub fn config(&self) -> Result<RunConfig, String> {
         if let Some(why) = self.refused {
             return Err(why.to_string());
@@ -205,13 +222,17 @@ impl<'a> ObservedRun<'a> {
             .target
             .clone()
             .ok_or("the run has neither a task reference nor an embedded spec")?;
-        params::parse(&RunInput {
+        let mut cfg = params::parse(&RunInput {
             namespace: &self.namespace,
             target,
             params: self.params,
             timeout: self.timeout,
             retries: self.retries,
-        })
+        })?;
+        if let Some(recorded) = run_status::recorded_release_after(&self.status) {
+            cfg.release_after = recorded;
+        }
+        Ok(cfg)
     }
 
     /// When the current attempt started waiting.
@@ -389,5 +410,49 @@ mod tests {
         assert!(other.observe().repointed().is_some());
         let fresh = told(("key", "prod"), mutex, json!({}));
         assert_eq!(fresh.observe().repointed(), None);
+    }
+
+    fn with_release_after(
+        param: Option<&str>,
+        condition: (&str, &str),
+        fields: serde_json::Value,
+    ) -> CustomRun {
+        let mut params = vec![json!({"name": "key", "value": "staging"})];
+        params.extend(param.map(|v| json!({"name": "release-after", "value": v})));
+        serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"customRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"},
+                     "params": params},
+            "status": {"conditions": [{"type": "Succeeded", "status": condition.0, "reason": condition.1}],
+                       "extraFields": fields},
+        }))
+        .unwrap()
+    }
+
+    /// Issue 23 item 2: a waiting run whose `release-after` changed since its first tell is
+    /// refused naming the field; a held run keeps the section it was granted for; a run an
+    /// older controller told (no record) goes by its param.
+    #[test]
+    fn a_run_keeps_the_release_after_it_was_first_told_under() {
+        let waiting = ("Unknown", "Waiting");
+        let recorded = json!({"key": "staging", "lockKind": "Mutex", "releaseAfter": "deploy"});
+        let same = with_release_after(Some("deploy"), waiting, recorded.clone());
+        assert_eq!(same.observe().repointed(), None);
+        let changed = with_release_after(Some("quick"), waiting, recorded.clone());
+        let why = changed.observe().repointed().unwrap();
+        assert!(
+            why.contains("\"release-after\"") && why.contains("\"deploy\""),
+            "{why}"
+        );
+        let dropped = with_release_after(None, waiting, recorded.clone());
+        assert!(dropped.observe().repointed().is_some());
+        let held = with_release_after(Some("quick"), ("True", "Acquired"), recorded);
+        assert_eq!(held.observe().repointed(), None, "a held run is not failed");
+        assert_eq!(held.observe().config().unwrap().release_after, ["deploy"]);
+        let older = json!({"key": "staging", "lockKind": "Mutex"});
+        let untold = with_release_after(Some("quick"), waiting, older);
+        assert_eq!(untold.observe().repointed(), None);
+        assert_eq!(untold.observe().config().unwrap().release_after, ["quick"]);
     }
 }

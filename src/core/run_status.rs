@@ -111,6 +111,51 @@ pub fn written_by(status: &RunStatus) -> Option<(Option<String>, String)> {
     Some((text(LOCK_KIND_FIELD), text(LOCK_KEY_FIELD)?))
 }
 
+/// `status.extraFields` key recording the run's `release-after` (its task names, sorted and
+/// comma-joined; empty without the param) as the lock first told it: the section the run was
+/// queued and granted for (issue 23 item 2).
+pub const RELEASE_AFTER_FIELD: &str = "releaseAfter";
+
+/// How `release-after` is recorded: order and repeats carry no meaning, so neither is kept.
+fn release_after_record(names: &[String]) -> String {
+    let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    sorted.join(",")
+}
+
+/// The `release-after` a lock recorded in this run's status, as task names. None in a status
+/// no lock of this version wrote (an older controller's): there is nothing to hold the run to.
+pub fn recorded_release_after(status: &RunStatus) -> Option<Vec<String>> {
+    let recorded = status.extra_fields.as_ref()?.get(RELEASE_AFTER_FIELD)?;
+    let names = recorded.as_str()?.split(',').filter(|n| !n.is_empty());
+    Some(names.map(String::from).collect())
+}
+
+/// Adds the record of `release_after` to a status patch, unless `current` has one: the first
+/// tell fixes the run's section, and a later write never moves it.
+pub fn record_release_after(patch: &mut Value, current: &RunStatus, release_after: &[String]) {
+    if recorded_release_after(current).is_none() {
+        patch["status"]["extraFields"][RELEASE_AFTER_FIELD] =
+            json!(release_after_record(release_after));
+    }
+}
+
+/// The InvalidParams message for a run whose `release-after` (`now`, as read from its params)
+/// is no longer what the lock recorded when it first told it; None if it is the same, or if
+/// nothing was recorded.
+pub fn release_after_change(status: &RunStatus, now: &[String]) -> Option<String> {
+    let was = release_after_record(&recorded_release_after(status)?);
+    let now = release_after_record(now);
+    (was != now).then(|| {
+        format!(
+            "param \"release-after\" was {was:?} when the run was first queued, and is now {now:?}: \
+             a lock run's section cannot change after it was first seen (the slot would go free at \
+             another point than the one it waits or holds for); put the value back, or create a new run"
+        )
+    })
+}
+
 /// Did this run end superseded? By our marker, or by the reason older versions wrote.
 pub fn superseded(status: &RunStatus) -> bool {
     let marked = status
@@ -403,6 +448,65 @@ mod tests {
             "Mutex",
             "prod"
         ));
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// Issue 23 item 2: the first tell records `release-after`; later writes keep that record.
+    #[test]
+    fn the_first_tell_records_release_after_and_no_later_write_moves_it() {
+        let mut first = json!({"status": {"extraFields": {"key": "k"}}});
+        record_release_after(&mut first, &RunStatus::default(), &names(&["b", "a", "b"]));
+        assert_eq!(first["status"]["extraFields"]["releaseAfter"], "a,b");
+        let told = RunStatus {
+            extra_fields: Some(first["status"]["extraFields"].clone()),
+            ..RunStatus::default()
+        };
+        assert_eq!(recorded_release_after(&told), Some(names(&["a", "b"])));
+        let mut later = json!({"status": {"extraFields": {"key": "k"}}});
+        record_release_after(&mut later, &told, &names(&["c"]));
+        assert_eq!(later["status"]["extraFields"].get("releaseAfter"), None);
+        // Without the param the record is empty: adding one later is a change too.
+        let mut none = json!({"status": {}});
+        record_release_after(&mut none, &RunStatus::default(), &[]);
+        assert_eq!(none["status"]["extraFields"]["releaseAfter"], "");
+    }
+
+    /// Issue 23 item 2: a changed `release-after` is refused naming the field and both
+    /// values; the same names in another order, or a status no lock recorded, are not.
+    #[test]
+    fn a_changed_release_after_is_refused_naming_the_field_and_both_values() {
+        let recorded = |value: &str| RunStatus {
+            extra_fields: Some(json!({"key": "k", "releaseAfter": value})),
+            ..RunStatus::default()
+        };
+        let why = release_after_change(&recorded("deploy"), &names(&["quick"])).unwrap();
+        assert!(
+            why.contains("\"release-after\"")
+                && why.contains("\"deploy\"")
+                && why.contains("\"quick\""),
+            "{why}"
+        );
+        let added = release_after_change(&recorded(""), &names(&["deploy"])).unwrap();
+        assert!(
+            added.contains("was \"\"") && added.contains("now \"deploy\""),
+            "{added}"
+        );
+        assert!(release_after_change(&recorded("deploy"), &[]).is_some());
+        let same = names(&["migrate", "deploy"]);
+        assert_eq!(
+            release_after_change(&recorded("deploy,migrate"), &same),
+            None
+        );
+        assert_eq!(release_after_change(&recorded(""), &[]), None);
+        let older = RunStatus {
+            extra_fields: Some(json!({"key": "k"})),
+            ..RunStatus::default()
+        };
+        assert_eq!(release_after_change(&older, &names(&["deploy"])), None);
+        assert_eq!(release_after_change(&RunStatus::default(), &[]), None);
     }
 
     #[test]

@@ -168,6 +168,15 @@ pub async fn wait_reason(
     .await
 }
 
+/// Waits until CustomRun `name` has been told anything (its Succeeded condition has a reason);
+/// returns the condition. For a test that must fail fast when the first word is the wrong one.
+pub async fn wait_told(ns: &TestNamespace, name: &str, timeout: Duration) -> Result<Condition> {
+    wait_until(&format!("CustomRun {name} to be told"), timeout, || async {
+        Ok(condition_of(ns, name).await?.filter(|c| c.reason.is_some()))
+    })
+    .await
+}
+
 /// Waits until CustomRun `name` ends superseded: `Succeeded=False`, reason
 /// `CustomRunCancelled` (so its PipelineRun ends Cancelled), and a message that
 /// starts with `Superseded:`. Returns the condition.

@@ -118,6 +118,16 @@ impl Timeline {
     /// from its lock run turning Acquired until the PipelineRun is done or gone.
     /// Returns the grants in order.
     pub fn check_exclusion(&self, capacity: usize) -> Result<Vec<Grant>> {
+        self.check_exclusion_among(capacity, |_| true)
+    }
+
+    /// [`Self::check_exclusion`] among the PipelineRuns `among` accepts: those that take one key,
+    /// when PipelineRuns on other keys hold at the same time.
+    pub fn check_exclusion_among(
+        &self,
+        capacity: usize,
+        among: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Grant>> {
         let mut holding = BTreeSet::new();
         let mut granted = BTreeSet::new();
         let mut grants = Vec::new();
@@ -128,7 +138,10 @@ impl Timeline {
                     reason: Some(r),
                     token,
                     ..
-                } if r == "Acquired" && granted.insert(pipeline_run.clone()) => {
+                } if r == "Acquired"
+                    && among(pipeline_run)
+                    && granted.insert(pipeline_run.clone()) =>
+                {
                     holding.insert(pipeline_run.clone());
                     let Some(token) = *token else {
                         bail!("{pipeline_run} acquired without a token")

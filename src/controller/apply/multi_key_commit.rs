@@ -86,6 +86,8 @@ pub struct Candidate<'a> {
     pub resource_version: Option<&'a str>,
     pub status: &'a RunStatus,
     pub waiting_since: Timestamp,
+    /// Its `release-after` task names, recorded at the first tell (a commit may be one).
+    pub release_after: &'a [String],
 }
 
 /// After this key's ledger is written: tell `Acquired` every run for which all
@@ -175,6 +177,7 @@ fn acquired_patch<L: LockObject>(
         .push(json!({"name": TOKENS_RESULT, "value": tokens_json}));
     p["status"]["extraFields"]["keys"] = json!(c.multi.keys);
     p["status"]["extraFields"][run_status::LOCK_KIND_FIELD] = json!(L::kind(&()).as_ref());
+    run_status::record_release_after(&mut p, c.status, c.release_after);
     Some(p)
 }
 
@@ -362,6 +365,7 @@ mod tests {
             resource_version: Some("12"),
             status: &status,
             waiting_since: now(),
+            release_after: &[],
         };
         let tokens = BTreeMap::from([("a".into(), 4), ("b".into(), 9)]);
         let p = acquired_patch::<crate::model::mutex::Mutex>(&c, &tokens, 7, now()).unwrap();

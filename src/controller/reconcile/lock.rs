@@ -309,6 +309,7 @@ async fn commit_and_revoke<L: LockObject>(
                 resource_version: m.resource_version.as_deref(),
                 status: &m.status,
                 waiting_since: m.facts.view.waiting_since,
+                release_after: &m.release_after,
             })
         })
         .collect();
@@ -402,6 +403,7 @@ impl Tell<'_> {
         // The grant (and every other word) is bound to this lock: another never adopts it.
         patch["status"]["extraFields"][run_status::LOCK_KIND_FIELD] =
             serde_json::json!(self.lock_kind.as_ref());
+        run_status::record_release_after(&mut patch, &m.status, &m.release_after);
         if run.kind == RunKind::PipelineRun {
             patch = queued_patch(key, &patch, outcome, m);
         }

@@ -35,6 +35,8 @@ pub struct Member {
     pub status: RunStatus,
     /// For a run of several keys: its epoch and tokens.
     pub multi: Option<MultiKeyRun>,
+    /// Its `release-after` task names, recorded in its status at the first tell.
+    pub release_after: Vec<String>,
 }
 
 impl Member {
@@ -277,6 +279,7 @@ fn view_of<L: LockObject>(lock: &L, f: &Fetched, now: Timestamp) -> Member {
         resource_version: o.resource_version.clone(),
         multi: multi_key_commit::run_of(&f.config, &o.status),
         status: o.status.clone(),
+        release_after: f.config.release_after.clone(),
     }
 }
 
@@ -438,6 +441,7 @@ async fn deleted_holders(
             resource_version: None,
             status: RunStatus::default(),
             multi: None,
+            release_after: Vec::new(),
         });
     }
     Ok(ghosts)
