@@ -51,6 +51,7 @@ WORDS = "zero one two three four five six seven eight nine ten".split()
 TITLES = {
     "unguarded": "Without the Mutex: all {n} deploy at once",
     "guarded": "With the Mutex: one at a time, the newest wins",
+    "pending": "The same pipeline, queued by annotations alone: one at a time, the newest wins",
 }
 
 

@@ -100,6 +100,16 @@ def lock_of(cr, own_name, version_of):
     return lock
 
 
+def queued_record(pr):
+    """A PipelineRun queued as a whole has no lock run: the lock keeps the status a lock run would
+    get in its annotation tekton-mutex.dev/lock-record. Shaped as a lock run for lock_of."""
+    record = (pr.get("metadata", {}).get("annotations") or {}).get("tekton-mutex.dev/lock-record")
+    if not record:
+        return None
+    return {"metadata": {"creationTimestamp": pr["metadata"].get("creationTimestamp")},
+            "status": json.loads(record)}
+
+
 def environment_after(env_objects):
     env = {(o["kind"], o["metadata"]["name"]): o for o in env_objects}
     objects = []
@@ -156,7 +166,7 @@ def lane_of(scenario, st, pods_dir):
             "deploy_error": error,
             "deploy_span_ms": deploy_span_ms(events, epoch_ms(tr.get("status", {}).get("completionTime"))),
             "events": events,
-            "lock": lock_of(crs.get(name), name, version_of),
+            "lock": lock_of(crs.get(name) or queued_record(pr), name, version_of),
         })
     return {
         "scenario": scenario,

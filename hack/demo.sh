@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The founding scenario (jenkins-x/jx#6167), end to end on the local control plane:
 # five promotions of one environment started within a second, first without the Mutex (the
-# environment is wiped out), then with it (one at a time; the newest version wins).
+# environment is wiped out), then with it (one at a time; the newest version wins), then the
+# unguarded pipeline again, queued by annotations alone (PipelineRuns created Pending with
+# tekton-mutex.dev/key: the pipeline is not edited).
 #
 #   hack/demo.sh                  build what is missing, start the cluster and the controller,
-#                                 run both scenarios, print the story, and draw the first round of
+#                                 run the three scenarios, print the story, and draw the first round of
 #                                 each as a picture: target/demo/timeline.svg (from the timeline data
 #                                 target/demo/timeline.json; hack/picture.sh draws it)
 #
@@ -14,7 +16,7 @@
 #   DEMO_DOWN=1       take the local cluster down at the end (default: leave it up to look around)
 #   TEKTON_MUTEX_CLUSTER_DIR   where the cluster lives (default .cluster, as hack/cluster.sh)
 #
-# Exits 0 only when every guarded round left the environment intact at the newest version.
+# Exits 0 only when every guarded and queued round left the environment intact at the newest version.
 # Whether the unguarded rounds wiped the environment is reported, not judged.
 # The controller it starts is always stopped on exit; the cluster stays up unless DEMO_DOWN=1.
 set -euo pipefail
@@ -130,21 +132,30 @@ all_done() {
   [[ $(grep -cE '^(True|False)$' <<<"$states") -eq ${#VERSIONS[@]} ]]
 }
 
-# run_round SCENARIO PIPELINE ROUND: start the five PipelineRuns at once, wait, report.
+# run_round SCENARIO PIPELINE ROUND [pending]: start the five PipelineRuns at once, wait, report.
+# With `pending`, each is created Pending with the key annotation (examples/promote-pending.yaml):
+# the lock queues the whole PipelineRun, and the pipeline is not edited.
 # Sets RESULT_LINE to the report's machine-readable last line.
 run_round() {
-  local scenario=$1 pipeline=$2 round=$3 verbose=0 v t0 t1 pids=()
+  local scenario=$1 pipeline=$2 round=$3 queued=${4:-} verbose=0 v t0 t1 pids=() annotations status
   (( round == 1 )) && verbose=1
   reset_namespaces
   t0=$(now_ms)
   for v in "${VERSIONS[@]}"; do # like five `jx start pipeline` at once
+    annotations="{}" status=""
+    if [[ $queued == pending ]]; then
+      annotations="{tekton-mutex.dev/key: $ENV_NS, tekton-mutex.dev/sequence: \"$v\"}"
+      status="status: PipelineRunPending"
+    fi
     k -n "$PIPELINES_NS" create -f - >/dev/null <<EOF &
 apiVersion: tekton.dev/v1
 kind: PipelineRun
 metadata:
   name: $scenario-$v
   labels: {demo-scenario: $scenario}
+  annotations: $annotations
 spec:
+  $status
   pipelineRef: {name: $pipeline}
   params:
     - {name: environment, value: $ENV_NS}
@@ -183,7 +194,7 @@ summary_of() {
   echo "$left, max $(field max_overlap "$1") deploying at once"
 }
 
-# ------------------------------------------------------------------ the two scenarios
+# ------------------------------------------------------------------ the scenarios
 
 banner "2. Unguarded: five promotions of $ENV_NS at once, nothing in the way (pipeline promote-unguarded)"
 echo "   Each deploy applies the chart with version=N, waits ${WINDOW}s, then deletes -l chart-release=jx,version!=N."
@@ -211,7 +222,6 @@ for (( r = 1; r <= ROUNDS; r++ )); do
   guarded_summary+=("$(summary_of "$RESULT_LINE")")
 done
 
-"$here/picture.sh" render "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
 
 echo
 bold "tkn customrun list -n $PIPELINES_NS   (the guarded round's locks)"
@@ -231,19 +241,39 @@ if [[ -n $demo_key ]]; then
   tkn_mutex describe "$demo_key" -n "$PIPELINES_NS"
 fi
 
+banner "4. Guarded without editing the pipeline: the same five of promote-unguarded, created Pending with tekton-mutex.dev/key: $ENV_NS"
+echo "   The lock queues each whole PipelineRun before it starts, and starts one at a time; newer ones supersede older waiting ones."
+pending_intact=0
+pending_summary=()
+for (( r = 1; r <= ROUNDS; r++ )); do
+  run_round pending promote-unguarded "$r" pending
+  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
+  if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
+    (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
+    pending_intact=$(( pending_intact + 1 ))
+  fi
+  pending_summary+=("$(summary_of "$RESULT_LINE")")
+done
+echo
+bold "tkn pipelinerun list -n $PIPELINES_NS   (the queued round: superseded ones Cancelled, never started)"
+"$TKN" pipelinerun list -n "$PIPELINES_NS" -l demo-scenario=pending
+
+"$here/picture.sh" render "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
+
 # ------------------------------------------------------------------ side by side
 
 banner "Summary: five promotions of $ENV_NS within one second, race window ${WINDOW}s"
 for (( r = 0; r < ROUNDS; r++ )); do
-  printf '  round %d   unguarded: %-52s | guarded: %s\n' "$(( r + 1 ))" "${unguarded_summary[$r]}" "${guarded_summary[$r]}"
+  printf '  round %d   unguarded: %-52s | guarded: %-48s | pending: %s\n' "$(( r + 1 ))" "${unguarded_summary[$r]}" "${guarded_summary[$r]}" "${pending_summary[$r]}"
 done
 echo
 echo "  unguarded: the environment was wiped out in $wiped of $ROUNDS round(s) (damaged in $damaged of $ROUNDS)"
 echo "  guarded:   the environment was left intact at the newest version in $intact of $ROUNDS round(s)"
-echo "  picture:   $PICTURE_DIR/timeline.svg (round 1 of both, on one time axis)"
-if (( intact == ROUNDS )); then
+echo "  pending:   (the unguarded pipeline, queued by annotations) intact at the newest version in $pending_intact of $ROUNDS round(s)"
+echo "  picture:   $PICTURE_DIR/timeline.svg (round 1 of each, on one time axis)"
+if (( intact == ROUNDS && pending_intact == ROUNDS )); then
   bold "  OK: with the Mutex, the promotions ran one at a time and the newest version won."
   exit 0
 fi
-bold "  FAILED: a guarded round did not leave $ENV_NS intact at the newest version (controller log: $CONTROLLER_LOG)"
+bold "  FAILED: a guarded or pending round did not leave $ENV_NS intact at the newest version (controller log: $CONTROLLER_LOG)"
 exit 1

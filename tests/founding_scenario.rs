@@ -35,6 +35,7 @@ const FENCED_TASK: &str = include_str!("../examples/promote-fenced-task.yaml");
 const UNGUARDED: &str = include_str!("../examples/promote-unguarded.yaml");
 const GUARDED: &str = include_str!("../examples/promote-guarded.yaml");
 const FENCED: &str = include_str!("../examples/promote-fenced.yaml");
+const PENDING: &str = include_str!("../examples/promote-pending.yaml");
 
 /// The chart every deploy applies (see examples/promote-task.yaml).
 const CHART: &[(&str, &str)] = &[
@@ -467,6 +468,112 @@ async fn guarded_promotions_run_one_at_a_time_and_the_newest_wins() -> Result<()
         }
     }
     Ok(())
+}
+
+/// Guarded without editing the pipeline (issue 26): five PipelineRuns of the UNGUARDED pipeline,
+/// created Pending with the key annotation (examples/promote-pending.yaml). One deploy at a time,
+/// nothing pruned, the environment ends at the newest version, and each superseded PipelineRun
+/// ends Cancelled, names who superseded it, and never started a task.
+#[tokio::test]
+#[ignore = "needs hack/cluster.sh up"]
+async fn pending_promotions_of_the_unguarded_pipeline_run_one_at_a_time() -> Result<()> {
+    let (ns, env) = setup("founding-pending").await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let client = ns.client();
+    let watch = DeletionWatch::start(&client, env.name()).await?;
+    let versions = [77, 78, 79, 80, 81];
+    let names = queue_at_once(&ns, env.name(), &versions, 2).await?;
+    let deploys = deploys(&ns, &names).await?;
+    let story = render(&deploys);
+    assert_one_at_a_time(&deploys)?;
+    ensure!(deploys.contains_key(&81), "v81 never deployed:\n{story}");
+    ensure!(
+        watch.deleted().is_empty(),
+        "chart objects were deleted: {:?}\n{story}",
+        watch.deleted()
+    );
+    let objects = chart_objects(&client, env.name()).await?;
+    ensure!(
+        missing(&objects).is_empty(),
+        "missing: {:?}\n{story}",
+        missing(&objects)
+    );
+    for ((kind, name), labels) in &objects {
+        ensure!(
+            labels.get("version").map(String::as_str) == Some("81"),
+            "{kind}/{name} is at {:?}, not v81\n{story}",
+            labels.get("version")
+        );
+    }
+    let prs = ns.dynamic("tekton.dev/v1", "PipelineRun").await?;
+    for (v, pr) in &names {
+        let obj = prs.get(pr).await?;
+        let done = condition(&obj, "Succeeded").unwrap_or_default();
+        let annotations = obj.annotations();
+        if annotations.contains_key("tekton-mutex.dev/token") {
+            ensure!(
+                done.reason == "Succeeded",
+                "{pr} was granted and ended {done:?}"
+            );
+            continue;
+        }
+        let children = obj
+            .data
+            .pointer("/status/childReferences")
+            .and_then(|c| c.as_array());
+        ensure!(
+            done.status == "False" && done.reason == "Cancelled",
+            "{pr} (v{v}) was not granted and ended {done:?}, not Cancelled"
+        );
+        ensure!(
+            children.is_none_or(|c| c.is_empty()),
+            "{pr} started tasks: {children:?}"
+        );
+        ensure!(
+            !deploys.contains_key(v),
+            "{pr} was never granted but deployed:\n{story}"
+        );
+        ensure!(
+            annotations.contains_key("tekton-mutex.dev/superseded-by"),
+            "{pr} does not say who superseded it: {annotations:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Creates one Pending PipelineRun of examples/promote-pending.yaml per version, all at once,
+/// and waits until every one is done. Returns their names by version.
+async fn queue_at_once(
+    ns: &TestNamespace,
+    env: &str,
+    versions: &[u32],
+    window: u32,
+) -> Result<BTreeMap<u32, String>> {
+    let names: BTreeMap<u32, String> = versions
+        .iter()
+        .map(|v| (*v, format!("promote-pending-{v}")))
+        .collect();
+    let creates = names.iter().map(|(v, name)| {
+        let mut pr: serde_json::Value =
+            serde_yaml_ng::from_str(PENDING).expect("the example parses");
+        pr["metadata"] = serde_json::json!({"name": name, "annotations": {
+            "tekton-mutex.dev/key": env, "tekton-mutex.dev/sequence": v.to_string()}});
+        pr["spec"]["params"] = serde_json::json!([
+            {"name": "environment", "value": env},
+            {"name": "version", "value": v.to_string()},
+            {"name": "race-window", "value": window.to_string()},
+        ]);
+        async move { ns.apply(&pr.to_string()).await }
+    });
+    for r in futures::future::join_all(creates).await {
+        r?;
+    }
+    for name in names.values() {
+        let bound = secs(u64::from(window) * 8 + 180);
+        ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", name, bound)
+            .await?;
+    }
+    Ok(names)
 }
 
 /// The control: without the Mutex, five promotions at once wipe the environment out, as in the

@@ -76,6 +76,8 @@ pub struct HolderRow {
 pub struct WaiterRow {
     pub position: usize,
     pub pipeline_run: Option<String>,
+    /// A PipelineRun queued as a whole (created Pending), not a lock task's run.
+    pub pending_pipeline_run: bool,
     pub lock_run: String,
     pub group: String,
     pub sequence: Option<i64>,
@@ -143,6 +145,7 @@ async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
         .map(|(i, w)| WaiterRow {
             position: i + 1,
             pipeline_run: w.pipeline_run.clone(),
+            pending_pipeline_run: w.run.kind == RunKind::PipelineRun,
             lock_run: w.run.name.clone(),
             group: w.group.clone(),
             sequence: w.age.sequence,
@@ -222,6 +225,16 @@ async fn start_times(target: &Target, queue: &[Waiter]) -> Result<HashMap<String
                 .into_iter()
                 .map(|r| (r.uid(), r.status.and_then(|s| s.start_time))),
         );
+    }
+    if has(RunKind::PipelineRun) {
+        // Queued as a whole: it waits from its creation (it has not started).
+        let api: Api<PipelineRun> = runs_api(target);
+        let list = api.list(&ListParams::default()).await;
+        let list = list.map_err(|e| api_failure(target, "list PipelineRuns", e))?;
+        starts.extend(list.items.into_iter().map(|p| {
+            let created = p.creation_timestamp().map(|t| t.0.to_string());
+            (p.uid(), created)
+        }));
     }
     Ok(starts
         .into_iter()
@@ -365,9 +378,14 @@ fn queue_rows(d: &Described, now: Timestamp) -> Vec<Vec<String>> {
         .iter()
         .map(|w| {
             let promoted = if w.promoted { " (promoted)" } else { "" };
+            let pending = if w.pending_pipeline_run {
+                " (pending)"
+            } else {
+                ""
+            };
             vec![
                 format!("{}{promoted}", w.position),
-                or_dashes(w.pipeline_run.clone()),
+                format!("{}{pending}", or_dashes(w.pipeline_run.clone())),
                 w.group.clone(),
                 or_dashes(w.sequence.map(|s| s.to_string())),
                 w.priority.to_string(),
@@ -415,6 +433,7 @@ mod tests {
         let waiter = |position: usize, pr: &str, promoted: bool| WaiterRow {
             position,
             pipeline_run: Some(pr.into()),
+            pending_pipeline_run: false,
             lock_run: format!("{pr}-lock"),
             group: "deploy".into(),
             sequence: None,
@@ -439,7 +458,14 @@ mod tests {
                 since: now - SignedDuration::from_hours(1),
                 state: "Running".into(),
             }],
-            queue: vec![waiter(1, "deploy-7", true), waiter(2, "deploy-5", false)],
+            queue: vec![
+                waiter(1, "deploy-7", true),
+                waiter(2, "deploy-5", false),
+                WaiterRow {
+                    pending_pipeline_run: true,
+                    ..waiter(3, "promote-9", false)
+                },
+            ],
             supersede_marks: vec![],
             requests: vec![],
             events: vec![],
@@ -464,6 +490,10 @@ mod tests {
             })
             .collect();
         assert_eq!(order, ["deploy-7", "deploy-5"]);
+        assert!(
+            queue.contains(" promote-9 (pending) "),
+            "a queued PipelineRun is marked: {queue}"
+        );
         assert!(text.contains("Last supersede per group\n No entries\n"));
         assert!(!text.contains('\x1b'), "no colour");
     }

@@ -118,7 +118,11 @@ pub fn controller(
     }
     let by = by_pr.clone();
     c = c.watches_shared_stream(feeds.pipeline_runs, move |pr: Arc<PipelineRun>| {
-        by.refs(pr.namespace(), &pr.name_any())
+        let mut refs = by.refs(pr.namespace(), &pr.name_any());
+        refs.extend(crate::controller::cache::triggers::queued_cluster_mutexes(
+            &pr,
+        ));
+        refs
     });
     let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
     let live = wc.labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);

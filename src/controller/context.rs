@@ -2,7 +2,7 @@
 //! flight and the recorder ([`Context`]), and the one error type ([`Error`]).
 
 use super::backoff::Backoff;
-use super::cache::index::Indexed;
+use super::cache::index::{Index, Indexed};
 use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
 use crate::metrics::Metrics;
@@ -78,6 +78,8 @@ pub struct Context {
     pub(crate) custom_runs: Option<Indexed<CustomRun>>,
     pub(crate) runs: Option<Indexed<Run>>,
     pub(crate) pipeline_runs: Store<PipelineRun>,
+    /// The PipelineRuns queued as a whole, by the lock they queue on (of `pipeline_runs`).
+    pub(crate) queued_runs: Index<PipelineRun>,
     pub(crate) mutexes: Store<Mutex>,
     /// One per cache: whether it holds its first full list.
     pub(crate) listed: Vec<Listed>,
@@ -121,6 +123,7 @@ impl Context {
             custom_runs: Some(custom_runs),
             runs: None,
             pipeline_runs,
+            queued_runs: Index::new(super::cache::triggers::queued_tags),
             mutexes,
             listed: Vec::new(),
             fault: None,

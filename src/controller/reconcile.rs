@@ -9,5 +9,6 @@ pub mod lock;
 pub mod lock_kinds;
 pub mod members;
 pub mod pipeline_runs;
+pub mod queued_intake;
 pub mod release_after_progress;
 pub mod token_floor;

@@ -4,7 +4,9 @@
 use super::backoff::backoff_key;
 use super::cache::index::{Index, Indexed};
 use super::cache::shared::{self, ChangeStream, SharedWatch};
-use super::cache::triggers::{Triggers, mutex_of, mutex_tags, run_tags};
+use super::cache::triggers::{
+    Triggers, mutex_of, mutex_tags, queued_mutexes, queued_tags, run_tags,
+};
 use super::cache::{strip, tolerant};
 use super::cluster_wiring;
 #[cfg(feature = "fault-injection")]
@@ -13,7 +15,7 @@ use super::context::{Context, Error, scoped};
 use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
-use super::reconcile::{intake, lock as sync};
+use super::reconcile::{intake, lock as sync, queued_intake};
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
@@ -29,7 +31,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::sync::Arc;
@@ -127,7 +129,8 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         client: client.clone(),
         custom_runs: controllers.caches.custom_runs.clone(),
         runs: controllers.caches.runs.clone(),
-        pipeline_runs: controllers.caches.pipeline_runs.clone(),
+        pipeline_runs: controllers.caches.pipeline_runs.store.clone(),
+        queued_runs: controllers.caches.pipeline_runs.index.clone(),
         listed: controllers.caches.listed.clone(),
         mutexes: controllers.sync.store(),
         #[cfg(feature = "fault-injection")]
@@ -181,6 +184,8 @@ struct Controllers {
     custom_runs: Option<Controller<CustomRun>>,
     runs: Option<Controller<Run>>,
     cluster: Option<Controller<ClusterMutex>>,
+    /// Intake of the PipelineRuns queued as a whole.
+    queued: Controller<PipelineRun>,
     caches: Caches,
 }
 
@@ -188,7 +193,7 @@ struct Controllers {
 struct Caches {
     custom_runs: Option<Indexed<CustomRun>>,
     runs: Option<Indexed<Run>>,
-    pipeline_runs: Store<PipelineRun>,
+    pipeline_runs: Indexed<PipelineRun>,
     listed: Vec<shared::Listed>,
 }
 
@@ -213,8 +218,8 @@ impl Watches {
             scoped::<PipelineRun>(client, namespace),
             wc.clone(),
             strip::pipeline_run,
-            Index::new(|_| Vec::new()),
-            1 + cluster,
+            Index::new(queued_tags),
+            2 + cluster,
         );
         // Runs are watched once: intake and the key's sync share the watch, and
         // the sync hears of a run only once the cache it reads has it.
@@ -261,6 +266,15 @@ impl Controllers {
             changes: mut pr_changes,
             ..
         } = prs;
+        let queued = Controller::for_shared_stream(
+            intake::triggers_where(
+                pr_changes.pop().expect("one stream per consumer"),
+                &pr_cache.store,
+                leading.clone(),
+                queued_intake::needs_intake,
+            ),
+            pr_cache.store.clone(),
+        );
         let related = Related {
             pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
             custom_runs: crs,
@@ -289,10 +303,11 @@ impl Controllers {
             sync,
             custom_runs: intake_crs,
             runs: intake_runs,
+            queued,
             caches: Caches {
                 custom_runs: cr_cache,
                 runs: run_cache,
-                pipeline_runs: pr_cache.store,
+                pipeline_runs: pr_cache,
                 listed,
             },
         }
@@ -326,6 +341,13 @@ impl Controllers {
         if let Some(c) = self.runs {
             loops.push(drive("run", c, intake_when_acting::<Run>, &ctx, &None));
         }
+        loops.push(drive(
+            "pipelinerun",
+            self.queued,
+            queued_intake_when_acting,
+            &ctx,
+            &None,
+        ));
         if let Some(c) = self.cluster {
             let reconcile = sync_when_acting::<ClusterMutex>;
             loops.push(drive("clustermutex", c, reconcile, &ctx, &leading));
@@ -460,11 +482,31 @@ pub(super) async fn intake_when_acting<K: Observe + Resource<DynamicType = ()>>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    when_acting(obj, ctx, intake::reconcile).await
+}
+
+async fn queued_intake_when_acting(
+    pr: Arc<PipelineRun>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    when_acting(pr, ctx, queued_intake::reconcile).await
+}
+
+/// An intake that acts only while this replica acts; a success resets the object's backoff.
+async fn when_acting<K, Fut>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: fn(Arc<K>, Arc<Context>) -> Fut,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()>,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
     if !ctx.acting() {
         return Ok(Action::await_change());
     }
     let object = backoff_key(obj.as_ref());
-    let result = intake::reconcile(obj, ctx.clone()).await;
+    let result = reconcile(obj, ctx.clone()).await;
     if result.is_ok() {
         ctx.backoff.succeeded(&object);
     }
@@ -553,7 +595,8 @@ fn watch_related(
     let by_pr = triggers.clone();
     sync = sync.watches_shared_stream(related.pipeline_runs, move |pr: Arc<PipelineRun>| {
         let (ns, name) = (pr.namespace(), pr.name_any());
-        let refs = by_pr.of_pipeline_run(ns.clone(), &name);
+        let mut refs = by_pr.of_pipeline_run(ns.clone(), &name);
+        refs.extend(queued_mutexes(&pr));
         let keys: Vec<String> = refs.iter().map(|r| r.name.clone()).collect();
         metrics.pipeline_run_seen(&ns.unwrap_or_default(), &name, pr.is_done(), &keys);
         refs

@@ -13,6 +13,8 @@ use crate::model::tekton::{Param, RUN_CANCELLED, RunStatus, is_done};
 use jiff::Timestamp;
 use kube::Resource;
 
+pub mod pending;
+
 /// A field selector for pods that have not ended: a terminating pod is still
 /// Running until its processes have stopped.
 pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
@@ -37,6 +39,8 @@ pub struct ObservedRun<'a> {
     /// `spec.statusMessage`: why Tekton (or a person) asked the run to stop.
     pub status_message: Option<&'a str>,
     pub status: RunStatus,
+    /// Why its settings cannot be read at all (a queued PipelineRun's bad annotation).
+    pub refused: Option<&'a str>,
 }
 
 impl<'a> ObservedRun<'a> {
@@ -122,6 +126,7 @@ impl<'a> ObservedRun<'a> {
             cancel_requested: spec_status == Some(RUN_CANCELLED),
             status_message: status_message.filter(|m| !m.is_empty()),
             status: status.unwrap_or_default(),
+            refused: None,
         }
     }
 
@@ -200,6 +205,19 @@ impl<'a> ObservedRun<'a> {
     /// the one the lock recorded at its first tell, whatever the param says since: a held run
     /// lets go after the section it was granted for.
     pub fn config(&self) -> Result<RunConfig, String> {
+        if let Some(why) = self.refused {
+            return Err(why.to_string());
+        }
+        let parsed = self.parse();
+        match self.kind {
+            RunKind::PipelineRun => {
+                parsed.map_err(|m| params::annotations::as_annotation_message(&m))
+            }
+            RunKind::CustomRun | RunKind::Run => parsed,
+        }
+    }
+
+    fn parse(&self) -> Result<RunConfig, String> {
         let target = self
             .target
             .clone()

@@ -10,6 +10,7 @@ use crate::model::tekton::{EmbeddedSpec, Param, TaskRef};
 use kube::Resource;
 use std::time::Duration;
 
+pub mod annotations;
 pub mod keys;
 
 /// One param a lock task accepts, and how its value is read.

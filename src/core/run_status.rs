@@ -1,6 +1,7 @@
 //! What a run's status says for each outcome, as a merge patch of the fields
 //! this controller owns. Pure: the caller supplies the current status and time.
 
+pub mod queued;
 use crate::core::model::Outcome;
 use crate::model::mutex::RunKind;
 use crate::model::tekton::{Condition, RunStatus};
@@ -48,6 +49,9 @@ impl Reason {
             Reason::Cancelled(RunKind::Run) => "RunCancelled",
             Reason::TimedOut(RunKind::CustomRun) => "CustomRunTimedOut",
             Reason::TimedOut(RunKind::Run) => "RunTimedOut",
+            // A PipelineRun queued as a whole: the reasons its cancel annotation gives.
+            Reason::Cancelled(RunKind::PipelineRun) => "Cancelled",
+            Reason::TimedOut(RunKind::PipelineRun) => "QueueTimeout",
             Reason::Frozen => "Frozen",
             Reason::Cleared => "Cleared",
             Reason::Released => "Released",

@@ -55,7 +55,7 @@ pub fn member_view(
             age,
             priority: cfg.priority,
             supersede: cfg.supersede,
-            cancel_mode: cfg.cancel_mode,
+            cancel_mode: cancel_mode(o, cfg),
             wait: cfg.wait,
             waiting_since: o.waiting_since(),
             cancel_message: o.status_message.map(str::to_string),
@@ -66,6 +66,19 @@ pub fn member_view(
             acquired_token: run_status::acquired_token(&o.status),
         },
         deadline,
+    }
+}
+
+/// How the run's PipelineRun is cancelled. A PipelineRun queued as a whole that
+/// was not granted has started nothing, and nothing of it may run unguarded:
+/// not even its finally tasks, so it is cancelled outright. Once granted, its
+/// `cancel-mode` is the annotation's.
+fn cancel_mode(o: &ObservedRun<'_>, cfg: &RunConfig) -> CancelMode {
+    match o.kind {
+        RunKind::PipelineRun if run_status::acquired_token(&o.status).is_none() => {
+            CancelMode::Cancelled
+        }
+        _ => cfg.cancel_mode,
     }
 }
 
@@ -158,6 +171,8 @@ pub fn listed(o: &ObservedRun<'_>, parent: FetchedParent<'_>) -> bool {
     let kind = match o.kind {
         RunKind::CustomRun => "CustomRun",
         RunKind::Run => "Run",
+        // A PipelineRun queued as a whole is its own parent.
+        RunKind::PipelineRun => return parent.uid == o.uid,
     };
     parent.object.is_none_or(|pr| pr.lists(kind, &o.name))
 }

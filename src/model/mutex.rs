@@ -208,6 +208,27 @@ pub enum RunKind {
     CustomRun,
     /// `tekton.dev/v1alpha1` Run.
     Run,
+    /// `tekton.dev/v1` PipelineRun, queued as a whole before it starts (by annotations).
+    PipelineRun,
+}
+
+impl RunKind {
+    /// The Tekton API version of objects of this kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "tekton.dev/v1beta1",
+            RunKind::Run => "tekton.dev/v1alpha1",
+            RunKind::PipelineRun => "tekton.dev/v1",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "CustomRun",
+            RunKind::Run => "Run",
+            RunKind::PipelineRun => "PipelineRun",
+        }
+    }
 }
 
 /// How old a run is. Higher is newer: by `sequence` when given, then by the

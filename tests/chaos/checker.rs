@@ -116,7 +116,8 @@ impl RunFacts {
 pub fn is_superseded(reason: Option<&str>, message: Option<&str>) -> bool {
     match reason {
         Some("Superseded") => true,
-        Some("CustomRunCancelled" | "RunCancelled") => {
+        // A PipelineRun queued as a whole records `Cancelled` (its own cancel reason).
+        Some("CustomRunCancelled" | "RunCancelled" | "Cancelled") => {
             message.is_some_and(|m| m.starts_with("Superseded:"))
         }
         _ => false,
@@ -125,12 +126,16 @@ pub fn is_superseded(reason: Option<&str>, message: Option<&str>) -> bool {
 
 /// Lock-run reasons of the README's table (InvalidParams is documented but right here only for a
 /// run a user re-pointed: the campaign otherwise passes valid params).
-pub const LOCK_REASONS: [&str; 5] = [
+/// A queued PipelineRun's record says `Cancelled` and `QueueTimeout` where a lock run says
+/// `CustomRunCancelled` and `CustomRunTimedOut`.
+pub const LOCK_REASONS: [&str; 7] = [
     "Acquired",
     "NotAcquired",
     "Superseded",
     "CustomRunCancelled",
     "CustomRunTimedOut",
+    "Cancelled",
+    "QueueTimeout",
 ];
 
 pub struct Round<'a> {
@@ -283,6 +288,7 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
             || r.superseded()
             || superseded_holder
             || annotated
+            || lock == Some("QueueTimeout")
             || (r.has_pipeline_timeout && r.reason.as_deref() == Some("PipelineRunTimeout"));
         if cancelled && !explained {
             v(format!(

@@ -19,6 +19,12 @@ TOKEN='$(params.token)'
 case "$TOKEN" in
   "{"*) TOKEN=$(echo "$TOKEN" | sed -n "s/.*\"$KEY\":\([0-9]*\).*/\1/p") ;;
 esac
+# A PipelineRun queued as a whole: the token is its annotation (retried while the API server restarts).
+i=0
+while [ "$TOKEN" = queued ] && [ "$i" -lt 200 ]; do
+  t=$(kubectl -n "$NS" get pipelinerun "$PR" -o jsonpath='{.metadata.annotations.tekton-mutex\.dev/token}' 2>/dev/null) && [ -n "$t" ] && TOKEN=$t
+  i=$((i+1)); [ "$TOKEN" = queued ] && sleep 0.3
+done
 mark() {
   now=$(date +%s%3N)
   body=$(printf '{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"mark-%s-%s-%s","labels":{"chaos.tekton-mutex.dev/mark":"%s"}},"data":{"pr":"%s","task":"%s","key":"%s","group":"%s","seq":"%s","token":"%s","ms":"%s","how":"%s"}}' \
@@ -62,7 +68,7 @@ fn lock_params(plan: &RoundPlan, run: &RunPlan) -> Vec<Value> {
     let mut params = vec![
         match run.shape {
             Shape::MultiKey(_) => param("keys", keys.join(",")),
-            Shape::Plain | Shape::Sibling => param("key", keys[0]),
+            Shape::Plain | Shape::Sibling | Shape::Queued => param("key", keys[0]),
         },
         param("group", &group.name),
         param("supersede", group.supersede.as_str()),
@@ -98,6 +104,9 @@ fn lock_task(name: &str, mut params: Vec<Value>, run: &RunPlan) -> Value {
     lock
 }
 
+/// The token param of a queued run's deploy: the step reads the real one from the annotation.
+const QUEUED_TOKEN: &str = "queued";
+
 /// The lock task every deploy is guarded by; its lock run is the one the checker reads.
 pub const LOCK: &str = "lock";
 /// The sibling shape's second lock task, and the quick task its `release-after` names.
@@ -123,6 +132,7 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
     let token = match (plan.unguarded, run.shape) {
         (true, _) => "0",
         (false, Shape::MultiKey(_)) => "$(tasks.lock.results.tokens)",
+        (false, Shape::Queued) => QUEUED_TOKEN,
         (false, _) => "$(tasks.lock.results.token)",
     };
     let names = [
@@ -150,6 +160,7 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
         let after = match run.shape {
             Shape::Sibling => json!([LOCK, QUICK]),
             Shape::Plain | Shape::MultiKey(_) => json!([LOCK]),
+            Shape::Queued => json!([]),
         };
         deploy["runAfter"] = after;
         if !run.wait {
@@ -164,7 +175,8 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
 /// The PipelineRun of `run`, with an embedded pipeline.
 pub fn pipeline_run(plan: &RoundPlan, run: &RunPlan) -> Value {
     let mut tasks = vec![];
-    if !plan.unguarded {
+    let queued = !plan.unguarded && run.shape == Shape::Queued;
+    if !plan.unguarded && !queued {
         tasks.push(lock_task(LOCK, lock_params(plan, run), run));
         if run.shape == Shape::Sibling {
             tasks.push(lock_task(EARLY_LOCK, lock_params(plan, run), run));
@@ -186,7 +198,31 @@ pub fn pipeline_run(plan: &RoundPlan, run: &RunPlan) -> Value {
     if let Some(t) = run.pipeline_timeout_s {
         pr["spec"]["timeouts"] = json!({"pipeline": format!("{t}s")});
     }
+    if queued {
+        pr["metadata"]["annotations"] = queued_annotations(plan, run);
+        pr["spec"]["status"] = json!("PipelineRunPending");
+    }
     pr
+}
+
+/// A queued run's lock params, as annotations (one parser reads both); its lock timeout is
+/// its queue timeout.
+fn queued_annotations(plan: &RoundPlan, run: &RunPlan) -> Value {
+    let mut annotations = serde_json::Map::new();
+    for p in lock_params(plan, run) {
+        let name = format!(
+            "tekton-mutex.dev/{}",
+            p["name"].as_str().unwrap_or_default()
+        );
+        annotations.insert(name, p["value"].clone());
+    }
+    if let Some(t) = run.lock_timeout_s {
+        annotations.insert(
+            "tekton-mutex.dev/queue-timeout".into(),
+            json!(format!("{t}s")),
+        );
+    }
+    Value::Object(annotations)
 }
 
 /// The Mutex objects of a round, made ahead with their capacity.

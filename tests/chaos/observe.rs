@@ -168,8 +168,28 @@ pub async fn pipeline_runs(client: &Client, ns: &str) -> Result<BTreeMap<String,
         .collect())
 }
 
-/// The lock runs of the namespace (of each PipelineRun's `lock` task), by PipelineRun.
+/// The lock runs of the namespace (of each PipelineRun's `lock` task), by PipelineRun, and the
+/// records of the PipelineRuns queued as a whole (the status a lock run would have).
 pub async fn lock_runs(client: &Client, ns: &str) -> Result<BTreeMap<String, LockFinal>> {
+    let mut locks = lock_tasks(client, ns).await?;
+    let api = crate::support::dynamic_api(client, Some(ns), "tekton.dev/v1", "PipelineRun").await?;
+    for pr in api.list(&ListParams::default()).await?.items {
+        let Some(record) = pr.annotations().get("tekton-mutex.dev/lock-record") else {
+            continue;
+        };
+        let status: tekton_mutex::model::tekton::RunStatus = serde_json::from_str(record)?;
+        let cond = status.succeeded().cloned();
+        let fin = LockFinal {
+            status: cond.as_ref().map(|c| c.status.clone()),
+            reason: cond.as_ref().and_then(|c| c.reason.clone()),
+            message: cond.and_then(|c| c.message),
+        };
+        locks.insert(pr.name_any(), fin);
+    }
+    Ok(locks)
+}
+
+async fn lock_tasks(client: &Client, ns: &str) -> Result<BTreeMap<String, LockFinal>> {
     let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
     let list = api.list(&ListParams::default()).await?;
     Ok(list

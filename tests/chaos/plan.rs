@@ -76,6 +76,9 @@ pub enum Shape {
     Sibling,
     /// `keys: <its group's key>,<this key>`: one deploy per key, both under one grant (item 5).
     MultiKey(usize),
+    /// No lock task: the PipelineRun is created Pending with the key annotation, and the lock
+    /// queues it as a whole (issue 26); its deploy reads the token from its annotation.
+    Queued,
 }
 
 /// Every kind of fault, named as `--faults` takes them.
@@ -218,7 +221,7 @@ impl RoundPlan {
         let own = self.groups[run.group].key;
         match run.shape {
             Shape::MultiKey(other) => vec![own, other],
-            Shape::Plain | Shape::Sibling => vec![own],
+            Shape::Plain | Shape::Sibling | Shape::Queued => vec![own],
         }
     }
 
@@ -400,6 +403,32 @@ fn draw_shapes(
             _ => {}
         }
     }
+    draw_queued(rng, runs, faults);
+}
+
+/// About one run in six is queued as a whole, of those that wait and that no fault on a lock
+/// run aims at (a queued PipelineRun has none). Its `timeout` is its `queue-timeout`; retries
+/// are a lock task's.
+fn draw_queued(rng: &mut TestRng, runs: &mut [RunPlan], faults: &[FaultPlan]) {
+    let aimed_at_its_lock_run = |i: usize| {
+        faults.iter().any(|f| {
+            f.run == i
+                && matches!(
+                    f.kind,
+                    FaultKind::UserDeleteLockRun | FaultKind::Repoint | FaultKind::DeleteReserved
+                )
+        })
+    };
+    for (i, run) in runs.iter_mut().enumerate() {
+        if run.shape == Shape::Plain
+            && run.wait
+            && !aimed_at_its_lock_run(i)
+            && rng.random_bool(1.0 / 6.0)
+        {
+            run.shape = Shape::Queued;
+            run.retries = 0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -446,6 +475,7 @@ mod tests {
         assert!(plans.iter().any(|p| p.keys.iter().any(|k| k.capacity == 2)));
         assert!(runs().any(|r| r.shape == Shape::Sibling));
         assert!(runs().any(|r| matches!(r.shape, Shape::MultiKey(_)) && r.wait));
+        assert!(runs().any(|r| r.shape == Shape::Queued && r.wait && r.retries == 0));
     }
 
     #[test]

@@ -386,6 +386,15 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     if siblings.clone().count() > 0 {
         counts.insert(FaultKind::SiblingReleaseAfter.name(), siblings.count());
     }
+    // Not a fault: the queued shape is part of the random mix, counted beside the faults.
+    let queued = plan
+        .runs
+        .iter()
+        .filter(|r| r.shape == Shape::Queued)
+        .count();
+    if queued > 0 && !plan.unguarded {
+        counts.insert("queued-pipelineruns", queued);
+    }
     creations.await??;
     let stuck = wait_all_done(plan, &client, ns.name(), t0, &stage.acts).await?;
     settle(&client, ns.name(), &watches).await;

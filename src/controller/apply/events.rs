@@ -44,6 +44,10 @@ pub fn for_outcome(
         Outcome::NotAcquired { .. } => (Reason::NotAcquired.as_str(), EventType::Normal),
         // Recorded with who superseded it, by the cancel path (writes::superseded_event).
         Outcome::Superseded { .. } => return None,
+        // A PipelineRun queued as a whole timed out in the queue (`queue-timeout`).
+        Outcome::TimedOut if kind == RunKind::PipelineRun => {
+            (Reason::TimedOut(kind).as_str(), EventType::Warning)
+        }
         Outcome::TimedOut => ("TimedOut", EventType::Warning),
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
         Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
@@ -104,13 +108,9 @@ pub const WRITE_FAILED: &str = "WriteFailed";
 
 /// A run as an Event's subject.
 pub fn run_reference(namespace: &str, run: &RunRef) -> ObjectReference {
-    let api_version = match run.kind {
-        RunKind::CustomRun => "tekton.dev/v1beta1",
-        RunKind::Run => "tekton.dev/v1alpha1",
-    };
     ObjectReference {
-        api_version: Some(api_version.into()),
-        kind: Some(format!("{:?}", run.kind)),
+        api_version: Some(run.kind.api_version().into()),
+        kind: Some(run.kind.as_str().into()),
         name: Some(run.name.clone()),
         namespace: Some(namespace.into()),
         uid: Some(run.uid.clone()),

@@ -29,11 +29,13 @@ impl RunKind {
         match self {
             RunKind::CustomRun => "customruns/status",
             RunKind::Run => "runs/status",
+            // A queued PipelineRun is told through its annotations and spec.status.
+            RunKind::PipelineRun => "pipelineruns",
         }
     }
 }
 /// On a PipelineRun cancelled because it was superseded: the newer PipelineRun.
-pub const SUPERSEDED_BY_ANNOTATION: &str = "tekton-mutex.dev/superseded-by";
+pub const SUPERSEDED_BY_ANNOTATION: &str = crate::core::run_status::queued::SUPERSEDED_BY;
 
 pub enum Ensured {
     Created,
@@ -102,6 +104,10 @@ pub async fn run_status(
             .map(|_| ()),
         RunKind::Run => Api::<Run>::namespaced(ctx.client.clone(), ns)
             .patch_status(name, &pp, &Patch::Merge(patch))
+            .await
+            .map(|_| ()),
+        RunKind::PipelineRun => Api::<PipelineRun>::namespaced(ctx.client.clone(), ns)
+            .patch(name, &pp, &Patch::Merge(patch))
             .await
             .map(|_| ()),
     };
@@ -215,13 +221,9 @@ pub async fn superseded_event(
     by: &str,
     group: &str,
 ) {
-    let (api_version, kind) = match run.kind {
-        RunKind::CustomRun => (CustomRun::api_version(&()), CustomRun::kind(&())),
-        RunKind::Run => (Run::api_version(&()), Run::kind(&())),
-    };
     let reference = ObjectReference {
-        api_version: Some(api_version.into()),
-        kind: Some(kind.into()),
+        api_version: Some(run.kind.api_version().into()),
+        kind: Some(run.kind.as_str().into()),
         name: Some(run.name.clone()),
         namespace: Some(ns.into()),
         uid: Some(run.uid.clone()),

@@ -24,7 +24,13 @@ fn meta(m: &mut ObjectMeta) {
 /// and its Pipeline's name, outside its label map. A done one (most of a cluster's history) runs
 /// nothing more: its state and its custom runs are all that is read of it.
 pub fn pipeline_run(pr: &mut PipelineRun) {
+    // Of its annotations, only ours: a PipelineRun queued as a whole is read from them.
+    let ours = pr.metadata.annotations.take().map(|mut a| {
+        a.retain(|k, _| k.starts_with(crate::core::params::annotations::PREFIX));
+        a
+    });
     meta(&mut pr.metadata);
+    pr.metadata.annotations = ours.filter(|a| !a.is_empty());
     pr.metadata.owner_references = None;
     // Its Pipeline's name groups its runs that carry none.
     pr.spec.kept_labels = Some(KeptLabels::take(&mut pr.metadata));

@@ -4,13 +4,17 @@
 //! are looked up in the caches' indexes, never by scanning a cache.
 
 use crate::controller::cache::index::{Indexed, Tag, namespace_of};
-use crate::core::observe::Observe;
+use crate::core::observe::pending::PendingRun;
+use crate::core::observe::{Observe, cluster_mutex_targets};
+use crate::core::params::annotations;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::PIPELINE_RUN_LABEL;
+use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
 use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
+use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct Triggers {
@@ -76,6 +80,55 @@ pub fn run_tags<K: Observe + Resource>(run: &K) -> Vec<Tag> {
         tags.push(Tag::pipeline_run(&ns, pr));
     }
     tags
+}
+
+/// A PipelineRun queued as a whole is found by the lock it queues on: its
+/// Mutex's key, or its ClusterMutex. Any other PipelineRun by nothing.
+pub fn queued_tags(pr: &PipelineRun) -> Vec<Tag> {
+    let opted_in = pr
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(annotations::opted_in);
+    // Cloned only for the few PipelineRuns that ask to be queued.
+    let Some(queued) = opted_in
+        .then(|| PendingRun::of(Arc::new(pr.clone())))
+        .flatten()
+    else {
+        return Vec::new();
+    };
+    let o = queued.observe();
+    if let Some(Ok(names)) = cluster_mutex_targets(&o) {
+        return names.iter().map(|n| Tag::cluster_mutex(n)).collect();
+    }
+    match o.config() {
+        Ok(cfg) if o.is_mutex() => cfg.keys.iter().map(|k| Tag::key(&o.namespace, k)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The Mutexes a PipelineRun queued as a whole waits for or holds as such.
+pub fn queued_mutexes(pr: &PipelineRun) -> Vec<ObjectRef<Mutex>> {
+    queued_tags(pr)
+        .into_iter()
+        .filter_map(|t| match t {
+            Tag::Key { namespace, key } => Some(ObjectRef::new(&key).within(&namespace)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The ClusterMutexes a PipelineRun queued as a whole waits for or holds as such.
+pub fn queued_cluster_mutexes<K: Resource<DynamicType = ()>>(
+    pr: &PipelineRun,
+) -> Vec<ObjectRef<K>> {
+    queued_tags(pr)
+        .into_iter()
+        .filter_map(|t| match t {
+            Tag::ClusterMutex { name } => Some(ObjectRef::new(&name)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A Mutex is found by the PipelineRuns that hold it.

@@ -87,6 +87,19 @@ async fn admission<K: Observe + Resource<DynamicType = ()>>(
     )
 }
 
+/// Why the run may not queue on ClusterMutex `name` (it does not exist, or does
+/// not allow the run's namespace); None if it may.
+pub async fn refusal(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    name: &str,
+) -> Result<Option<String>, Error> {
+    Ok(match admitted_by(ctx, o, name).await? {
+        Err(Admission::Refused(_, message)) => Some(message),
+        Ok(_) | Err(_) => None,
+    })
+}
+
 /// ClusterMutex `name`, if it exists and allows the run's namespace.
 async fn admitted_by(
     ctx: &Context,

@@ -28,6 +28,20 @@ pub fn triggers<K>(
 where
     K: Observe + Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
+    triggers_where(changes, cache, leading, |r: &K| needs_intake(&r.observe()))
+}
+
+/// The objects of `changes` that `acts_on`, and all of the cache's again each time this
+/// replica becomes the leader (those that `acts_on` too).
+pub fn triggers_where<K>(
+    changes: impl Stream<Item = Arc<K>> + Send + 'static,
+    cache: &Store<K>,
+    leading: Option<watch::Receiver<bool>>,
+    acts_on: fn(&K) -> bool,
+) -> impl Stream<Item = Arc<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
     let cache = cache.clone();
     let again = match leading {
         Some(rx) => crate::controller::leader::became_leader(rx)
@@ -35,8 +49,7 @@ where
             .left_stream(),
         None => futures::stream::empty().right_stream(),
     };
-    futures::stream::select(changes, again)
-        .filter(|r| futures::future::ready(needs_intake(&r.observe())))
+    futures::stream::select(changes, again).filter(move |r| futures::future::ready(acts_on(r)))
 }
 
 /// A run intake may act on: of a Mutex or a ClusterMutex, not done, not
@@ -92,7 +105,7 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
 }
 
 /// Make sure the run's Mutex exists. Returns why the run cannot use it, if it cannot.
-async fn mutex_for(
+pub(crate) async fn mutex_for(
     ctx: &Context,
     o: &ObservedRun<'_>,
     cfg: &RunConfig,

@@ -17,10 +17,11 @@ use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
 use crate::core::requests::{Request, Unreadable, requests_from};
 use crate::core::run_status;
 use crate::core::scope::Scope;
-use crate::model::mutex::{MutexStatus, RunRef};
+use crate::model::mutex::{MutexStatus, RunKind, RunRef};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -403,6 +404,9 @@ impl Tell<'_> {
         patch["status"]["extraFields"][run_status::LOCK_KIND_FIELD] =
             serde_json::json!(self.lock_kind.as_ref());
         run_status::record_release_after(&mut patch, &m.status, &m.release_after);
+        if run.kind == RunKind::PipelineRun {
+            patch = queued_patch(key, &patch, outcome, m);
+        }
         // Our last patch of this version landed; its watch event brings the key back.
         if ctx.told.pending(&run.uid, rv) {
             return Ok(());
@@ -414,12 +418,30 @@ impl Tell<'_> {
         ctx.told.patched(&run.uid, rv);
         let local = m.local_run();
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
-        if let Outcome::Superseded { by, group } = outcome {
+        // A queued PipelineRun is its own PipelineRun: the cancel recorded its Event.
+        if let Outcome::Superseded { by, group } = outcome
+            && run.kind != RunKind::PipelineRun
+        {
             writes::superseded_event(ctx, &m.namespace, key, &local, by, group).await;
         }
         events::run_transition(ctx, &m.namespace, key, &local, outcome, &m.status);
         Ok(())
     }
+}
+
+/// A PipelineRun queued as a whole keeps the status a lock run would get in its
+/// record annotation, and the outcome acts on it: a grant starts it, an end of
+/// its wait cancels it (unless someone already asked it to stop).
+fn queued_patch(key: &str, run_patch: &Value, outcome: &Outcome, m: &Member) -> Value {
+    let stoppable = matches!(
+        m.facts.view.phase,
+        Phase::Live {
+            cancel_requested: false,
+            ..
+        }
+    );
+    let mode = (m.facts.view.cancel_mode, stoppable);
+    run_status::queued::patch(key, run_patch, outcome, &m.status, mode)
 }
 
 /// Would applying the decision write anything besides the lock state: a cancel,

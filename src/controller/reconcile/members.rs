@@ -10,6 +10,7 @@ use crate::controller::lock_object::{LockObject, NamespaceLabels};
 use crate::controller::reconcile::pipeline_runs::{fetch_parent, pods_alive};
 use crate::controller::reconcile::release_after_progress;
 use crate::core::model::MultiKeyRun;
+use crate::core::observe::pending::PendingRun;
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
 use crate::core::run_status;
@@ -115,10 +116,11 @@ impl ParentFetched {
     }
 }
 
-/// A run of either protocol.
+/// A run of either protocol, or a PipelineRun queued as a whole.
 enum AnyRun {
     Custom(Arc<CustomRun>),
     Legacy(Arc<Run>),
+    Queued(Arc<PendingRun>),
 }
 
 impl AnyRun {
@@ -126,15 +128,24 @@ impl AnyRun {
         match self {
             AnyRun::Custom(r) => r.observe(),
             AnyRun::Legacy(r) => r.observe(),
+            AnyRun::Queued(r) => r.observe(),
         }
     }
 
-    /// May the sync enrol it, as far as `release-after` goes?
+    /// May the sync enrol it, as far as `release-after` goes (a queued
+    /// PipelineRun has none)?
     fn enrols(&self, cfg: &RunConfig, parent: Option<Option<&PipelineRun>>) -> bool {
         match self {
             AnyRun::Custom(r) => release_after_progress::enrols(cfg, r.as_ref(), parent),
             AnyRun::Legacy(r) => release_after_progress::enrols(cfg, r.as_ref(), parent),
+            AnyRun::Queued(_) => true,
         }
+    }
+
+    /// A queued PipelineRun of this lock, unless Tekton started it before the lock saw it.
+    fn queued(pr: Arc<PipelineRun>) -> Option<AnyRun> {
+        let queued = PendingRun::of(pr)?;
+        (!queued.started_unqueued()).then(|| AnyRun::Queued(Arc::new(queued)))
     }
 }
 
@@ -160,6 +171,8 @@ async fn fetch_runs<L: LockObject>(
     if let Some(runs) = &ctx.runs {
         objects.extend(runs.get(&tag).into_iter().map(AnyRun::Legacy));
     }
+    let queued = ctx.queued_runs.get(&tag, &ctx.pipeline_runs);
+    objects.extend(queued.into_iter().filter_map(AnyRun::queued));
     objects.extend(missing(ctx, &lock.scope(), &named, &objects).await?);
     let mut labels = NamespaceLabels::new();
     let mut found = Vec::new();
@@ -240,6 +253,12 @@ async fn missing(
                 let api: Api<Run> = Api::namespaced(ctx.client.clone(), ns);
                 if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
                     found.push(AnyRun::Legacy(Arc::new(o)));
+                }
+            }
+            RunKind::PipelineRun => {
+                let api: Api<PipelineRun> = Api::namespaced(ctx.client.clone(), ns);
+                if let Some(o) = api.get_opt(name).await?.filter(|o| same(o.uid())) {
+                    found.extend(AnyRun::queued(Arc::new(o)));
                 }
             }
         }

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 /// Tekton's reason while a PipelineRun with a failed task waits for the running ones.
 const STOPPING: &str = "PipelineRunStopping";
+/// `spec.status` of a PipelineRun created to wait: Tekton starts it (and its timeout) once cleared.
+pub const PENDING: &str = "PipelineRunPending";
 
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[kube(group = "tekton.dev", version = "v1", kind = "PipelineRun", namespaced)]
@@ -16,6 +18,10 @@ pub struct PipelineRunSpec {
     /// `Cancelled`, `CancelledRunFinally`, `StoppedRunFinally` or `PipelineRunPending`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// The Pipeline it runs, if by reference: a PipelineRun that has not started
+    /// has no `tekton.dev/pipeline` label yet, and its supersede group is this name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_ref: Option<PipelineRef>,
     /// Not part of the object: its labels once the cache has taken them out of
     /// the label map (None: read the map).
     #[serde(skip)]
@@ -38,6 +44,12 @@ pub struct PipelineRunStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Boxed: a done PipelineRun's is dropped, and every cached one would carry its room.
     pub pipeline_spec: Option<Box<PipelineTaskNames>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PipelineRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// Anything with a `name`: a skipped task, a pipeline task.
@@ -88,6 +100,11 @@ impl PipelineRun {
                 "Cancelled" | "CancelledRunFinally" | "StoppedRunFinally" | "PipelineRunCancelled"
             )
         )
+    }
+
+    /// Created to wait, and not started yet.
+    pub fn is_pending(&self) -> bool {
+        self.spec.status.as_deref() == Some(PENDING)
     }
 
     /// Is it on its way out: asked to stop, or `PipelineRunStopping` because a

@@ -5,7 +5,10 @@
 //! first of them), either may name a task in `release-after` that ends at any time,
 //! a granted run may be re-pointed at the other key, a key's order may flip while
 //! runs of both keys wait, and lock runs may be deleted (and re-created by Tekton)
-//! while they wait, keep a reserved slot or hold. Each key's sync builds the views
+//! while they wait, keep a reserved slot or hold. A PipelineRun may also be queued
+//! as a whole (created Pending with a key annotation): then the member is the
+//! PipelineRun itself, whose run uid is its own, and its lock tasks come only
+//! after its grant. Each key's sync builds the views
 //! as `controller::reconcile::members::gather` does (claims, draining holders,
 //! done sections, ghosts of deleted holders and reserved runs, the token each key
 //! reads), decides, and applies the decision in the order
@@ -85,6 +88,9 @@ struct LockRun {
     timed_out: bool,
     deleted: bool,
     created: i64,
+    /// A PipelineRun queued as a whole (issue 26): the member is the PipelineRun
+    /// itself, of kind PipelineRun; it starts its lock tasks only once granted.
+    queued: bool,
 }
 
 /// Where a PipelineRun is in its life; an ended one's pods may still run.
@@ -332,9 +338,14 @@ impl World {
         let told = token_of(&r.said).is_some();
         let section_done = told && !ended && r.release_after.is_some_and(|t| p.tasks_ended[t]);
         let parent_state = view::parent_state(p.object.as_ref(), pods_alive);
+        let granted = token_of(&r.said).is_some();
         let view = RunView {
             run: RunRef {
-                kind: RunKind::CustomRun,
+                kind: if r.queued {
+                    RunKind::PipelineRun
+                } else {
+                    RunKind::CustomRun
+                },
                 name: r.name.clone(),
                 uid: r.uid.clone(),
             },
@@ -351,7 +362,12 @@ impl World {
             },
             priority: p.priority,
             supersede: p.supersede,
-            cancel_mode: CancelMode::default(),
+            // `view::cancel_mode`: a queued PipelineRun not granted is cancelled outright.
+            cancel_mode: if r.queued && !granted {
+                CancelMode::Cancelled
+            } else {
+                CancelMode::default()
+            },
             wait: true,
             waiting_since: t(r.created),
             cancel_message: None,
@@ -646,6 +662,8 @@ enum Op {
         priority: u8,
         supersede: u8,
         release_after: bool,
+        /// Created Pending with a key annotation (of one key) instead of a lock task.
+        queued: bool,
     },
     /// A running PipelineRun starts a second lock run: of its keys, or the first of them.
     Sibling {
@@ -683,9 +701,11 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let chance = proptest::bool::weighted;
     prop_oneof![
-        4 => (1..4u8, 0..2u8, 0..4u8, chance(0.3)).prop_map(|(keys, priority, supersede, release_after)| {
-            Op::Arrive { keys, priority, supersede, release_after }
-        }),
+        4 => (1..4u8, 0..2u8, 0..4u8, chance(0.3), chance(0.3)).prop_map(
+            |(keys, priority, supersede, release_after, queued)| {
+                Op::Arrive { keys, priority, supersede, release_after, queued }
+            }
+        ),
         3 => (any::<u8>(), any::<bool>(), chance(0.6)).prop_map(|(pick, same_keys, release_after)| {
             Op::Sibling { pick, same_keys, release_after }
         }),
@@ -715,13 +735,15 @@ impl World {
         pick(self.prs.len(), i, |k| f(&self.prs[k]))
     }
 
+    /// A lock run (never a queued PipelineRun: that is deleted, cancelled or
+    /// re-pointed only as a PipelineRun).
     fn pick_run(&self, i: u8, f: impl Fn(&LockRun) -> bool) -> Option<usize> {
         pick(self.runs.len(), i, |k| {
-            !self.runs[k].deleted && f(&self.runs[k])
+            !self.runs[k].deleted && !self.runs[k].queued && f(&self.runs[k])
         })
     }
 
-    fn arrive(&mut self, keys: u8, priority: u8, supersede: u8, release_after: bool) {
+    fn arrive(&mut self, keys: u8, priority: u8, supersede: u8, release_after: bool, queued: bool) {
         self.clock += 1;
         let n = self.prs.len();
         let keys: Vec<String> = KEYS
@@ -747,8 +769,19 @@ impl World {
             life: Life::Running,
             tasks_ended: Vec::new(),
         });
+        if queued && keys.len() == 1 {
+            return self.add_queued(n, keys);
+        }
         let task = release_after.then(|| self.new_task(n));
         self.add_run(n, keys, task);
+    }
+
+    /// PipelineRun `pr` itself as a member of its key (`observe::pending::PendingRun`).
+    fn add_queued(&mut self, pr: usize, keys: Vec<String>) {
+        self.add_run(pr, keys, None);
+        let (name, uid) = (self.prs[pr].name.clone(), self.prs[pr].uid.clone());
+        let r = self.runs.last_mut().unwrap();
+        (r.name, r.uid, r.queued) = (name, uid, true);
     }
 
     fn new_task(&mut self, pr: usize) -> usize {
@@ -778,6 +811,7 @@ impl World {
             timed_out: false,
             deleted: false,
             created: self.clock,
+            queued: false,
         });
     }
 
@@ -789,7 +823,8 @@ impl World {
                 priority,
                 supersede,
                 release_after,
-            } => self.arrive(keys, priority, supersede, release_after),
+                queued,
+            } => self.arrive(keys, priority, supersede, release_after, queued),
             Op::Sibling {
                 pick,
                 same_keys,
@@ -822,6 +857,11 @@ impl World {
         let Some(n) = self.pick_pr(i, |p| p.life == Life::Running) else {
             return;
         };
+        // A queued PipelineRun has started nothing before its grant.
+        let first = self.runs.iter().find(|r| r.pr == n);
+        if first.is_some_and(|r| r.queued && token_of(&r.said).is_none()) {
+            return;
+        }
         let mut keys = self.prs[n].keys.clone();
         if !same_keys {
             keys.truncate(1);
@@ -890,7 +930,9 @@ impl World {
                 }
             }
             Op::TimeOut(i) => {
-                if let Some(k) = self.pick_run(i, |r| !r.said.is_final()) {
+                // A queued PipelineRun's `queue-timeout` as well.
+                let live = |k: usize| !self.runs[k].deleted && !self.runs[k].said.is_final();
+                if let Some(k) = pick(self.runs.len(), i, live) {
                     self.runs[k].timed_out = true;
                 }
             }
@@ -1080,6 +1122,7 @@ fn known_limit_a_hidden_sharer_of_a_release_after_hold_lets_it_go() {
             priority: 0,
             supersede: 0,
             release_after,
+            queued: false,
         };
         let sibling = Op::Sibling {
             pick: 0,
@@ -1117,6 +1160,7 @@ fn known_limit_a_re_created_run_of_several_keys_waits_behind_a_run_ranked_first(
         priority,
         supersede: 0,
         release_after: false,
+        queued: false,
     };
     let ops = [
         arrive(2, 0),

@@ -1,0 +1,102 @@
+//! Intake of a PipelineRun queued as a whole (created `PipelineRunPending` with
+//! the annotation `tekton-mutex.dev/key`): refuse bad annotations, and make sure
+//! the key's Mutex exists. It never starts a PipelineRun: only the lock's sync
+//! does, by granting it. A refused one stays Pending, with the error on it.
+
+use crate::controller::apply::events::{self, Transition};
+use crate::controller::apply::writes;
+use crate::controller::context::{Context, Error};
+use crate::controller::reconcile::{cluster_admission, intake};
+use crate::core::observe::cluster_mutex_targets;
+use crate::core::observe::pending::PendingRun;
+use crate::core::params::annotations::{self, ERROR, KEY};
+use crate::core::run_status::queued::refused_patch;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use std::sync::Arc;
+use tracing::warn;
+
+/// The reason of the Warning on a PipelineRun that started before it could be queued.
+pub const NOT_QUEUED: &str = "NotQueued";
+
+pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(queued) = PendingRun::of(pr.clone()) else {
+        return Ok(Action::await_change());
+    };
+    let o = queued.observe();
+    if pr.is_done() || o.deleting {
+        return Ok(Action::await_change());
+    }
+    let problem = if queued.started_unqueued() {
+        let key = pr.metadata.annotations.as_ref().and_then(|a| a.get(KEY));
+        Some((
+            NOT_QUEUED,
+            format!(
+                "annotation {KEY} ({key:?}) is ignored: the PipelineRun was not created with \
+                 spec.status: PipelineRunPending, so Tekton started it before tekton-mutex could \
+                 queue it, and nothing is locked for it. Create it Pending to queue it"
+            ),
+        ))
+    } else if let Some(message) = o.repointed() {
+        // Its key annotation changed while it waited: it belongs to neither lock.
+        Some(("InvalidParams", message))
+    } else {
+        match o.config() {
+            Err(message) => Some(("InvalidParams", message)),
+            Ok(cfg) => match cluster_mutex_targets(&o) {
+                Some(Ok(names)) => cluster_admission::refusal(&ctx, &o, &names[0]).await?,
+                Some(Err(message)) => Some(message),
+                None => intake::mutex_for(&ctx, &o, &cfg).await?,
+            }
+            .map(|m| ("InvalidParams", m)),
+        }
+    };
+    let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
+    match problem {
+        Some((reason, message)) if said != Some(&message) => {
+            refuse(&ctx, &queued, reason, &message).await?
+        }
+        None if said.is_some() => clear_error(&ctx, &queued).await?,
+        _ => {}
+    }
+    Ok(Action::await_change())
+}
+
+/// Write the error on the PipelineRun (it stays as it is), with a Warning Event.
+async fn refuse(
+    ctx: &Context,
+    queued: &PendingRun,
+    reason: &'static str,
+    message: &str,
+) -> Result<(), Error> {
+    let o = queued.observe();
+    warn!(pipeline_run = %o.name, namespace = %o.namespace, %message, "PipelineRun not queued");
+    if writes::run_status(ctx, o.kind, &o.namespace, &o.name, &refused_patch(message)).await? {
+        let warning = Transition {
+            reason,
+            note: message.to_string(),
+            type_: EventType::Warning,
+        };
+        events::record(ctx, &o.namespace, &o.run_ref(), warning);
+    }
+    Ok(())
+}
+
+/// The user fixed the annotations: the error goes.
+async fn clear_error(ctx: &Context, queued: &PendingRun) -> Result<(), Error> {
+    let o = queued.observe();
+    let patch = serde_json::json!({"metadata": {"annotations": {ERROR: null}}});
+    writes::run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await?;
+    Ok(())
+}
+
+/// What intake hears of: the PipelineRuns that ask to be queued and are not done.
+pub fn needs_intake(pr: &PipelineRun) -> bool {
+    let asks = pr
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(annotations::opted_in);
+    asks && !pr.is_done()
+}

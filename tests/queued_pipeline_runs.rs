@@ -1,0 +1,450 @@
+//! Lock a PipelineRun without editing its pipeline (issue 26): a PipelineRun created
+//! `spec.status: PipelineRunPending` with the annotation `tekton-mutex.dev/key` waits in the
+//! key's queue before it starts, beside lock tasks, on the local control plane with the real
+//! Tekton controller. (The founding scenario with queued PipelineRuns is in founding_scenario.rs.)
+
+mod support;
+
+use anyhow::{Context, Result, ensure};
+use kube::ResourceExt;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use serde_json::json;
+use std::time::Duration;
+use support::controller::ControllerProcess;
+use support::pipelines::*;
+use support::*;
+
+const KEY: &str = "tekton-mutex.dev/key";
+const TOKEN: &str = "tekton-mutex.dev/token";
+
+/// A Pipeline with no lock task: one task that waits for the gate `release-<pipelinerun>`.
+fn gated_pipeline(name: &str) -> String {
+    let gate = "set -e\nkubectl -n \"$(params.ns)\" wait --for=create \"configmap/release-$(params.pr)\" --timeout=600s >/dev/null\n";
+    json!({
+        "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name},
+        "spec": {"tasks": [{
+            "name": "deploy",
+            "params": [
+                {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
+                {"name": "pr", "value": "$(context.pipelineRun.name)"},
+            ],
+            "taskSpec": {
+                "params": [{"name": "ns"}, {"name": "pr"}],
+                "steps": [{"name": "run", "image": "busybox", "script": gate}],
+            },
+        }]},
+    })
+    .to_string()
+}
+
+/// A PipelineRun of `pipeline`, created Pending with `annotations`, and `spec` merged in.
+fn queued_run(
+    name: &str,
+    pipeline: &str,
+    annotations: &[(&str, &str)],
+    spec: serde_json::Value,
+) -> String {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let mut pr = json!({
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"status": "PipelineRunPending", "pipelineRef": {"name": pipeline}},
+    });
+    if let serde_json::Value::Object(extra) = spec {
+        for (k, v) in extra {
+            pr["spec"][k] = v;
+        }
+    }
+    pr.to_string()
+}
+
+async fn pipeline_run_object(ns: &TestNamespace, name: &str) -> Result<DynamicObject> {
+    Ok(ns
+        .dynamic("tekton.dev/v1", "PipelineRun")
+        .await?
+        .get(name)
+        .await?)
+}
+
+/// Waits until PipelineRun `name` carries annotation `annotation`; returns its value.
+async fn wait_annotation(
+    ns: &TestNamespace,
+    name: &str,
+    annotation: &str,
+    timeout: Duration,
+) -> Result<String> {
+    wait_until(
+        &format!("{name} to carry {annotation}"),
+        timeout,
+        || async {
+            let pr = pipeline_run_object(ns, name).await?;
+            Ok(pr.annotations().get(annotation).cloned())
+        },
+    )
+    .await
+}
+
+/// The granted PipelineRun's token; checks that its `spec.status` was cleared (it started).
+async fn wait_granted(ns: &TestNamespace, name: &str) -> Result<i64> {
+    let token = wait_annotation(ns, name, TOKEN, slow()).await?;
+    let pr = pipeline_run_object(ns, name).await?;
+    ensure!(
+        pr.data.pointer("/spec/status").is_none(),
+        "{name} was granted but not started: {:?}",
+        pr.data["spec"]
+    );
+    Ok(token.parse()?)
+}
+
+/// Asserts that PipelineRun `name` is still Pending: nothing of it has started.
+async fn assert_still_pending(ns: &TestNamespace, name: &str) -> Result<()> {
+    let pr = pipeline_run_object(ns, name).await?;
+    ensure!(
+        pr.data.pointer("/spec/status") == Some(&json!("PipelineRunPending")),
+        "{name} left Pending: {:?}",
+        pr.data["spec"]
+    );
+    let children = pr
+        .data
+        .pointer("/status/childReferences")
+        .and_then(|c| c.as_array());
+    ensure!(
+        children.is_none_or(|c| c.is_empty()),
+        "{name} started tasks: {children:?}"
+    );
+    Ok(())
+}
+
+/// The lock-task token of PipelineRun `pr`'s lock run.
+async fn lock_token(ns: &TestNamespace, pr: &str) -> Result<i64> {
+    result_of(ns, &lock_run(pr), "token")
+        .await?
+        .context("no token result")?
+        .parse()
+        .map_err(Into::into)
+}
+
+/// PipelineRun `name` of the lock-task pipeline, once it holds the key (its deploy waits for its gate).
+async fn hold(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.apply(&pipeline_run(name, "locked", &[])).await?;
+    wait_reason(ns, &lock_run(name), "Acquired", slow()).await?;
+    Ok(())
+}
+
+/// Waits until PipelineRun `name` has succeeded.
+async fn succeeds(ns: &TestNamespace, name: &str) -> Result<()> {
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", name, slow())
+        .await?;
+    ensure!(done.status == "True", "{name} ended {done:?}");
+    Ok(())
+}
+
+/// Waits until PipelineRun `name` has ended Cancelled.
+async fn ends_cancelled(ns: &TestNamespace, name: &str) -> Result<()> {
+    let done = ns
+        .wait_for_succeeded("tekton.dev/v1", "PipelineRun", name, slow())
+        .await?;
+    ensure!(
+        done.status == "False" && done.reason == "Cancelled",
+        "{name} ended {done:?}"
+    );
+    Ok(())
+}
+
+async fn setup(prefix: &str) -> Result<(TestNamespace, ControllerProcess)> {
+    let ns = TestNamespace::create(prefix).await?;
+    let controller = ControllerProcess::start(ns.name()).await?;
+    ns.apply(&gated_pipeline("gated")).await?;
+    let o = Opts {
+        lock_params: &[("key", "env")],
+        ..Opts::default()
+    };
+    ns.apply(&pipeline("locked", &o)).await?;
+    Ok((ns, controller))
+}
+
+/// A queued PipelineRun and a lock-task PipelineRun on one key exclude each other, whichever
+/// holds first; the tokens go up across both kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_queued_pipeline_run_and_a_lock_task_exclude_each_other_in_both_orders() -> Result<()> {
+    let (ns, _c) = setup("queued-both").await?;
+    // The queued one holds first: the lock task waits.
+    ns.apply(&queued_run("q1", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    let t1 = wait_granted(&ns, "q1").await?;
+    ns.apply(&pipeline_run("l1", "locked", &[])).await?;
+    wait_reason(&ns, &lock_run("l1"), "Waiting", slow()).await?;
+    release(&ns, "q1").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "q1", slow())
+        .await?;
+    wait_reason(&ns, &lock_run("l1"), "Acquired", slow()).await?;
+    let t2 = lock_token(&ns, "l1").await?;
+    // The lock task holds: the queued one stays Pending, told where it is, until it is released.
+    ns.apply(&queued_run("q2", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    let waiting = wait_annotation(&ns, "q2", "tekton-mutex.dev/waiting", slow()).await?;
+    ensure!(
+        waiting.contains("next in line") && waiting.contains("l1"),
+        "q2 is told {waiting:?}"
+    );
+    assert_still_pending(&ns, "q2").await?;
+    release(&ns, "l1").await?;
+    let t3 = wait_granted(&ns, "q2").await?;
+    ensure!(t1 < t2 && t2 < t3, "tokens did not go up: {t1}, {t2}, {t3}");
+    release(&ns, "q2").await?;
+    succeeds(&ns, "q2").await?;
+    Ok(())
+}
+
+/// A queued PipelineRun's wait does not count against its own timeout: Tekton starts the
+/// clock only when it starts. It waits longer than `timeouts.pipeline` and still succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_wait_longer_than_the_pipeline_timeout_does_not_time_it_out() -> Result<()> {
+    let (ns, _c) = setup("queued-timeout").await?;
+    hold(&ns, "holder").await?;
+    let limit = 10;
+    let spec = json!({"timeouts": {"pipeline": format!("{limit}s")}});
+    ns.apply(&queued_run("q", "gated", &[(KEY, "env")], spec))
+        .await?;
+    create_gate(&ns, "release-q").await?; // once started, q finishes at once
+    let created = pipeline_run_object(&ns, "q")
+        .await?
+        .creation_timestamp()
+        .context("created")?
+        .0;
+    // The condition is the elapsed time itself: q has waited longer than its timeout.
+    wait_until(
+        "q to wait longer than its timeout",
+        secs(limit * 4),
+        || async {
+            let waited = jiff::Timestamp::now().duration_since(created).as_secs();
+            Ok((waited > limit as i64 + 5).then_some(()))
+        },
+    )
+    .await?;
+    assert_still_pending(&ns, "q").await?;
+    release(&ns, "holder").await?;
+    wait_granted(&ns, "q").await?;
+    succeeds(&ns, "q").await?;
+    Ok(())
+}
+
+/// `tekton-mutex.dev/queue-timeout` cancels a PipelineRun still queued after that long: it ends
+/// Cancelled, never started, with reason QueueTimeout in an annotation and an Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn queue_timeout_cancels_a_pipeline_run_still_queued() -> Result<()> {
+    let (ns, _c) = setup("queue-timeout").await?;
+    hold(&ns, "holder").await?;
+    let annotations = [(KEY, "env"), ("tekton-mutex.dev/queue-timeout", "3s")];
+    ns.apply(&queued_run("q", "gated", &annotations, json!({})))
+        .await?;
+    ends_cancelled(&ns, "q").await?;
+    let pr = pipeline_run_object(&ns, "q").await?;
+    let reason = pr
+        .annotations()
+        .get("tekton-mutex.dev/cancel-reason")
+        .cloned();
+    ensure!(
+        reason.as_deref() == Some("QueueTimeout"),
+        "cancel reason {reason:?}"
+    );
+    ensure!(!pr.annotations().contains_key(TOKEN), "q was granted");
+    let children = pr
+        .data
+        .pointer("/status/childReferences")
+        .and_then(|c| c.as_array());
+    ensure!(
+        children.is_none_or(|c| c.is_empty()),
+        "q started tasks: {children:?}"
+    );
+    wait_event(&ns, "q", "QueueTimeout").await?;
+    release(&ns, "holder").await
+}
+
+/// An Event of `reason` on PipelineRun `name`.
+async fn wait_event(ns: &TestNamespace, name: &str, reason: &str) -> Result<()> {
+    wait_until(&format!("a {reason} Event on {name}"), secs(30), || async {
+        let selector =
+            format!("reason={reason},involvedObject.name={name},involvedObject.kind=PipelineRun");
+        let events = ns.kubectl(&["get", "events", "--field-selector", &selector, "-o", "name"])?;
+        Ok((!events.trim().is_empty()).then_some(()))
+    })
+    .await
+}
+
+/// A bad annotation leaves the PipelineRun Pending with an error that names the annotation and
+/// what it allows; fixed, it is queued and runs. A key annotation on a PipelineRun that was not
+/// created Pending is reported, and the PipelineRun is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_bad_annotation_leaves_the_pipeline_run_pending_with_a_clear_error() -> Result<()> {
+    let (ns, _c) = setup("queued-bad").await?;
+    let bad = [(KEY, "env"), ("tekton-mutex.dev/priority", "high")];
+    ns.apply(&queued_run("q", "gated", &bad, json!({}))).await?;
+    let error = wait_annotation(&ns, "q", "tekton-mutex.dev/error", slow()).await?;
+    ensure!(
+        error.contains("annotation tekton-mutex.dev/priority"),
+        "the error is {error:?}"
+    );
+    wait_event(&ns, "q", "InvalidParams").await?;
+    assert_still_pending(&ns, "q").await?;
+    let fix = json!({"metadata": {"annotations": {"tekton-mutex.dev/priority": "5"}}});
+    ns.api::<tekton_mutex::model::tekton::pipelinerun::PipelineRun>()
+        .patch("q", &PatchParams::default(), &Patch::Merge(&fix))
+        .await?;
+    create_gate(&ns, "release-q").await?;
+    wait_granted(&ns, "q").await?;
+    succeeds(&ns, "q").await?;
+    let pr = pipeline_run_object(&ns, "q").await?;
+    ensure!(
+        !pr.annotations().contains_key("tekton-mutex.dev/error"),
+        "the fixed error stayed"
+    );
+    // Not created Pending: Tekton started it at once; the lock can only say so.
+    let started = json!({"apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": "s", "annotations": {KEY: "env"}},
+        "spec": {"pipelineRef": {"name": "gated"}}});
+    ns.apply(&started.to_string()).await?;
+    let error = wait_annotation(&ns, "s", "tekton-mutex.dev/error", slow()).await?;
+    ensure!(
+        error.contains("PipelineRunPending"),
+        "the error is {error:?}"
+    );
+    wait_event(&ns, "s", "NotQueued").await?;
+    release(&ns, "s").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "s", slow())
+        .await?;
+    let pr = pipeline_run_object(&ns, "s").await?;
+    ensure!(
+        !pr.annotations().contains_key(TOKEN),
+        "s was granted as if queued"
+    );
+    Ok(())
+}
+
+/// A controller restart mid-queue loses nothing: the holder keeps the key, and the queued
+/// PipelineRuns are granted one at a time after it, with tokens that go up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_controller_restart_mid_queue_loses_nothing() -> Result<()> {
+    let (ns, mut controller) = setup("queued-restart").await?;
+    let names = ["q1", "q2", "q3"];
+    for name in names {
+        // Groups of their own: none supersedes another.
+        let annotations = [(KEY, "env"), ("tekton-mutex.dev/group", name)];
+        ns.apply(&queued_run(name, "gated", &annotations, json!({})))
+            .await?;
+        if name == "q1" {
+            wait_granted(&ns, name).await?;
+        }
+    }
+    for name in &names[1..] {
+        wait_annotation(&ns, name, "tekton-mutex.dev/waiting", slow()).await?;
+    }
+    controller.kill();
+    let _restarted = ControllerProcess::start(ns.name()).await?;
+    let mut tokens = Vec::new();
+    let mut left: Vec<&str> = names.to_vec();
+    while !left.is_empty() {
+        let granted = wait_until("the next grant", slow(), || async {
+            for name in &left {
+                let pr = pipeline_run_object(&ns, name).await?;
+                if let Some(t) = pr.annotations().get(TOKEN) {
+                    return Ok(Some((name.to_string(), t.parse::<i64>()?)));
+                }
+            }
+            Ok(None)
+        })
+        .await?;
+        for other in left.iter().filter(|n| **n != granted.0) {
+            assert_still_pending(&ns, other).await?;
+        }
+        release(&ns, &granted.0).await?;
+        ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", &granted.0, slow())
+            .await?;
+        left.retain(|n| *n != granted.0);
+        tokens.push(granted.1);
+    }
+    ensure!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens did not go up: {tokens:?}"
+    );
+    Ok(())
+}
+
+/// A queued PipelineRun whose pipeline also has a lock task on its key: the lock task passes
+/// at once, with the PipelineRun's own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_lock_task_inside_a_queued_pipeline_run_re_enters_with_its_token() -> Result<()> {
+    let (ns, _c) = setup("queued-reenter").await?;
+    ns.apply(&queued_run("q", "locked", &[(KEY, "env")], json!({})))
+        .await?;
+    let token = wait_granted(&ns, "q").await?;
+    wait_reason(&ns, &lock_run("q"), "Acquired", slow()).await?;
+    let inner = lock_token(&ns, "q").await?;
+    ensure!(
+        inner == token,
+        "the lock task got token {inner}, the PipelineRun {token}"
+    );
+    let holders = mutex_status(&ns, "env").await?.holders;
+    ensure!(holders.len() == 1, "one hold, not two: {holders:?}");
+    // Tekton copies the PipelineRun's annotations to its TaskRuns (and their pods): where a
+    // step reads the token (the README's `fieldRef`).
+    let task_runs = ns.dynamic("tekton.dev/v1", "TaskRun").await?;
+    let copied = wait_until("q's deploy TaskRun", slow(), || async {
+        Ok(task_runs
+            .get_opt("q-deploy")
+            .await?
+            .map(|t| t.annotations().get(TOKEN).cloned()))
+    })
+    .await?;
+    ensure!(
+        copied == Some(token.to_string()),
+        "the deploy TaskRun carries token {copied:?}"
+    );
+    release(&ns, "q").await?;
+    succeeds(&ns, "q").await?;
+    Ok(())
+}
+
+/// Queue control covers queued PipelineRuns: `tkn mutex clear` lets a waiting one go, and it
+/// ends Cancelled without ever starting, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn clear_lets_a_queued_pipeline_run_go_without_starting_it() -> Result<()> {
+    let (ns, _c) = setup("queued-clear").await?;
+    hold(&ns, "holder").await?;
+    ns.apply(&queued_run("q", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    wait_annotation(&ns, "q", "tekton-mutex.dev/waiting", slow()).await?;
+    let out =
+        support::cli::tkn_mutex(&["clear", "env", "--reason", "bad release", "-n", ns.name()])?;
+    ensure!(out.ok(), "{out:?}");
+    ends_cancelled(&ns, "q").await?;
+    let pr = pipeline_run_object(&ns, "q").await?;
+    let reason = pr
+        .annotations()
+        .get("tekton-mutex.dev/cancel-reason")
+        .cloned();
+    ensure!(
+        reason.as_deref() == Some("Cleared"),
+        "cancel reason {reason:?}"
+    );
+    let children = pr
+        .data
+        .pointer("/status/childReferences")
+        .and_then(|c| c.as_array());
+    ensure!(
+        children.is_none_or(|c| c.is_empty()),
+        "q started tasks: {children:?}"
+    );
+    release(&ns, "holder").await
+}
