@@ -26,6 +26,9 @@ pub struct ObservedRun<'a> {
     pub namespace: String,
     pub uid: String,
     pub resource_version: Option<String>,
+    /// `metadata.generation`: above 1, its spec was edited since it was created. None where an
+    /// edit is no re-point (a queued PipelineRun, whose grant is an edit of its spec).
+    pub generation: Option<i64>,
     pub created: Timestamp,
     pub deleting: bool,
     /// The controlling PipelineRun: (name, uid).
@@ -111,6 +114,7 @@ impl<'a> ObservedRun<'a> {
             namespace: meta.namespace.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
             resource_version: meta.resource_version.clone(),
+            generation: meta.generation,
             created: meta
                 .creation_timestamp
                 .as_ref()
@@ -174,7 +178,9 @@ impl<'a> ObservedRun<'a> {
         if let Some(changed) = self.release_after_changed() {
             return Some(changed);
         }
-        let (was_kind, was_key) = run_status::written_by(&self.status)?;
+        let Some((was_kind, was_key)) = run_status::written_by(&self.status) else {
+            return self.edited_before_first_seen();
+        };
         let (kind, names) = self.named_locks()?;
         let was_kind = was_kind.unwrap_or_else(|| kind.clone());
         // A run of several keys is told under all of them (`a,b`).
@@ -187,6 +193,21 @@ impl<'a> ObservedRun<'a> {
              name {kind} {:?}: a lock run cannot move to another lock; put the key back, or create \
              a new run",
             names.join(",")
+        ))
+    }
+
+    /// A run no one has told yet whose spec was edited since it was created (`generation` above
+    /// 1). Tekton edits a CustomRun's spec only to cancel it, so someone else did: maybe its key,
+    /// before the lock first wrote its status and recorded the key. Which key its pipeline
+    /// guards is not known, so the run joins none (issue 23 item 2, found by the chaos campaign).
+    fn edited_before_first_seen(&self) -> Option<String> {
+        let generation = self.generation.filter(|g| *g > 1)?;
+        if self.cancel_requested || !self.status.conditions.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "the run's spec was edited before the lock first saw it (generation {generation}): \
+             a lock run cannot be re-pointed or changed; create a new run"
         ))
     }
 
@@ -410,6 +431,42 @@ mod tests {
         assert!(other.observe().repointed().is_some());
         let fresh = told(("key", "prod"), mutex, json!({}));
         assert_eq!(fresh.observe().repointed(), None);
+    }
+
+    /// The chaos campaign's seed 601721574: a run re-pointed before the lock's first status write
+    /// joined its new key while its pipeline deployed the old one.
+    #[test]
+    fn a_run_edited_before_the_lock_first_saw_it_is_refused() {
+        let run = |generation: i64, spec_status: Option<&str>, status: serde_json::Value| {
+            let cr: CustomRun = serde_json::from_value(json!({
+                "apiVersion": "tekton.dev/v1beta1", "kind": "CustomRun",
+                "metadata": {"name": "r", "namespace": "ns", "generation": generation},
+                "spec": {"customRef": {"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex"},
+                         "params": [{"name": "key", "value": "prod"}], "status": spec_status},
+                "status": status,
+            }))
+            .unwrap();
+            cr
+        };
+        let edited = run(2, None, json!({}));
+        let why = edited.observe().repointed().unwrap();
+        assert!(
+            why.contains("generation 2") && why.contains("create a new run"),
+            "{why}"
+        );
+        assert_eq!(
+            run(1, None, json!({})).observe().repointed(),
+            None,
+            "as created"
+        );
+        let cancelled = run(2, Some("RunCancelled"), json!({}));
+        assert_eq!(cancelled.observe().repointed(), None, "Tekton's own edit");
+        let told = json!({"conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "Waiting"}]});
+        assert_eq!(
+            run(3, None, told).observe().repointed(),
+            None,
+            "an older lock's tell"
+        );
     }
 
     fn with_release_after(

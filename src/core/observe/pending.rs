@@ -82,6 +82,7 @@ impl PendingRun {
             namespace: meta.namespace.clone().unwrap_or_default(),
             uid,
             resource_version: meta.resource_version.clone(),
+            generation: None,
             created: meta
                 .creation_timestamp
                 .as_ref()
