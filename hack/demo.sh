@@ -256,7 +256,7 @@ for (( r = 1; r <= ROUNDS; r++ )); do
 done
 echo
 bold "tkn pipelinerun list -n $PIPELINES_NS   (the queued round: superseded ones Cancelled, never started)"
-"$TKN" pipelinerun list -n "$PIPELINES_NS" -l demo-scenario=pending
+"$TKN" pipelinerun list -n "$PIPELINES_NS" --label demo-scenario=pending
 
 "$here/picture.sh" render "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
 
