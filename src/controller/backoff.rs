@@ -10,6 +10,9 @@ use std::time::Duration;
 
 const FIRST: Duration = Duration::from_millis(500);
 const CAP: Duration = Duration::from_secs(300);
+/// Objects remembered at most. A success forgets an object, but one deleted while failing is
+/// never reconciled again: beyond this many, one is forgotten (it retries sooner, once).
+const LIMIT: usize = 10_000;
 
 #[derive(Debug, Default)]
 pub struct Backoff {
@@ -21,6 +24,10 @@ impl Backoff {
     /// 2 s, ... up to 5 min.
     pub fn failed(&self, object: String) -> Duration {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if failures.len() >= LIMIT && !failures.contains_key(&object) {
+            let any = failures.keys().next().cloned();
+            any.map(|k| failures.remove(&k));
+        }
         let n = failures.entry(object).or_default();
         let delay = FIRST.saturating_mul(2u32.saturating_pow(*n)).min(CAP);
         *n = n.saturating_add(1);
@@ -59,5 +66,20 @@ mod tests {
         assert_eq!(b.failed("a".into()), CAP);
         b.succeeded("a");
         assert_eq!(b.failed("a".into()), FIRST);
+    }
+
+    #[test]
+    fn objects_that_never_succeed_again_are_bounded() {
+        let b = Backoff::default();
+        for i in 0..LIMIT + 100 {
+            b.failed(format!("deleted-{i}"));
+        }
+        assert_eq!(b.failures.lock().unwrap().len(), LIMIT);
+        assert_eq!(b.failed("deleted-last".into()), FIRST);
+        assert_eq!(
+            b.failed("deleted-last".into()),
+            FIRST * 2,
+            "the newest is kept"
+        );
     }
 }

@@ -5,6 +5,7 @@ use super::backoff::Backoff;
 use super::cache::index::{Index, Indexed};
 use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
+use super::reconcile::ledger_batch::LedgerWrites;
 use crate::metrics::Metrics;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
@@ -96,6 +97,8 @@ pub struct Context {
     pub(crate) acting: watch::Receiver<bool>,
     /// Where the ClusterMutexes' token ledger lives (token_floor.rs): the controller's namespace.
     pub(crate) ledger_namespace: String,
+    /// The token ledgers' writes, one at a time per ledger (ledger_batch.rs).
+    pub(crate) ledger_writes: LedgerWrites,
 }
 
 impl Context {
@@ -134,6 +137,7 @@ impl Context {
             cluster_written: Default::default(),
             acting: watch::channel(true).1,
             ledger_namespace: ledger_namespace.into(),
+            ledger_writes: Default::default(),
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod cluster_admission;
 pub mod finalizer;
 pub mod idle_deletion;
 pub mod intake;
+pub mod ledger_batch;
 pub mod lock;
 pub mod lock_kinds;
 pub mod members;

@@ -144,6 +144,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         cluster_written: Default::default(),
         acting: acting_rx.clone(),
         ledger_namespace: super::reconcile::token_floor::controller_namespace(),
+        ledger_writes: Default::default(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();

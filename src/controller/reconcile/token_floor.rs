@@ -13,6 +13,7 @@
 //! compare-and-swap. Past [`MAX_ENTRIES`] keys, the entries fold into one floor for the whole
 //! ledger: higher floors are always safe, and the ConfigMap stays far below its 1 MiB limit.
 
+use super::ledger_batch::Records;
 use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::core::scope::Scope;
@@ -47,10 +48,7 @@ pub fn controller_namespace() -> String {
 /// The ledger entry of lock `name` of `scope`: a valid ConfigMap key (a name too long for one is
 /// cut, with a hash of the whole name: two names sharing an entry only share the higher floor).
 pub fn entry(scope: &Scope, name: &str) -> String {
-    let kind = match scope {
-        Scope::Namespace(_) => "mutex",
-        Scope::Cluster => "clustermutex",
-    };
+    let kind = kind_of(scope);
     let whole = format!("{kind}.{name}");
     if whole.len() <= MAX_ENTRY {
         return whole;
@@ -74,20 +72,26 @@ pub fn floor_in(data: &Data, entry: &str) -> Result<i64, String> {
     Ok(token_of(data, entry)?.max(token_of(data, FOLDED)?))
 }
 
-/// The ledger's data once `token` is recorded for `entry`; None if it already floors it that high.
-pub fn recorded(data: &Data, entry: &str, token: i64) -> Result<Option<Data>, String> {
-    if floor_in(data, entry)? >= token {
+/// The ledger's data once every record of `batch` is in; None if it already floors them all.
+pub fn recorded_all(data: &Data, batch: &Records) -> Result<Option<Data>, String> {
+    let mut raised = Vec::new();
+    for (entry, token) in batch {
+        if floor_in(data, entry)? < *token {
+            raised.push((entry.clone(), token.to_string()));
+        }
+    }
+    if raised.is_empty() {
         return Ok(None);
     }
     let mut data = data.clone();
-    data.insert(entry.to_string(), token.to_string());
+    data.extend(raised);
     if data.len() > MAX_ENTRIES {
         // Unparsable entries fold in as nothing: they floored nothing either.
         let top = data
             .values()
             .filter_map(|v| v.trim().parse::<i64>().ok())
             .max();
-        data = [(FOLDED.to_string(), top.unwrap_or(token).to_string())].into();
+        data = [(FOLDED.to_string(), top.unwrap_or_default().to_string())].into();
     }
     Ok(Some(data))
 }
@@ -133,15 +137,32 @@ pub async fn floor(ctx: &Context, scope: &Scope, name: &str) -> Result<i64, Erro
 }
 
 /// Record that lock `name` handed out tokens up to `token`: before it may go without us.
+/// Records for one ledger wait in line and are written together (ledger_batch.rs).
 pub async fn record(ctx: &Context, scope: &Scope, name: &str, token: i64) -> Result<(), Error> {
+    let (_, ns) = ledger(ctx, scope);
+    let line = format!("{}/{ns}", kind_of(scope));
+    let write = |batch| write_batch(ctx, scope, batch);
+    ctx.ledger_writes
+        .record(&line, &entry(scope, name), token, write)
+        .await
+}
+
+fn kind_of(scope: &Scope) -> &'static str {
+    match scope {
+        Scope::Namespace(_) => "mutex",
+        Scope::Cluster => "clustermutex",
+    }
+}
+
+/// Writes every record of `batch` into the ledger: read, raise, compare-and-swap.
+async fn write_batch(ctx: &Context, scope: &Scope, batch: Records) -> Result<(), Error> {
     let (api, ns) = ledger(ctx, scope);
-    let key = entry(scope, name);
     for _ in 0..ATTEMPTS {
         let cm = api.get_opt(LEDGER).await.map_err(|e| api_failed(&ns, e))?;
         let exists = cm.is_some();
         let mut cm = cm.unwrap_or_else(|| new_ledger(&ns));
         let data = cm.data.take().unwrap_or_default();
-        let Some(data) = recorded(&data, &key, token).map_err(|e| failed(&ns, e))? else {
+        let Some(data) = recorded_all(&data, &batch).map_err(|e| failed(&ns, e))? else {
             return Ok(());
         };
         cm.data = Some(data);
@@ -198,6 +219,21 @@ mod tests {
 
     fn ns() -> Scope {
         Scope::Namespace("ns".into())
+    }
+
+    /// The ledger's data once `token` is recorded for `entry`.
+    fn recorded(data: &Data, entry: &str, token: i64) -> Result<Option<Data>, String> {
+        recorded_all(data, &Records::from([(entry.to_string(), token)]))
+    }
+
+    #[test]
+    fn a_batch_raises_only_what_it_raises_and_writes_nothing_when_nothing_rises() {
+        let data: Data = [("mutex.a".to_string(), "5".to_string())].into();
+        let batch = Records::from([("mutex.a".into(), 3), ("mutex.b".into(), 2)]);
+        let data = recorded_all(&data, &batch).unwrap().expect("b rises");
+        assert_eq!(floor_in(&data, "mutex.a"), Ok(5), "never lowered");
+        assert_eq!(floor_in(&data, "mutex.b"), Ok(2));
+        assert_eq!(recorded_all(&data, &batch), Ok(None), "nothing to write");
     }
 
     #[test]
