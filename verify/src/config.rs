@@ -14,6 +14,9 @@ pub struct RunSpec {
     /// `release-after` a task of its PipelineRun: its own section may end before the
     /// PipelineRun's (Env::SectionEnds).
     pub release_after: bool,
+    /// A PipelineRun created `PipelineRunPending` with the key annotation, queued
+    /// as a whole (issue 26): no lock run, the PipelineRun is its own member.
+    pub pending: bool,
 }
 
 impl RunSpec {
@@ -24,6 +27,15 @@ impl RunSpec {
             supersede,
             sibling_of: None,
             release_after: false,
+            pending: false,
+        }
+    }
+
+    /// A PipelineRun queued as a whole on `keys` (one key: the annotation names one).
+    pub fn pending(keys: Vec<u8>, group: u8, supersede: bool) -> RunSpec {
+        RunSpec {
+            pending: true,
+            ..RunSpec::new(keys, group, supersede)
         }
     }
 }
@@ -259,6 +271,20 @@ impl Config {
         }
     }
 
+    /// Issue 26: config A where pr-0 and pr-2 are PipelineRuns queued as a whole
+    /// (created Pending, guarded by annotations) and pr-1 takes the key through a
+    /// lock task, all of one supersede group: the two kinds exclude each other in
+    /// both orders, a newer run supersedes an older one of the other kind, and a
+    /// grant starts a pending PipelineRun only as it was read.
+    pub fn a_pending() -> Config {
+        let pending = || RunSpec::pending(vec![0], 0, true);
+        Config {
+            name: "A-pending",
+            runs: vec![pending(), RunSpec::new(vec![0], 0, true), pending()],
+            ..Config::a()
+        }
+    }
+
     /// Found by this model: a status wipe while a deposed leader still has a
     /// grant's `Acquired` write in flight (config A, a wipe and a lease lapse).
     pub fn a_wipe_race() -> Config {
@@ -353,6 +379,18 @@ impl Config {
             Config::b_cancel_reserved(),
             Config::b_delete_reserved(),
             Config::a_sibling(),
+            Config {
+                name: "A-pending[users,crash]",
+                lags: 0,
+                lapses: 0,
+                ..Config::a_pending()
+            },
+            Config {
+                name: "A-pending[lapse,lag]",
+                disrupt: 0,
+                crashes: 0,
+                ..Config::a_pending()
+            },
             Config {
                 name: "A-floor-failover[no lag, no lapse]",
                 lags: 0,

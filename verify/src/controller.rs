@@ -64,23 +64,41 @@ pub fn relist(s: &mut State, rep: usize) {
 }
 
 /// The watch events that bring kind `o` in the cache up to the API server's state.
-pub fn deliver(s: &mut State, rep: usize, o: Obj) {
+/// The record of a PipelineRun queued as a whole is part of that PipelineRun: it
+/// comes with the PipelineRuns' watch, not the lock runs'.
+pub fn deliver(cfg: &Config, s: &mut State, rep: usize, o: Obj) {
     let api = &s.api;
     let c = &mut s.replicas[rep].cache;
     match o {
         Obj::Mutexes => c.mutexes.clone_from(&api.mutexes),
-        Obj::Runs => c.runs.clone_from(&api.runs),
-        Obj::Prs => c.prs.clone_from(&api.prs),
+        Obj::Runs | Obj::Prs => {
+            for i in watched_runs(cfg, o) {
+                c.runs[i].clone_from(&api.runs[i]);
+            }
+            if o == Obj::Prs {
+                c.prs.clone_from(&api.prs);
+            }
+        }
     }
 }
 
-pub fn stale(s: &State, rep: usize, o: Obj) -> bool {
+pub fn stale(cfg: &Config, s: &State, rep: usize, o: Obj) -> bool {
     let (api, c) = (&s.api, &s.replicas[rep].cache);
+    let runs_behind = watched_runs(cfg, o).any(|i| c.runs[i] != api.runs[i]);
     match o {
         Obj::Mutexes => c.mutexes != api.mutexes,
-        Obj::Runs => c.runs != api.runs,
-        Obj::Prs => c.prs != api.prs,
+        Obj::Runs => runs_behind,
+        Obj::Prs => runs_behind || c.prs != api.prs,
     }
+}
+
+/// The runs whose object the watch of kind `o` carries.
+fn watched_runs(cfg: &Config, o: Obj) -> impl Iterator<Item = usize> + '_ {
+    (0..cfg.runs.len()).filter(move |&i| match o {
+        Obj::Runs => !cfg.runs[i].pending,
+        Obj::Prs => cfg.runs[i].pending,
+        Obj::Mutexes => false,
+    })
 }
 
 /// Intake's ensure_mutex: a live run of the key is seen and its Mutex is not.

@@ -49,7 +49,9 @@ impl Env {
 pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
     let u = cfg.users;
     for i in 0..cfg.runs.len() as u8 {
-        out.extend(u.delete_run.then_some(Env::DeleteRun(i)));
+        // A PipelineRun queued as a whole has no lock run of its own to delete.
+        let lock_run = !cfg.runs[i as usize].pending;
+        out.extend((u.delete_run && lock_run).then_some(Env::DeleteRun(i)));
         out.extend(u.timeout.then_some(Env::Timeout(i)));
         if !cfg.is_pr(i as usize) {
             continue; // a sibling lock run: its PipelineRun's events are its own
@@ -86,7 +88,7 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
         | Env::DeletePr(i) => cfg.is_pr(i as usize) && pipeline_run(cfg, api, e, i as usize),
         Env::DeleteRun(i) => {
             let run = &mut api.runs[i as usize];
-            run.live() && {
+            !cfg.runs[i as usize].pending && run.live() && {
                 run.life = Life::Deleted;
                 run.bump();
                 fail(cfg, api, i as usize);
@@ -121,6 +123,9 @@ fn pipeline_run(cfg: &Config, api: &mut crate::world::Api, e: Env, p: usize) -> 
     match e {
         Env::Create(_) => {
             let created = tekton(api, e, p);
+            if created && cfg.runs[p].pending {
+                api.prs[p].phase = PrPhase::Pending;
+            }
             for j in cfg.runs_of_pr(p).filter(|&j| created && j != p) {
                 api.runs[j].life = Life::Live;
                 api.runs[j].bump();
@@ -134,7 +139,8 @@ fn pipeline_run(cfg: &Config, api: &mut crate::world::Api, e: Env, p: usize) -> 
             ends
         }
         Env::Cancel(_) => {
-            let running = api.prs[p].phase == PrPhase::Running;
+            // A pending PipelineRun may be cancelled too: Tekton ends it unstarted.
+            let running = matches!(api.prs[p].phase, PrPhase::Running | PrPhase::Pending);
             running && {
                 crate::exec::cancel_pr(cfg, api, p);
                 true
@@ -211,10 +217,12 @@ fn delete_pr(cfg: &Config, api: &mut crate::world::Api, p: usize) -> bool {
 }
 
 /// Tekton fails a running PipelineRun whose lock run i ended without a grant or
-/// was deleted while waiting (at once: the states in between change nothing).
+/// was deleted while waiting; a pending one told an end is cancelled in the same
+/// patch and ends unstarted (at once: the states in between change nothing).
 pub fn fail(cfg: &Config, api: &mut crate::world::Api, i: usize) {
     let pr = &mut api.prs[cfg.pr_of(i)];
-    if pr.phase == PrPhase::Running && pr.pod == Pod::None {
+    let unstarted = matches!(pr.phase, PrPhase::Running | PrPhase::Pending);
+    if unstarted && pr.pod == Pod::None {
         pr.phase = PrPhase::Done;
     }
 }

@@ -85,7 +85,10 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
                 r.told = told.clone();
                 r.bump();
                 match told {
-                    Told::Acquired(tokens) => grant(cfg, &mut s.api, &mut s.ghost, i, tokens),
+                    Told::Acquired(tokens) => {
+                        start_pending(&mut s.api, cfg.pr_of(i));
+                        grant(cfg, &mut s.api, &mut s.ghost, i, tokens)
+                    }
                     _ => crate::env::fail(cfg, &mut s.api, i),
                 }
             }
@@ -157,6 +160,14 @@ fn commit(
     grant(cfg, &mut s.api, &mut s.ghost, i, &tokens);
 }
 
+/// The grant of a PipelineRun queued as a whole clears its `spec.status` in the
+/// same patch (conditional on the version read): Tekton starts it.
+fn start_pending(api: &mut Api, p: usize) {
+    if api.prs[p].phase == PrPhase::Pending {
+        api.prs[p].phase = PrPhase::Running;
+    }
+}
+
 /// A run told `Acquired` while its PipelineRun runs starts its section: its pod
 /// runs from now until it ends. Fencing and supersede are judged here.
 pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &[i64]) {
@@ -180,10 +191,10 @@ pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &
     }
 }
 
-/// cancel_pipeline_run: PipelineRun p, if it still runs, is asked to stop, and
+/// cancel_pipeline_run: PipelineRun p, if it still runs or waits Pending, is asked to stop, and
 /// Tekton passes the cancel on to each of its lock runs that has not finished.
 pub fn cancel_pr(cfg: &Config, api: &mut Api, p: usize) {
-    if api.prs[p].phase != PrPhase::Running {
+    if !matches!(api.prs[p].phase, PrPhase::Running | PrPhase::Pending) {
         return;
     }
     api.prs[p].phase = PrPhase::Stopping;

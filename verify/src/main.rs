@@ -1,4 +1,4 @@
-//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|A-sibling|...|suite|all] [--broken status-cas|pod-check|token-floor|one-hold] [--threads N]`
+//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|A-sibling|A-pending|...|suite|all] [--broken status-cas|pod-check|token-floor|one-hold] [--threads N]`
 //! `--first`: stop at the first counterexample (breadth-first, for the shortest trace).
 //! Prints one `<N> states` line per configuration and every counterexample;
 //! exits 1 if any property is broken.
@@ -23,6 +23,7 @@ fn main() {
             "B-delete-reserved" => configs.push(Config::b_delete_reserved()),
             "B-cancel-reserved" => configs.push(Config::b_cancel_reserved()),
             "A-sibling" => configs.push(Config::a_sibling()),
+            "A-pending" => configs.push(Config::a_pending()),
             "A-marks-wiped" => configs.push(Config::a_marks_wiped()),
             "A-wipe-race" => configs.push(Config::a_wipe_race()),
             "B-wipe-stale-cache" => configs.push(Config::b_wipe_stale_cache()),

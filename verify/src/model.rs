@@ -124,7 +124,7 @@ impl LockModel {
                     }
                     for (b, obj) in controller::KINDS.into_iter().enumerate() {
                         if fresh & (1 << b) != 0 {
-                            controller::deliver(&mut n, rep as usize, obj);
+                            controller::deliver(cfg, &mut n, rep as usize, obj);
                         }
                     }
                     controller::sync(cfg, &mut n, rep as usize, key)
@@ -156,7 +156,7 @@ impl LockModel {
                     n.leaders = ((1u8 << cfg.replicas) - 1) & !n.leaders;
                     if n.replicas[old].sync.is_none() {
                         for obj in controller::KINDS {
-                            controller::deliver(&mut n, old, obj);
+                            controller::deliver(cfg, &mut n, old, obj);
                         }
                         controller::sync(cfg, &mut n, old, key);
                     }
@@ -172,7 +172,7 @@ impl LockModel {
             Action::Ensure { rep, key } => {
                 n.replicas[rep as usize].listed && n.leaders & (1 << rep) != 0 && {
                     for obj in controller::KINDS {
-                        controller::deliver(&mut n, rep as usize, obj);
+                        controller::deliver(cfg, &mut n, rep as usize, obj);
                     }
                     controller::ensure(cfg, &mut n, rep as usize, key)
                 }
@@ -206,7 +206,7 @@ impl LockModel {
                 for key in 0..cfg.keys {
                     // Only kinds whose cache is behind make a different sync.
                     let behind: Vec<usize> = (0..3)
-                        .filter(|&b| controller::stale(s, rep as usize, controller::KINDS[b]))
+                        .filter(|&b| controller::stale(cfg, s, rep as usize, controller::KINDS[b]))
                         .collect();
                     // Every cache fresh, or one kind lagging: a sync on caches that
                     // all lag is a sync made earlier, except for its API reads.

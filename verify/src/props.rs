@@ -57,7 +57,8 @@ pub fn lost_waiter(cfg: &Config, s: &State) -> Option<String> {
     let end = settle(cfg, s);
     (0..cfg.runs.len()).find_map(|i| {
         let (r, pr) = (&end.api.runs[i], &end.api.prs[cfg.pr_of(i)]);
-        let waiting = r.live() && r.told == Told::Nothing && pr.phase == PrPhase::Running;
+        let unstarted = matches!(pr.phase, PrPhase::Running | PrPhase::Pending);
+        let waiting = r.live() && r.told == Told::Nothing && unstarted;
         waiting.then(|| format!("run-{i} still waits after everything else settled"))
     })
 }
@@ -98,11 +99,11 @@ fn finish_sync(cfg: &Config, s: &mut State, rep: usize) {
     }
 }
 
-fn catch_up(_cfg: &Config, s: &mut State, rep: usize) {
+fn catch_up(cfg: &Config, s: &mut State, rep: usize) {
     if !s.replicas[rep].listed {
         controller::relist(s, rep);
     }
     for o in controller::KINDS {
-        controller::deliver(s, rep, o);
+        controller::deliver(cfg, s, rep, o);
     }
 }

@@ -266,7 +266,8 @@ pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
 fn parent_state(f: &Fetched) -> ParentState {
     match &f.parent {
         Some(p) if p.phase == PrPhase::Stopping => ParentState::StopRequested,
-        Some(p) if p.phase == PrPhase::Running => ParentState::Running,
+        // A pending PipelineRun is not done and not stopping (src/view.rs).
+        Some(p) if matches!(p.phase, PrPhase::Running | PrPhase::Pending) => ParentState::Running,
         _ if f.pods_alive => ParentState::Draining,
         None => ParentState::Gone,
         Some(_) => ParentState::Done,

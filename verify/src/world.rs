@@ -119,6 +119,9 @@ impl Default for RunObj {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PrPhase {
     NotYet,
+    /// Created `PipelineRunPending` and queued as a whole (issue 26): Tekton has
+    /// started nothing of it; a grant clears `spec.status` and it runs.
+    Pending,
     Running,
     /// Cancel requested: Tekton stops its tasks (pods get SIGTERM and a grace period).
     Stopping,
@@ -164,7 +167,8 @@ impl Default for PrObj {
     }
 }
 
-/// The API server's objects. PipelineRun i owns lock run i.
+/// The API server's objects. PipelineRun i owns lock run i; for a PipelineRun
+/// queued as a whole, "run i" is the lock's record on PipelineRun i itself.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Api {
     pub mutexes: Vec<Option<MutexObj>>,

@@ -182,3 +182,29 @@ fn known_bug_a_status_wipe_and_a_lagging_run_cache_lose_a_grant() {
         &[props::EXCLUSION, props::FENCING],
     );
 }
+
+/// Issue 26: PipelineRuns queued as a whole (created Pending) beside a lock-task
+/// PipelineRun on one key, one supersede group, with every kind of user action.
+#[test]
+fn a_pending_pipeline_runs_hold_with_the_real_guards() {
+    holds(bounded(Config::a_pending(), 1, 1, 0, 0));
+}
+
+#[test]
+fn a_pending_pipeline_runs_hold_through_lags_and_lapses() {
+    holds(bounded(Config::a_pending(), 0, 0, 1, 1));
+}
+
+/// A granted pending PipelineRun is a holder like any other: cancelled while its
+/// pod runs, its slot must wait for the pod.
+#[test]
+fn without_the_pod_check_a_started_pending_pipeline_run_overlaps() {
+    let trace = breaks(
+        bounded(Config::a_pending(), 1, 0, 0, 0).with_broken(Broken::PodCheck),
+        &[props::EXCLUSION],
+    );
+    assert!(
+        trace.contains("Pending"),
+        "a pending PipelineRun is in the trace:\n{trace}"
+    );
+}

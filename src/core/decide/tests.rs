@@ -628,6 +628,8 @@ enum Op {
         priority: i8,
         policy: u8,
         wait: bool,
+        /// A PipelineRun queued as a whole (created Pending): its own member.
+        queued: bool,
     },
     FinishParent(u8),
     CancelRun(u8),
@@ -641,8 +643,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..2u8, proptest::option::of(0..20i8), 0..2i8, 0..3u8, proptest::bool::weighted(0.85))
-            .prop_map(|(group, sequence, priority, policy, wait)| Op::Arrive { group, sequence, priority, policy, wait }),
+        4 => (0..2u8, proptest::option::of(0..20i8), 0..2i8, 0..3u8, proptest::bool::weighted(0.85), proptest::bool::weighted(0.3))
+            .prop_map(|(group, sequence, priority, policy, wait, queued)| Op::Arrive { group, sequence, priority, policy, wait, queued }),
         3 => any::<u8>().prop_map(Op::FinishParent),
         1 => any::<u8>().prop_map(Op::CancelRun),
         1 => any::<u8>().prop_map(Op::DeleteRun),
@@ -843,8 +845,11 @@ impl World {
         let n = self.next_id;
         self.next_id += 1;
         let mut again = self.runs[k].clone();
-        again.run.uid = format!("uid-{n}");
         again.parent.as_mut().unwrap().uid = format!("pr{n}-uid");
+        again.run.uid = match again.run.kind {
+            RunKind::PipelineRun => format!("pr{n}-uid"), // its own PipelineRun
+            _ => format!("uid-{n}"),
+        };
         again.parent.as_mut().unwrap().state = ParentState::Running;
         again.age.created = t(self.clock);
         again.waiting_since = t(self.clock);
@@ -869,12 +874,18 @@ impl World {
                 priority,
                 policy,
                 wait,
+                queued,
             } => {
                 let i = self.next_id;
                 self.next_id += 1;
                 let policy =
                     [Supersede::None, Supersede::Pending, Supersede::Running][policy as usize];
-                self.runs.push(with(run(i), |r| {
+                let member = if queued {
+                    queued_pipeline_run(i)
+                } else {
+                    run(i)
+                };
+                self.runs.push(with(member, |r| {
                     r.group = format!("g{group}");
                     r.age.sequence = sequence.map(i64::from);
                     r.priority = i64::from(priority);
@@ -955,6 +966,19 @@ proptest! {
             }
         }
     }
+}
+
+/// PipelineRun `pr<i>` queued as a whole: a member of kind PipelineRun that is
+/// its own parent, cancelled outright if it ends its wait (observe/pending.rs).
+fn queued_pipeline_run(i: usize) -> RunView {
+    with(run(i), |r| {
+        r.run = RunRef {
+            kind: RunKind::PipelineRun,
+            name: format!("pr{i}"),
+            uid: format!("pr{i}-uid"),
+        };
+        r.cancel_mode = CancelMode::Cancelled;
+    })
 }
 
 /// The world's own reading of a hold (the core's rule, from the runs alone).
