@@ -11,6 +11,8 @@
 #   hack/bench.sh --only writes,memory parts: handover,lease,writes,throughput,memory,free-keys
 #   hack/bench.sh --handovers 100 --queue 10 --waiters 10,100,1000 --grants 5 --arrivals 10 \
 #                 --keys 1000 --runs-per-key 10 --history 10000 --free-keys 10000 --settle-ms 1500
+#                 --free-keys-linger-s 400 (free-keys: measure once more that long after, past the
+#                 controller's 6-minute Event cache and 5-minute resync; default 0, not measured)
 #                                      the full-size defaults, each can be changed
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

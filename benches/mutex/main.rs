@@ -56,6 +56,8 @@ pub struct Opts {
     pub history: usize,
     /// Distinct free-form keys of the `free-keys` part, one run each.
     pub free_keys: usize,
+    /// How long after the free-keys part's last delete to measure its RSS once more (0: not).
+    pub free_keys_linger: Duration,
     pub settle: Duration,
     pub out: PathBuf,
     pub quick: bool,
@@ -74,6 +76,7 @@ impl Opts {
             runs_per_key: 10,
             history: 10_000,
             free_keys: 10_000,
+            free_keys_linger: Duration::ZERO,
             settle: Duration::from_millis(1500),
             out: support::repo_root().join("target/bench"),
             quick: false,
@@ -132,6 +135,9 @@ impl Opts {
                 "--runs-per-key" => o.runs_per_key = num(value()?)?,
                 "--history" => o.history = num(value()?)?,
                 "--free-keys" => o.free_keys = num(value()?)?,
+                "--free-keys-linger-s" => {
+                    o.free_keys_linger = Duration::from_secs(num(value()?)? as u64)
+                }
                 "--settle-ms" => o.settle = Duration::from_millis(num(value()?)? as u64),
                 "--out" => o.out = PathBuf::from(value()?),
                 other => bail!("unknown argument {other:?} (see benches/mutex/main.rs)"),

@@ -13,6 +13,7 @@
 use kube::ResourceExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Beyond this many runs patched and not yet seen back, the memo starts over
 /// (it only saves writes; forgetting costs at most one refused patch each).
@@ -51,17 +52,43 @@ impl Told {
 /// A lock object by namespace ("" if cluster-scoped) and name.
 type LockId = (String, String);
 
-/// The lock objects whose status we wrote: the version the write replaced, and
-/// the object the API server returned.
+/// A watch event arrives within seconds; a memo older than this stands for a
+/// lock that was deleted, or never synced again, and only holds memory.
+const MAX_AGE: Duration = Duration::from_secs(60);
+
+/// The lock objects whose status we wrote: the version the write replaced, the
+/// object the API server returned, and when.
 pub struct Written<L> {
-    locks: Mutex<HashMap<LockId, (String, Arc<L>)>>,
+    locks: Mutex<Memo<L>>,
+}
+
+struct Memo<L> {
+    entries: HashMap<LockId, (String, Arc<L>, Instant)>,
+    swept: Instant,
 }
 
 impl<L> Default for Written<L> {
     fn default() -> Self {
         Written {
-            locks: Mutex::default(),
+            locks: Mutex::new(Memo {
+                entries: HashMap::new(),
+                swept: Instant::now(),
+            }),
         }
+    }
+}
+
+impl<L> Memo<L> {
+    /// Forget the entries older than [`MAX_AGE`], at most once per [`MAX_AGE`]
+    /// (a burst of 10,000 keys would otherwise keep 10,000 lock objects).
+    fn sweep(&mut self, now: Instant) {
+        if now.duration_since(self.swept) < MAX_AGE {
+            return;
+        }
+        self.swept = now;
+        self.entries
+            .retain(|_, (_, _, at)| now.duration_since(*at) < MAX_AGE);
+        self.entries.shrink_to_fit();
     }
 }
 
@@ -72,10 +99,12 @@ impl<L: kube::Resource> Written<L> {
     pub fn newest(&self, cached: Arc<L>) -> Arc<L> {
         let id = (cached.namespace().unwrap_or_default(), cached.name_any());
         let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        match m.get(&id) {
-            Some((from, ours)) if Some(from) == cached.resource_version().as_ref() => ours.clone(),
+        match m.entries.get(&id) {
+            Some((from, ours, _)) if Some(from) == cached.resource_version().as_ref() => {
+                ours.clone()
+            }
             Some(_) => {
-                m.remove(&id);
+                m.entries.remove(&id);
                 cached
             }
             None => cached,
@@ -84,13 +113,29 @@ impl<L: kube::Resource> Written<L> {
 
     /// Our write replaced version `from` of this lock object with `written`.
     pub fn wrote(&self, from: Option<String>, written: L) {
+        self.wrote_at(from, written, Instant::now());
+    }
+
+    fn wrote_at(&self, from: Option<String>, mut written: L, now: Instant) {
         let Some(from) = from else { return };
+        // The cache strips them too; they are most of a small object.
+        written.meta_mut().managed_fields = None;
         let id = (written.namespace().unwrap_or_default(), written.name_any());
         let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= LIMIT {
-            m.clear();
+        m.sweep(now);
+        if m.entries.len() >= LIMIT {
+            m.entries.clear();
         }
-        m.insert(id, (from, Arc::new(written)));
+        m.entries.insert(id, (from, Arc::new(written), now));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .len()
     }
 }
 
@@ -122,6 +167,39 @@ mod tests {
         let moved = Arc::new(mutex_at("7", 3));
         assert_eq!(token(&w.newest(moved)), 3, "the cache moved past our write");
         assert_eq!(token(&w.newest(old)), 1, "forgotten once the cache moved");
+    }
+
+    fn named(name: &str, version: &str) -> MutexObject {
+        let mut m = mutex_at(version, 1);
+        m.metadata.name = Some(name.into());
+        m
+    }
+
+    #[test]
+    fn a_memo_older_than_a_minute_is_forgotten_at_the_next_write() {
+        let w = Written::default();
+        let t0 = Instant::now();
+        w.wrote_at(Some("1".into()), named("gone", "2"), t0);
+        w.wrote_at(Some("1".into()), named("busy", "2"), t0 + MAX_AGE / 2);
+        assert_eq!(w.len(), 2, "both are young");
+        w.wrote_at(Some("3".into()), named("new", "4"), t0 + MAX_AGE);
+        assert_eq!(w.len(), 2, "the lock written a minute ago is forgotten");
+        let cached = Arc::new(named("busy", "1"));
+        assert_eq!(
+            w.newest(cached).resource_version().as_deref(),
+            Some("2"),
+            "a younger memo still stands in for the cache"
+        );
+    }
+
+    #[test]
+    fn a_memo_keeps_no_managed_fields() {
+        let w = Written::default();
+        let mut m = mutex_at("6", 2);
+        m.metadata.managed_fields = Some(vec![Default::default()]);
+        w.wrote(Some("5".into()), m);
+        let ours = w.newest(Arc::new(mutex_at("5", 1)));
+        assert_eq!(ours.metadata.managed_fields, None);
     }
 
     #[test]
