@@ -19,6 +19,7 @@ mod context;
 mod leader;
 mod lock_object;
 mod reconcile;
+mod recorder;
 #[cfg(test)]
 mod sieve;
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::model::mutex::Mutex;
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
-use kube::runtime::events::Recorder;
+use super::recorder::EventRecorder;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource};
 use std::sync::Arc;
@@ -84,7 +84,7 @@ pub struct Context {
     pub(crate) mutexes: Store<Mutex>,
     /// One per cache: whether it holds its first full list.
     pub(crate) listed: Vec<Listed>,
-    pub(crate) recorder: Recorder,
+    pub(crate) recorder: EventRecorder,
     pub(crate) fault: Option<Fault>,
     pub(crate) metrics: Arc<Metrics>,
     /// Failures per object, for the retry delay.
@@ -121,7 +121,7 @@ impl Context {
             instance: None,
         };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: EventRecorder::new(client.clone(), reporter),
             client,
             custom_runs: Some(custom_runs),
             runs: None,

@@ -30,7 +30,8 @@ use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use super::recorder::EventRecorder;
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -125,7 +126,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let leading = opts.leader_election.is_some().then_some(acting_rx.clone());
     let controllers = Controllers::new(&client, &opts.namespace, &kinds, &state.metrics, &leading);
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter()),
+        recorder: EventRecorder::new(client.clone(), reporter()),
         client: client.clone(),
         custom_runs: controllers.caches.custom_runs.clone(),
         runs: controllers.caches.runs.clone(),
@@ -411,7 +412,7 @@ fn tolerant_mutexes(
         store: store.clone(),
         index: index.clone(),
     };
-    let recorder = Recorder::new(client.clone(), reporter());
+    let recorder = EventRecorder::new(client.clone(), reporter());
     let events = watcher(tolerant::api(client, namespace), wc.clone())
         .default_backoff()
         .filter_map(move |e| {

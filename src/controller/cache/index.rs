@@ -91,10 +91,20 @@ impl<K: Resource<DynamicType = ()> + 'static> Inner<K> {
                 }
             }
         }
+        shrink_when_sparse(&mut self.by_tag);
         let r = Arc::new(r);
         for tag in new {
             self.by_tag.entry(tag).or_default().insert(r.clone());
         }
+    }
+}
+
+/// A map keeps the capacity of its busiest moment: after a burst of keys it would hold their
+/// table for good. Once three quarters are empty, it gives back all but twice what it holds
+/// (amortised: it must have grown by as much since).
+fn shrink_when_sparse<V>(map: &mut std::collections::HashMap<Tag, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }
 

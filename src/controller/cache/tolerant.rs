@@ -7,7 +7,8 @@
 use crate::model::mutex::Mutex;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::events::{Event, EventType, Recorder};
+use crate::controller::recorder::EventRecorder;
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::warn;
@@ -28,7 +29,7 @@ pub fn api(client: &Client, namespace: &Option<String>) -> Api<DynamicObject> {
 /// not read is reported, and dropped: a change that makes a cached Mutex
 /// unreadable removes it from the cache (a Delete), so nothing acts on a stale copy.
 pub fn typed(
-    recorder: &Recorder,
+    recorder: &EventRecorder,
     event: watcher::Event<DynamicObject>,
 ) -> Option<watcher::Event<Mutex>> {
     use watcher::Event as E;
@@ -46,7 +47,7 @@ pub fn typed(
 
 /// The typed Mutex, or (when it does not read) a stub with its name and
 /// namespace only, after reporting why.
-fn read(recorder: &Recorder, o: DynamicObject) -> Result<Mutex, Box<Mutex>> {
+fn read(recorder: &EventRecorder, o: DynamicObject) -> Result<Mutex, Box<Mutex>> {
     let (name, namespace) = (o.name_any(), o.namespace());
     let value = serde_json::to_value(&o).unwrap_or_default();
     match serde_json::from_value::<Mutex>(value) {
@@ -67,7 +68,7 @@ fn read(recorder: &Recorder, o: DynamicObject) -> Result<Mutex, Box<Mutex>> {
 }
 
 /// An Event on the Mutex, in the background (best effort).
-fn report(recorder: &Recorder, o: &DynamicObject, note: String) {
+fn report(recorder: &EventRecorder, o: &DynamicObject, note: String) {
     let reference = ObjectReference {
         api_version: Some(Mutex::api_version(&()).into()),
         kind: Some(Mutex::kind(&()).into()),
@@ -105,7 +106,7 @@ mod tests {
         .unwrap()
     }
 
-    fn recorder() -> Recorder {
+    fn recorder() -> EventRecorder {
         let (service, _handle) = tower_test::mock::pair::<
             ::http::Request<kube::client::Body>,
             ::http::Response<kube::client::Body>,
@@ -114,7 +115,7 @@ mod tests {
             controller: "t".into(),
             instance: None,
         };
-        Recorder::new(Client::new(service, "ns"), reporter)
+        EventRecorder::new(Client::new(service, "ns"), reporter)
     }
 
     #[tokio::test]

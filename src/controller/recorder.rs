@@ -1,0 +1,102 @@
+//! kube's Event recorder, renewed once its memory of Events has expired.
+//!
+//! kube's `Recorder` remembers every Event it sent for 6 minutes, so that a repeat becomes a
+//! series on the first one. Its memory is a hash map that keeps the capacity of its busiest
+//! moment: a burst of 10,000 keys leaves a table of tens of MiB (a whole Event inline per
+//! bucket) for the life of the process, empty once the Events expire. A recorder renewed after
+//! those 6 minutes drops the table with the Events: what is lost is that a repeat sent across
+//! the renewal starts a new Event instead of counting on the old one.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, Recorder, Reporter};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long kube's recorder remembers an Event (its private `CACHE_TTL`).
+const RENEW_EVERY: Duration = Duration::from_secs(6 * 60);
+
+/// Sends Events as kube's `Recorder` does; cheap to clone (all clones share one recorder).
+#[derive(Clone)]
+pub struct EventRecorder {
+    client: Client,
+    reporter: Reporter,
+    current: Arc<Mutex<Current>>,
+}
+
+struct Current {
+    recorder: Recorder,
+    since: Instant,
+    /// How many times the recorder was renewed (for the tests).
+    renewals: u64,
+}
+
+impl EventRecorder {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        let recorder = Recorder::new(client.clone(), reporter.clone());
+        let current = Current {
+            recorder,
+            since: Instant::now(),
+            renewals: 0,
+        };
+        EventRecorder {
+            client,
+            reporter,
+            current: Arc::new(Mutex::new(current)),
+        }
+    }
+
+    /// Publish an Event on `reference` (kube's `Recorder::publish`).
+    pub async fn publish(&self, ev: &Event, reference: &ObjectReference) -> kube::Result<()> {
+        let recorder = self.recorder_at(Instant::now());
+        recorder.publish(ev, reference).await
+    }
+
+    /// The recorder to send with at `now`: a new one once the current one's Events expired.
+    fn recorder_at(&self, now: Instant) -> Recorder {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if now.saturating_duration_since(current.since) >= RENEW_EVERY {
+            current.recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+            current.since = now;
+            current.renewals += 1;
+        }
+        current.recorder.clone()
+    }
+
+    #[cfg(test)]
+    fn renewals(&self) -> u64 {
+        self.current.lock().unwrap().renewals
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorder() -> EventRecorder {
+        let (service, _handle) = tower_test::mock::pair::<
+            ::http::Request<kube::client::Body>,
+            ::http::Response<kube::client::Body>,
+        >();
+        let reporter = Reporter {
+            controller: "t".into(),
+            instance: None,
+        };
+        EventRecorder::new(Client::new(service, "ns"), reporter)
+    }
+
+    #[tokio::test]
+    async fn the_recorder_is_renewed_once_its_events_expired_and_not_before() {
+        let r = recorder();
+        let t0 = r.current.lock().unwrap().since;
+        r.recorder_at(t0 + RENEW_EVERY - Duration::from_secs(1));
+        assert_eq!(r.renewals(), 0);
+        r.recorder_at(t0 + RENEW_EVERY);
+        assert_eq!(r.renewals(), 1);
+        // The next period counts from the renewal.
+        r.recorder_at(t0 + RENEW_EVERY + Duration::from_secs(60));
+        assert_eq!(r.renewals(), 1);
+        r.clone().recorder_at(t0 + RENEW_EVERY * 2);
+        assert_eq!(r.renewals(), 2, "clones share one recorder");
+    }
+}
