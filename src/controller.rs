@@ -11,6 +11,7 @@
 //!   holder's reconcilers act. Correctness never rests on it: every grant is
 //!   a compare-and-swap on the Mutex status.
 
+mod api_client;
 mod apply;
 mod backoff;
 mod cache;
@@ -26,6 +27,7 @@ mod sieve;
 mod tests;
 mod wiring;
 
+pub use api_client::connect;
 pub use context::{Error, Fault};
 pub use leader::LeaderElection;
 pub use wiring::{Options, run};

@@ -5,13 +5,16 @@
 //! moment: a burst of 10,000 keys leaves a table of tens of MiB (a whole Event inline per
 //! bucket) for the life of the process, empty once the Events expire. A recorder renewed after
 //! those 6 minutes drops the table with the Events: what is lost is that a repeat sent across
-//! the renewal starts a new Event instead of counting on the old one.
+//! the renewal starts a new Event instead of counting on the old one. The renewal happens at the
+//! next publish, or on a timer when none comes.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, Recorder, Reporter};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, so that a test can move it.
+use tokio::time::Instant;
 
 /// How long kube's recorder remembers an Event (its private `CACHE_TTL`).
 const RENEW_EVERY: Duration = Duration::from_secs(6 * 60);
@@ -50,6 +53,16 @@ impl EventRecorder {
     pub async fn publish(&self, ev: &Event, reference: &ObjectReference) -> kube::Result<()> {
         let recorder = self.recorder_at(Instant::now());
         recorder.publish(ev, reference).await
+    }
+
+    /// Renews the recorder on a timer as well, so that a controller that goes quiet after a
+    /// burst drops the burst's table without waiting for its next Event. Runs until dropped.
+    pub async fn renew_while_quiet(self) {
+        loop {
+            // A period, not a synchronization: renewal is checked six times per lifetime.
+            tokio::time::sleep(RENEW_EVERY / 6).await;
+            self.recorder_at(Instant::now());
+        }
     }
 
     /// The recorder to send with at `now`: a new one once the current one's Events expired.
@@ -98,5 +111,15 @@ mod tests {
         assert_eq!(r.renewals(), 1);
         r.clone().recorder_at(t0 + RENEW_EVERY * 2);
         assert_eq!(r.renewals(), 2, "clones share one recorder");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_recorder_is_renewed_on_its_timer() {
+        let r = recorder();
+        tokio::spawn(r.clone().renew_while_quiet());
+        tokio::time::sleep(RENEW_EVERY - Duration::from_secs(1)).await;
+        assert_eq!(r.renewals(), 0, "not before its Events expired");
+        tokio::time::sleep(RENEW_EVERY / 6).await;
+        assert_eq!(r.renewals(), 1, "renewed with no publish");
     }
 }

@@ -16,6 +16,7 @@ use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
 use super::reconcile::{intake, lock as sync, queued_intake};
+use super::recorder::EventRecorder;
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
@@ -30,7 +31,6 @@ use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller};
-use super::recorder::EventRecorder;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -148,6 +148,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         ledger_writes: Default::default(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
+    tokio::spawn(ctx.recorder.clone().renew_while_quiet());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();
     tokio::spawn(synced.clone());
     let loops = controllers.run(ctx, leading);

@@ -4,10 +4,10 @@
 //! left out of the cache, and so left alone, and reported on itself through
 //! an Event and in the log; every other key is served as before.
 
+use crate::controller::recorder::EventRecorder;
 use crate::model::mutex::Mutex;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ApiResource, DynamicObject};
-use crate::controller::recorder::EventRecorder;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
