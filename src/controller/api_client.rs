@@ -25,15 +25,11 @@ const MAX_IDLE: usize = 16;
 /// A client from the kubeconfig or the in-cluster config, as `kube::Client::try_default`.
 pub async fn connect() -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    client_for(config)
+    pooled_client(config, IDLE_TIMEOUT, MAX_IDLE)
 }
 
 /// kube's client stack (base URI, retries, credentials, extra headers, timeouts) over a pool
 /// that closes idle connections.
-pub fn client_for(config: Config) -> Result<Client, kube::Error> {
-    pooled_client(config, IDLE_TIMEOUT, MAX_IDLE)
-}
-
 fn pooled_client(
     config: Config,
     idle_timeout: Duration,

@@ -80,13 +80,10 @@ impl EventRecorder {
     fn renewals(&self) -> u64 {
         self.current.lock().unwrap().renewals
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recorder() -> EventRecorder {
+    /// A recorder over a mocked API that answers nothing (for the tests).
+    #[cfg(test)]
+    pub(crate) fn unconnected() -> Self {
         let (service, _handle) = tower_test::mock::pair::<
             ::http::Request<kube::client::Body>,
             ::http::Response<kube::client::Body>,
@@ -97,10 +94,15 @@ mod tests {
         };
         EventRecorder::new(Client::new(service, "ns"), reporter)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[tokio::test]
     async fn the_recorder_is_renewed_once_its_events_expired_and_not_before() {
-        let r = recorder();
+        let r = EventRecorder::unconnected();
         let t0 = r.current.lock().unwrap().since;
         r.recorder_at(t0 + RENEW_EVERY - Duration::from_secs(1));
         assert_eq!(r.renewals(), 0);
@@ -115,7 +117,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_quiet_recorder_is_renewed_on_its_timer() {
-        let r = recorder();
+        let r = EventRecorder::unconnected();
         tokio::spawn(r.clone().renew_while_quiet());
         tokio::time::sleep(RENEW_EVERY - Duration::from_secs(1)).await;
         assert_eq!(r.renewals(), 0, "not before its Events expired");

@@ -107,15 +107,7 @@ mod tests {
     }
 
     fn recorder() -> EventRecorder {
-        let (service, _handle) = tower_test::mock::pair::<
-            ::http::Request<kube::client::Body>,
-            ::http::Response<kube::client::Body>,
-        >();
-        let reporter = kube::runtime::events::Reporter {
-            controller: "t".into(),
-            instance: None,
-        };
-        EventRecorder::new(Client::new(service, "ns"), reporter)
+        EventRecorder::unconnected()
     }
 
     #[tokio::test]
