@@ -448,3 +448,167 @@ async fn clear_lets_a_queued_pipeline_run_go_without_starting_it() -> Result<()>
     );
     release(&ns, "holder").await
 }
+
+// ---- Issue 37: nothing a tenant writes on its PipelineRuns grants, wedges or lowers a lock ----
+
+const RECORD: &str = "tekton-mutex.dev/lock-record";
+const ERROR: &str = "tekton-mutex.dev/error";
+const WAITING: &str = "tekton-mutex.dev/waiting";
+
+/// A copy of PipelineRun `of` as Tekton Dashboard's "Rerun" or `kubectl get -o yaml`, rename,
+/// create make it: every annotation kept (the lock's record and token too), `spec.status`
+/// dropped unless `pending`.
+async fn copy_of(ns: &TestNamespace, of: &str, name: &str, pending: bool) -> Result<()> {
+    let original = pipeline_run_object(ns, of).await?;
+    let mut spec = original.data["spec"].clone();
+    let fields = spec.as_object_mut().context("spec is an object")?;
+    fields.remove("status");
+    if pending {
+        fields.insert("status".into(), json!("PipelineRunPending"));
+    }
+    let copy = json!({
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": name, "annotations": original.annotations()},
+        "spec": spec,
+    });
+    ns.apply(&copy.to_string()).await?;
+    Ok(())
+}
+
+/// Mutex `key`'s holders (by run name) and last token.
+async fn lock_state(ns: &TestNamespace, key: &str) -> Result<(Vec<String>, i64)> {
+    let m = ns
+        .api::<tekton_mutex::model::mutex::Mutex>()
+        .get(key)
+        .await?;
+    let st = m.status.unwrap_or_default();
+    let holders = st.holders.iter().map(|h| h.run.name.clone()).collect();
+    Ok((holders, st.last_token))
+}
+
+/// Item 1: a Rerun copy of a granted queued PipelineRun carries its record and token, and is
+/// not Pending. It is a new member: never a second holder, and it is told it runs unguarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_rerun_copy_of_a_granted_queued_run_is_no_second_holder() -> Result<()> {
+    let (ns, _c) = setup("queued-rerun").await?;
+    ns.apply(&queued_run("q1", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    let t1 = wait_granted(&ns, "q1").await?;
+    copy_of(&ns, "q1", "q1-rerun", false).await?;
+    let error = wait_annotation(&ns, "q1-rerun", ERROR, slow()).await?;
+    ensure!(
+        error.contains("PipelineRunPending"),
+        "the copy is told it runs unguarded: {error:?}"
+    );
+    let (holders, last) = lock_state(&ns, "env").await?;
+    ensure!(
+        holders == ["q1"] && last == t1,
+        "the copy became a holder: {holders:?}, lastToken {last} (q1 has {t1})"
+    );
+    release(&ns, "q1").await?;
+    release(&ns, "q1-rerun").await?;
+    succeeds(&ns, "q1").await?;
+    Ok(())
+}
+
+/// Items 2 and 3: the same copy queued Pending (as the README says to queue a run) is a new
+/// member: it waits behind the original, then is granted a higher token; its copied record
+/// neither holds the key for it nor ends its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_copy_queued_pending_waits_its_turn_as_a_new_member() -> Result<()> {
+    let (ns, _c) = setup("queued-copy").await?;
+    ns.apply(&queued_run("q1", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    let t1 = wait_granted(&ns, "q1").await?;
+    copy_of(&ns, "q1", "q1-again", true).await?;
+    wait_until("the copy to wait behind q1", slow(), || async {
+        let pr = pipeline_run_object(&ns, "q1-again").await?;
+        let waiting = pr.annotations().get(WAITING).cloned().unwrap_or_default();
+        Ok(waiting.contains("q1").then_some(()))
+    })
+    .await?;
+    assert_still_pending(&ns, "q1-again").await?;
+    let (holders, _) = lock_state(&ns, "env").await?;
+    ensure!(holders == ["q1"], "holders: {holders:?}");
+    release(&ns, "q1").await?;
+    succeeds(&ns, "q1").await?;
+    let t2 = wait_granted(&ns, "q1-again").await?;
+    ensure!(t2 > t1, "the copy's token {t2} is above q1's {t1}");
+    release(&ns, "q1-again").await?;
+    succeeds(&ns, "q1-again").await?;
+    Ok(())
+}
+
+/// Item 4: a tenant writes, on its own queued PipelineRun, a record bound to its uid that
+/// claims `Acquired` with the largest token. The lock's status does not list it: it holds
+/// nothing, `lastToken` does not move, and the next run is granted the next token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_record_the_tenant_writes_grants_nothing_and_raises_no_token() -> Result<()> {
+    let (ns, _c) = setup("queued-forged").await?;
+    ns.apply(&queued_run("q1", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    let t1 = wait_granted(&ns, "q1").await?;
+    ns.apply(&queued_run("forger", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    wait_annotation(&ns, "forger", WAITING, slow()).await?;
+    let uid = pipeline_run_object(&ns, "forger")
+        .await?
+        .uid()
+        .context("uid")?;
+    let forged = json!({
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+        "results": [{"name": "token", "value": tekton_mutex::model::mutex::MAX_TOKEN.to_string()}],
+        "extraFields": {"key": "env", "lockKind": "Mutex", "member": uid},
+    });
+    let patch = json!({"metadata": {"annotations": {RECORD: forged.to_string()}}});
+    ns.dynamic("tekton.dev/v1", "PipelineRun")
+        .await?
+        .patch("forger", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    ns.apply(&queued_run("q2", "gated", &[(KEY, "env")], json!({})))
+        .await?;
+    wait_annotation(&ns, "q2", WAITING, slow()).await?;
+    release(&ns, "q1").await?;
+    succeeds(&ns, "q1").await?;
+    let t2 = wait_granted(&ns, "q2").await?;
+    ensure!(t2 == t1 + 1, "q2 got token {t2} after q1's {t1}");
+    let (holders, last) = lock_state(&ns, "env").await?;
+    ensure!(
+        holders == ["q2"] && last == t2,
+        "holders {holders:?}, lastToken {last}"
+    );
+    assert_still_pending(&ns, "forger").await?;
+    release(&ns, "q2").await?;
+    succeeds(&ns, "q2").await?;
+    Ok(())
+}
+
+/// Item 13: a queued PipelineRun older than the group's newest grant is superseded on
+/// arrival: it is cancelled unstarted, says why in `cancel-reason`, and is not told it was
+/// started unguarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_queued_run_superseded_on_arrival_says_so_and_no_false_error() -> Result<()> {
+    let (ns, _c) = setup("queued-stale").await?;
+    let build = |n: &'static str| [(KEY, "env"), ("tekton-mutex.dev/sequence", n)];
+    ns.apply(&queued_run("v2", "gated", &build("2"), json!({})))
+        .await?;
+    wait_granted(&ns, "v2").await?;
+    ns.apply(&queued_run("v1", "gated", &build("1"), json!({})))
+        .await?;
+    let reason = wait_annotation(&ns, "v1", "tekton-mutex.dev/cancel-reason", slow()).await?;
+    ensure!(reason == "Superseded", "cancel-reason {reason:?}");
+    ends_cancelled(&ns, "v1").await?;
+    let pr = pipeline_run_object(&ns, "v1").await?;
+    ensure!(
+        !pr.annotations().contains_key(ERROR),
+        "a false error: {:?}",
+        pr.annotations().get(ERROR)
+    );
+    release(&ns, "v2").await?;
+    succeeds(&ns, "v2").await?;
+    Ok(())
+}

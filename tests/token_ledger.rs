@@ -331,3 +331,110 @@ async fn an_idle_mutex_the_controller_created_goes_after_idle_delete_days() -> R
     );
     Ok(())
 }
+
+/// Issue 37 item 10: an idle Mutex is deleted, then restored from an older backup with its
+/// status (as Velero does with status included) while the controller is down. The restored
+/// status names an earlier `lastToken`; the controller reads the ledger for the restored
+/// object before it grants, so the next token is above every one handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_mutex_restored_from_an_older_backup_never_hands_out_a_lower_token() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("floor-restore").await?;
+    let mut c = ControllerProcess::start(ns.name()).await?;
+    mutex_pipeline(&ns).await?;
+    let a = pass(&ns, "a").await?;
+    let mutexes = ns.api::<Mutex>();
+    wait_unprotected("the idle Mutex", || mutexes.get(KEY)).await?;
+    let backup = mutexes.get(KEY).await?;
+    let b = pass(&ns, "b").await?;
+    wait_unprotected("the idle Mutex", || mutexes.get(KEY)).await?;
+    c.kill();
+    delete_bounded(Some(&ns), &["mutex", KEY])?;
+    // The restore: the object as backed up, then its status through the status subresource.
+    let mut restored = Mutex::new(KEY, backup.spec.clone());
+    restored.metadata.labels = backup.metadata.labels.clone();
+    let created = mutexes.create(&PostParams::default(), &restored).await?;
+    let mut with_status = created.clone();
+    with_status.status = backup.status.clone();
+    let body = serde_json::to_vec(&with_status)?;
+    mutexes
+        .replace_status(KEY, &PostParams::default(), body)
+        .await?;
+    let st = mutex_status(&ns, KEY).await?;
+    ensure!(
+        st.last_token == a,
+        "the restored status is the backup's: {st:?}"
+    );
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let d = pass(&ns, "d").await?;
+    ensure!(
+        d > b,
+        "a token handed out again after the restore: a {a}, b {b}, then d {d}"
+    );
+    Ok(())
+}
+
+/// Issue 37 item 8: a freeze outlives a quiet spell. Two Mutexes the controller created go
+/// idle and are stamped long ago; the unfrozen one is deleted, the frozen one is kept (a new
+/// Mutex of its key would grant at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_frozen_mutex_is_never_deleted_for_being_idle() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("idle-frozen").await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let by_key = |name: &str, key: &'static str| {
+        pipeline(
+            name,
+            &Opts {
+                lock_params: &[("key", key), ("supersede", "none")],
+                ..Default::default()
+            },
+        )
+    };
+    ns.apply(&by_key("deploy", KEY)).await?;
+    ns.apply(&by_key("frozen", "kept")).await?;
+    pass(&ns, "a").await?;
+    ns.apply(&pipeline_run("f", "frozen", &[])).await?;
+    wait_reason(&ns, &lock_run("f"), "Acquired", slow()).await?;
+    release(&ns, "f").await?;
+    succeeded(&ns, "f").await?;
+    ns.kubectl(&[
+        "patch",
+        "mutex",
+        "kept",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"frozen":true}}"#,
+    ])?;
+    let api = ns.api::<Mutex>();
+    for name in [KEY, "kept"] {
+        wait_until(
+            &format!("{name} to be idle and stamped"),
+            slow(),
+            || async {
+                let m = api.get(name).await?;
+                let idle = m.annotations().contains_key("tekton-mutex.dev/idle-since")
+                    && !m.finalizers().iter().any(|f| f == FINALIZER);
+                Ok(idle.then_some(()))
+            },
+        )
+        .await?;
+    }
+    let long_ago = (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24 * 31)).to_string();
+    for name in ["kept", KEY] {
+        let stamp = format!("tekton-mutex.dev/idle-since={long_ago}");
+        ns.kubectl(&["annotate", "--overwrite", "mutex", name, &stamp])?;
+    }
+    wait_until("the unfrozen Mutex to be deleted", slow(), || async {
+        Ok(api.get_opt(KEY).await?.is_none().then_some(()))
+    })
+    .await?;
+    let kept = api
+        .get_opt("kept")
+        .await?
+        .context("the frozen Mutex was deleted")?;
+    ensure!(kept.spec.lock.frozen, "still frozen: {:?}", kept.spec);
+    Ok(())
+}

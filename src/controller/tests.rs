@@ -192,8 +192,22 @@ fn lock_run(pr: &str, supersede: &str, status: Value) -> CustomRun {
 fn mutex(resource_version: &str, status: Value) -> Value {
     json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
            "metadata": {"name": "k", "namespace": NS, "resourceVersion": resource_version,
-                        "finalizers": [finalizer::LOCK_STATE_FINALIZER]},
-           "spec": {"capacity": 1}, "status": status})
+                        "uid": LOCK_UID, "finalizers": [finalizer::LOCK_STATE_FINALIZER]},
+           "spec": {"capacity": 1}, "status": ledger_read(status)})
+}
+
+/// The uid of lock `k`, of either kind.
+const LOCK_UID: &str = "k-uid";
+
+/// A lock status that took in the token ledger's floor for lock `k` (as any status the
+/// controller wrote for it): the sync reads the ledger only for a new or restored one.
+fn ledger_read(mut status: Value) -> Value {
+    if let Some(fields) = status.as_object_mut() {
+        fields
+            .entry("ledgerReadFor")
+            .or_insert_with(|| json!(LOCK_UID));
+    }
+    status
 }
 
 fn the_mutex() -> Arc<Mutex> {
@@ -240,9 +254,9 @@ impl Kind {
             Kind::Mutex => mutex(resource_version, status),
             Kind::Cluster => {
                 json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
-                "metadata": {"name": "k", "resourceVersion": resource_version,
+                "metadata": {"name": "k", "resourceVersion": resource_version, "uid": LOCK_UID,
                              "finalizers": [finalizer::LOCK_STATE_FINALIZER]},
-                "spec": {"capacity": 1, "namespaces": [NS]}, "status": status})
+                "spec": {"capacity": 1, "namespaces": [NS]}, "status": ledger_read(status)})
             }
         }
     }
@@ -774,8 +788,8 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
     );
     let cm: ClusterMutex = serde_json::from_value(json!({
         "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
-        "metadata": {"name": "prod", "resourceVersion": "1"},
-        "spec": {"namespaces": [NS]}, "status": {}}))
+        "metadata": {"name": "prod", "resourceVersion": "1", "uid": LOCK_UID},
+        "spec": {"namespaces": [NS]}, "status": ledger_read(json!({}))}))
     .unwrap();
     let (result, seen) = exchange(ctx, handle, ok, |ctx| sync::reconcile(Arc::new(cm), ctx)).await;
     assert!(result.is_ok(), "{result:?}");

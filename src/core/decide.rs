@@ -13,6 +13,7 @@ use decider::{Decider, siblings_share_age};
 mod decider;
 mod multi_key;
 mod queue_control;
+mod queued_record;
 
 pub use multi_key::{commit as commit_multikey, rank, settle, slot_for};
 
@@ -22,7 +23,6 @@ pub mod guard_switches;
 /// The decision, as a script of named steps over one working state; `requests`
 /// are the queue-control requests on the Mutex, `multi` what runs of several keys say.
 pub fn decide(input: &Input) -> Decision {
-    let runs = siblings_share_age(input.runs);
     let Input {
         spec,
         status,
@@ -32,6 +32,7 @@ pub fn decide(input: &Input) -> Decision {
         multi,
         ..
     } = *input;
+    let runs = queued_record::as_the_status_says(siblings_share_age(input.runs), status);
     let mut d = Decider::new(spec, status, &runs, now, facts, multi);
     d.convert_granted_reservations();
     d.rebuild_from_runs();

@@ -202,6 +202,10 @@ pub struct MutexFacts {
     pub deleting: bool,
     /// The `lastToken` of an earlier Mutex of this key, since deleted: tokens continue above it.
     pub token_floor: i64,
+    /// `token_floor` was read from the ledger for this lock object: the next status names
+    /// the object's uid (`ledgerReadFor`), so a status restored onto another object (a
+    /// backup of an earlier one) reads the ledger again before it grants (issue 37 item 10).
+    pub ledger_read: bool,
     /// A ClusterMutex's share of its queue for one namespace: one tenant cannot
     /// fill the queue and deny the lock to the others. None for a Mutex.
     pub namespace_share: Option<u32>,

@@ -255,7 +255,11 @@ pub fn acquired_token(status: &RunStatus) -> Option<i64> {
     if !acquired {
         return None;
     }
-    status.result(TOKEN_RESULT)?.parse().ok().filter(|t| *t > 0)
+    status
+        .result(TOKEN_RESULT)?
+        .parse()
+        .ok()
+        .filter(|t| crate::model::mutex::token_in_range(*t))
 }
 
 /// Why a run was not admitted: the whole queue is full, or its namespace's share of it.

@@ -105,6 +105,22 @@ impl Order {
 /// The largest capacity the CRD schema (and an embedded spec) accepts.
 pub const MAX_CAPACITY: u32 = 10_000;
 
+/// The largest fencing token a lock hands out or believes: 2^53 - 1, the largest integer
+/// every JSON reader keeps exact, and far below i64's maximum, so a token written by hand
+/// (a ledger entry, a run's result) can never push a key to the end of its tokens. A value
+/// above it is refused, never persisted.
+pub const MAX_TOKEN: i64 = (1 << 53) - 1;
+
+/// The next token after `last`, or None once the key reached [`MAX_TOKEN`] (it grants no more).
+pub fn next_token(last: i64) -> Option<i64> {
+    last.checked_add(1).filter(|t| *t <= MAX_TOKEN)
+}
+
+/// Is `token` one a lock could have handed out (1 to [`MAX_TOKEN`])?
+pub fn token_in_range(token: i64) -> bool {
+    (1..=MAX_TOKEN).contains(&token)
+}
+
 fn default_capacity() -> u32 {
     1
 }
@@ -144,6 +160,7 @@ pub struct MutexStatus {
         "rule": "self >= oldSelf",
         "message": "lastToken never goes down: fencing tokens must keep increasing"
     }]))]
+    #[schemars(range(min = 0, max = MAX_TOKEN))]
     pub last_token: i64,
     /// The newest run each group has been granted with a supersede policy other
     /// than `none`: later arrivals older than it are stale.
@@ -175,6 +192,11 @@ pub struct MutexStatus {
     /// keeps one (see `decide::multikey`). Each takes a slot like a holder.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
+    /// The uid of the lock object whose `lastToken` took in the token ledger's floor. A status
+    /// that names another uid was restored from an earlier object of the name (a backup), so
+    /// the ledger is read again before anything is granted: a restore never lowers the tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_read_for: Option<String>,
 }
 
 /// A slot this key keeps for a run of several keys: an idle hold, granted to

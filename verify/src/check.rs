@@ -31,6 +31,7 @@ pub fn run_bounded(cfg: Config, threads: usize, stop_at_first: bool, max: Option
     static SWITCHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
     guard_switches::set_one_hold_per_pipeline_run(cfg.guarded(Broken::OneHold));
+    guard_switches::set_queued_records_trusted(!cfg.guarded(Broken::TrustRecord));
     let start = Instant::now();
     let (name, depth) = (cfg.name, cfg.max_depth);
     let finish = if stop_at_first {

@@ -54,6 +54,9 @@ pub enum Broken {
     /// One hold per PipelineRun: the real decide's `release_ended_holders` judges
     /// each lock run alone (the switch behind the root crate's test-only feature).
     OneHold,
+    /// The record of a PipelineRun queued as a whole is believed as its author wrote it
+    /// (members.rs's vouching by the lock's status skipped).
+    TrustRecord,
 }
 
 #[derive(Clone, Debug)]
@@ -91,6 +94,9 @@ pub struct Users {
     pub delete_mutex: bool,
     pub wipe: bool,
     pub timeout: bool,
+    /// A tenant writes a record on its own queued PipelineRun claiming a grant with the
+    /// largest token (it may edit its PipelineRuns' annotations).
+    pub forge: bool,
 }
 
 impl Users {
@@ -102,6 +108,7 @@ impl Users {
         delete_mutex: true,
         wipe: true,
         timeout: true,
+        forge: true,
     };
 }
 
@@ -276,12 +283,44 @@ impl Config {
     /// lock task, all of one supersede group: the two kinds exclude each other in
     /// both orders, a newer run supersedes an older one of the other kind, and a
     /// grant starts a pending PipelineRun only as it was read.
+    ///
+    /// Issue 37: a tenant may also write any record on its own queued PipelineRuns
+    /// (`forge`). A status wipe is left out: the lock's status is the only record of
+    /// a queued PipelineRun's grant that its author cannot write, so a wipe forgets it
+    /// (a limit, shown by `a_pending_wipe`).
     pub fn a_pending() -> Config {
         let pending = || RunSpec::pending(vec![0], 0, true);
         Config {
             name: "A-pending",
             runs: vec![pending(), RunSpec::new(vec![0], 0, true), pending()],
+            users: Users {
+                wipe: false,
+                ..Users::ALL
+            },
             ..Config::a()
+        }
+    }
+
+    /// A limit: a status wiped by hand while a queued PipelineRun holds the key
+    /// forgets that hold (its record, an annotation, is not believed).
+    pub fn a_pending_wipe() -> Config {
+        let users = Users {
+            cancel: false,
+            delete_run: false,
+            delete_pr: false,
+            delete_mutex: false,
+            timeout: false,
+            forge: false,
+            ..Users::ALL
+        };
+        Config {
+            name: "A-pending-wipe",
+            users,
+            crashes: 0,
+            lags: 0,
+            lapses: 0,
+            liveness: false,
+            ..Config::a_pending()
         }
     }
 

@@ -2,8 +2,8 @@
 //! along, and users disturbing the lock.
 
 use crate::config::{Broken, Config};
-use crate::world::{Ledger, Life, Pod, PrPhase, State};
-use tekton_mutex::model::mutex::MutexStatus;
+use crate::world::{Ledger, Life, Pod, PrPhase, State, Told};
+use tekton_mutex::model::mutex::{MAX_TOKEN, MutexStatus};
 
 /// What Tekton, a pod or a user does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -30,6 +30,9 @@ pub enum Env {
     DeleteMutex(u8),
     /// A user empties the Mutex's status (holders, queue, marks, reservations).
     Wipe(u8),
+    /// A tenant writes, on its own queued PipelineRun i, a record claiming a grant with
+    /// the largest token (the record is an annotation it may edit).
+    Forge(u8),
 }
 
 impl Env {
@@ -52,6 +55,7 @@ pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
         // A PipelineRun queued as a whole has no lock run of its own to delete.
         let lock_run = !cfg.runs[i as usize].pending;
         out.extend((u.delete_run && lock_run).then_some(Env::DeleteRun(i)));
+        out.extend((u.forge && !lock_run).then_some(Env::Forge(i)));
         out.extend(u.timeout.then_some(Env::Timeout(i)));
         if !cfg.is_pr(i as usize) {
             continue; // a sibling lock run: its PipelineRun's events are its own
@@ -115,6 +119,18 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             None => false,
         },
         Env::Wipe(k) => wipe(cfg, api, k as usize),
+        Env::Forge(i) => forge(cfg, api, i as usize),
+    }
+}
+
+/// A tenant's record on its queued PipelineRun i: `Acquired`, with the largest token.
+fn forge(cfg: &Config, api: &mut crate::world::Api, i: usize) -> bool {
+    let forged = Told::Acquired(vec![MAX_TOKEN; cfg.runs[i].keys.len()]);
+    let run = &mut api.runs[i];
+    run.live() && run.told != forged && {
+        run.told = forged;
+        run.bump();
+        true
     }
 }
 

@@ -1,4 +1,4 @@
-//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|A-sibling|A-pending|...|suite|all] [--broken status-cas|pod-check|token-floor|one-hold] [--threads N]`
+//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|A-sibling|A-pending|...|suite|all] [--broken status-cas|pod-check|token-floor|one-hold|trust-record] [--threads N]`
 //! `--first`: stop at the first counterexample (breadth-first, for the shortest trace).
 //! Prints one `<N> states` line per configuration and every counterexample;
 //! exits 1 if any property is broken.
@@ -24,6 +24,7 @@ fn main() {
             "B-cancel-reserved" => configs.push(Config::b_cancel_reserved()),
             "A-sibling" => configs.push(Config::a_sibling()),
             "A-pending" => configs.push(Config::a_pending()),
+            "A-pending-wipe" => configs.push(Config::a_pending_wipe()),
             "A-marks-wiped" => configs.push(Config::a_marks_wiped()),
             "A-wipe-race" => configs.push(Config::a_wipe_race()),
             "B-wipe-stale-cache" => configs.push(Config::b_wipe_stale_cache()),
@@ -84,6 +85,7 @@ fn guard(name: &str) -> Broken {
         "pod-check" => Broken::PodCheck,
         "token-floor" => Broken::TokenFloor,
         "one-hold" => Broken::OneHold,
+        "trust-record" => Broken::TrustRecord,
         other => panic!("unknown guard {other}"),
     }
 }

@@ -51,6 +51,9 @@ fn env(e: Env) -> String {
         Env::SectionEnds(i) => format!("tekton: the task pr-{i}'s release-after names ends"),
         Env::DeleteMutex(k) => format!("user: deletes Mutex k{k}"),
         Env::Wipe(k) => format!("user: wipes the status of Mutex k{k}"),
+        Env::Forge(i) => {
+            format!("tenant: writes a record on pr-{i} claiming Acquired, largest token")
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told
 use jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeMap;
 use tekton_mutex::core::model::CancelMode;
+use tekton_mutex::core::observe::pending;
 use tekton_mutex::core::release_after;
 use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
 
@@ -84,7 +85,12 @@ pub fn fetch(cfg: &Config, cache: &Cache, api: &Api, k: u8, m: &MutexObj) -> Vec
         // members.rs's may_hold: a holder, a reserved run, a sibling of a holder's
         // token, or a grant the status does not know of.
         let uid = run_ref(i).uid;
-        let told = token_for(cfg, &obj, i, k);
+        let claimed = token_for(cfg, &obj, i, k);
+        // members.rs: a queued PipelineRun's record is vouched for by the status.
+        let told = match cfg.runs[i].pending && cfg.guarded(Broken::TrustRecord) {
+            true => pending::vouched_token(claimed, &uid, st),
+            false => claimed,
+        };
         let holds = st.holders.iter().any(|h| h.run.uid == uid)
             || st.reservations.iter().any(|r| r.waiter.run.uid == uid)
             || told.is_some_and(|t| t > st.last_token || st.holders.iter().any(|h| h.token == t));
@@ -242,8 +248,14 @@ pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
             superseded: *superseded,
         },
     };
+    // A PipelineRun queued as a whole is a member of kind PipelineRun (observe/pending.rs).
+    let kind = if spec.pending {
+        RunKind::PipelineRun
+    } else {
+        RunKind::CustomRun
+    };
     RunView {
-        run: run_ref(i),
+        run: RunRef { kind, ..run_ref(i) },
         parent: Some(parent),
         group: format!("g{}", spec.group),
         age,

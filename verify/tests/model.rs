@@ -208,3 +208,28 @@ fn without_the_pod_check_a_started_pending_pipeline_run_overlaps() {
         "a pending PipelineRun is in the trace:\n{trace}"
     );
 }
+
+/// Issue 37: a tenant writes a record claiming a grant with the largest token on its
+/// own queued PipelineRun. Believed, it holds the key for good and ends its tokens.
+#[test]
+fn without_the_status_vouching_a_tenants_record_wedges_the_key() {
+    breaks(
+        bounded(Config::a_pending(), 1, 0, 0, 0).with_broken(Broken::TrustRecord),
+        &[
+            props::EXCLUSION,
+            props::FENCING,
+            props::SUPERSEDE,
+            props::NO_LOST_WAITER,
+        ],
+    );
+}
+
+/// The limit of issue 37's rule: the lock's status is the one record of a queued
+/// PipelineRun's grant, so a status wiped by hand while it holds forgets the hold.
+#[test]
+fn known_limit_a_status_wipe_forgets_a_queued_pipeline_runs_hold() {
+    breaks(
+        Config::a_pending_wipe(),
+        &[props::EXCLUSION, props::FENCING],
+    );
+}

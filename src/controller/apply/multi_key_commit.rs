@@ -57,7 +57,12 @@ fn tokens(status: &RunStatus) -> Option<BTreeMap<String, i64>> {
     if !acquired {
         return None;
     }
-    serde_json::from_str(status.result(TOKENS_RESULT)?).ok()
+    let tokens: BTreeMap<String, i64> = serde_json::from_str(status.result(TOKENS_RESULT)?).ok()?;
+    // A token out of range was never handed out by a lock: the whole claim is refused.
+    tokens
+        .values()
+        .all(|t| crate::model::mutex::token_in_range(*t))
+        .then_some(tokens)
 }
 
 /// The runs of several keys among a key's members.

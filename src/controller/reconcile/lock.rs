@@ -14,6 +14,7 @@ use crate::controller::reconcile::members::{self, Member};
 use crate::controller::reconcile::{finalizer, idle_deletion, token_floor};
 use crate::core::decide;
 use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
+use crate::core::observe::pending;
 use crate::core::requests::{Request, Unreadable, requests_from};
 use crate::core::run_status;
 use crate::core::scope::Scope;
@@ -62,7 +63,7 @@ async fn sync_lock<L: LockObject>(
     let requests = requests_from(lock.annotations());
     let facts = lock_facts(ctx, &lock).await?;
     let decision = decide_on(&lock, &current, &members, now, facts, &requests);
-    let unchanged = decision.status == current;
+    let unchanged = same_lock_state(&decision.status, &current);
     if from_cache
         && unchanged
         && (facts.deleting || writes_runs(name, &members, &decision, now))
@@ -136,17 +137,25 @@ async fn still_current<L: LockObject>(ctx: &Context, lock: &L) -> Result<bool, E
 }
 
 /// The lock object's own facts: whether it is being deleted, and the token
-/// floor left by earlier objects of its name. The floor is read only while the
-/// object has no status: its first status write includes it (`lastToken` is
-/// never below it), and from then on the API server keeps `lastToken` from going down.
+/// floor left by earlier objects of its name. The floor is read until the
+/// object's status says it took it in (`ledgerReadFor` is this object's uid):
+/// that write includes it (`lastToken` is never below it), and from then on the
+/// API server keeps `lastToken` from going down. A status restored from a backup
+/// names an earlier object's uid (or none), so the floor is read again.
 async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts, Error> {
-    let token_floor = match lock.lock_status() {
-        Some(_) => 0,
-        None => token_floor::floor(ctx, &lock.scope(), &lock.name_any()).await?,
+    let uid = lock.uid();
+    let read_for = lock.lock_status().and_then(|s| s.ledger_read_for.as_ref());
+    let (token_floor, ledger_read) = match (&uid, read_for) {
+        (Some(uid), Some(read)) if read == uid => (0, false),
+        _ => (
+            token_floor::floor(ctx, &lock.scope(), &lock.name_any()).await?,
+            true,
+        ),
     };
     Ok(MutexFacts {
         deleting: lock.meta().deletion_timestamp.is_some(),
         token_floor,
+        ledger_read,
         namespace_share: lock.namespace_share(),
     })
 }
@@ -163,7 +172,7 @@ fn decide_on<L: LockObject>(
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
     let multi =
         multi_key_commit::keys_of(&name, members.iter().map(|m| (m.run(), m.multi.as_ref())));
-    let decision = decide::decide(&Input {
+    let mut decision = decide::decide(&Input {
         spec: lock.lock_spec(),
         status: current,
         runs: &views,
@@ -172,14 +181,30 @@ fn decide_on<L: LockObject>(
         requests,
         multi: &multi,
     });
-    if decision.status.last_token == i64::MAX && !decision.status.queue.is_empty() {
+    if facts.ledger_read {
+        // lastToken now stands above the ledger's floor, for this very object.
+        decision.status.ledger_read_for = lock.uid();
+    }
+    if decision.status.last_token >= crate::model::mutex::MAX_TOKEN
+        && !decision.status.queue.is_empty()
+    {
         warn!(
             key = name,
             namespace = lock.scope().label(),
-            "fencing tokens are exhausted (lastToken is the largest i64): nothing more is granted on this key"
+            "fencing tokens are exhausted (lastToken is 2^53 - 1, the largest token): nothing more is granted on this key"
         );
     }
     decision
+}
+
+/// Does `next` say what `current` says? Naming the object the ledger was read for (a status
+/// write of its own) changes no one's place on the lock.
+fn same_lock_state(next: &MutexStatus, current: &MutexStatus) -> bool {
+    let stamped = MutexStatus {
+        ledger_read_for: next.ledger_read_for.clone(),
+        ..current.clone()
+    };
+    *next == stamped
 }
 
 /// Write the decision: the lock state first (its compare-and-swap failing ends
@@ -405,6 +430,8 @@ impl Tell<'_> {
             serde_json::json!(self.lock_kind.as_ref());
         run_status::record_release_after(&mut patch, &m.status, &m.release_after);
         if run.kind == RunKind::PipelineRun {
+            // The record is bound to this PipelineRun: a copy of it (a rerun) is a new member.
+            patch["status"]["extraFields"][pending::MEMBER_FIELD] = serde_json::json!(run.uid);
             patch = queued_patch(key, &patch, outcome, m);
         }
         // Our last patch of this version landed; its watch event brings the key back.

@@ -69,7 +69,10 @@ impl LockObject for Mutex {
             .spec
             .idle_delete_days
             .unwrap_or(DEFAULT_IDLE_DELETE_DAYS);
-        (ours && days > 0).then(|| jiff::SignedDuration::from_hours(24 * i64::from(days)))
+        // A frozen lock is kept: the freeze is a person's decision, and a new Mutex of the key
+        // would grant at once (issue 37 item 8).
+        let kept = self.spec.lock.frozen;
+        (ours && days > 0 && !kept).then(|| jiff::SignedDuration::from_hours(24 * i64::from(days)))
     }
 
     fn qualify(&self, _: &str, _: &mut RunView) {}

@@ -10,7 +10,7 @@ use crate::controller::lock_object::{LockObject, NamespaceLabels};
 use crate::controller::reconcile::pipeline_runs::{fetch_parent, pods_alive};
 use crate::controller::reconcile::release_after_progress;
 use crate::core::model::MultiKeyRun;
-use crate::core::observe::pending::PendingRun;
+use crate::core::observe::pending::{self, PendingRun};
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
 use crate::core::run_status;
@@ -314,6 +314,9 @@ fn may_hold(f: &Fetched, status: &MutexStatus, key: &str) -> bool {
     let uid = o.uid.as_str();
     let told = match multi_key_commit::run_of(&f.config, &o.status) {
         Some(m) => m.acquired.and_then(|t| t.get(key).copied()), // this key's token
+        None if o.kind == RunKind::PipelineRun => {
+            pending::vouched_token(run_status::acquired_token(&o.status), uid, status)
+        }
         None => run_status::acquired_token(&o.status),
     };
     status.holders.iter().any(|h| h.run.uid == uid)

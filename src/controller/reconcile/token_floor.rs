@@ -61,9 +61,18 @@ pub fn entry(scope: &Scope, name: &str) -> String {
 fn token_of(data: &Data, key: &str) -> Result<i64, String> {
     match data.get(key) {
         None => Ok(0),
-        Some(v) => v.trim().parse().map_err(|_| {
-            format!("entry {key} is {v:?}, not an integer: set it to the last token handed out")
-        }),
+        Some(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|t| *t == 0 || crate::model::mutex::token_in_range(*t))
+            .ok_or_else(|| {
+                format!(
+                    "entry {key} is {v:?}, not a token from 0 to {}: set it to the last token \
+                     handed out",
+                    crate::model::mutex::MAX_TOKEN
+                )
+            }),
     }
 }
 
@@ -90,6 +99,7 @@ pub fn recorded_all(data: &Data, batch: &Records) -> Result<Option<Data>, String
         let top = data
             .values()
             .filter_map(|v| v.trim().parse::<i64>().ok())
+            .filter(|t| crate::model::mutex::token_in_range(*t))
             .max();
         data = [(FOLDED.to_string(), top.unwrap_or_default().to_string())].into();
     }
@@ -278,6 +288,16 @@ mod tests {
     fn an_edited_entry_is_an_error_not_a_zero() {
         let data: Data = [("mutex.k".to_string(), "seven".to_string())].into();
         let err = floor_in(&data, "mutex.k").unwrap_err();
-        assert!(err.contains("not an integer"), "{err}");
+        assert!(err.contains("not a token from 0 to"), "{err}");
+        // Issue 37: a floor written by hand at the type's maximum would end the key's tokens.
+        for bad in ["9223372036854775807", "9007199254740992", "-3"] {
+            let data: Data = [("mutex.k".to_string(), bad.to_string())].into();
+            assert!(floor_in(&data, "mutex.k").is_err(), "{bad} is refused");
+        }
+        let top: Data = [("mutex.k".to_string(), "9007199254740991".to_string())].into();
+        assert_eq!(
+            floor_in(&top, "mutex.k"),
+            Ok(crate::model::mutex::MAX_TOKEN)
+        );
     }
 }

@@ -56,6 +56,7 @@ pub fn all() -> Vec<Scenario> {
         deleted_lock_run(),
         deleted_mutex(),
         idle_mutex_deleted(),
+        idle_mutex_stamped(),
         queue_control_release(),
         queue_control_clear(),
         frozen(),
@@ -242,6 +243,24 @@ fn idle_mutex_deleted() -> Scenario {
         ],
     );
     s.prior.insert(LockId::mutex("old"), 5);
+    s
+}
+
+/// A Mutex the controller created, idle from before idle-since stamps were kept (restored
+/// from a backup, say), gets its stamp; its key comes back and continues above its token.
+fn idle_mutex_stamped() -> Scenario {
+    let old = json!({
+        "metadata": {"labels": {MANAGED_BY: MANAGER}},
+        "spec": {}, "status": {"lastToken": 3}});
+    let mut s = Scenario::new(
+        "idle-mutex-stamped",
+        vec![
+            vec![Action::Apply(ObjKey::new(Kind::Mutex, NS, "old"), old)],
+            vec![Action::Create(pr("a", "old"))],
+            vec![Action::Finish("a")],
+        ],
+    );
+    s.prior.insert(LockId::mutex("old"), 3);
     s
 }
 

@@ -6,6 +6,7 @@ use crate::core::model::{
     Cancel, ControlCancel, Decision, MultiKeys, MutexFacts, Outcome, Parent, ParentState, Phase,
     Revoke, RunView, Timeout,
 };
+use crate::core::observe::pending;
 use crate::model::mutex::{
     Age, GroupMark, Holder, LockSpec, MAX_GROUP_MARKS, MutexStatus, Order, RunRef, Supersede,
     Waiter,
@@ -66,19 +67,27 @@ impl<'a> Decider<'a> {
     /// not released holds again, with its token; `lastToken` is never below a
     /// token any run of the key shows; and the groups those runs were granted in
     /// keep their marks.
+    ///
+    /// A PipelineRun queued as a whole shows its grant in an annotation its author can write
+    /// or copy: that claim marks its group (no more than its author could do with `sequence`),
+    /// but it holds and raises `lastToken` only as the lock's own status vouches for it.
     pub(super) fn rebuild_from_runs(&mut self) {
-        let highest = self.all.iter().filter_map(|r| r.acquired_token).max();
-        self.st.last_token = self.st.last_token.max(highest.unwrap_or(0));
+        let believed: Vec<Option<i64>> = self.all.iter().map(|r| self.believed(r)).collect();
+        let highest = believed.iter().flatten().max();
+        self.st.last_token = self.st.last_token.max(highest.copied().unwrap_or(0));
         self.st.last_token = self.st.last_token.max(self.facts.token_floor);
         self.keep_forgotten_marks_while_shown();
-        for r in self.all {
-            let Some(token) = r.acquired_token else {
+        for (r, believed) in self.all.iter().zip(believed) {
+            if r.acquired_token.is_none() {
                 continue;
-            };
+            }
             let entry = waiter_of(r);
             if !self.forgotten(&entry) {
                 self.mark_group(&entry, r.waiting_since);
             }
+            let Some(token) = believed else {
+                continue;
+            };
             let known = self.st.holders.iter().any(|h| {
                 h.run.uid == r.run.uid || r.parent.as_ref().is_some_and(|p| is_parent(h.party(), p))
             });
@@ -91,6 +100,18 @@ impl<'a> Decider<'a> {
                 .push(holder_of(entry, token, r.waiting_since, 0));
         }
         self.st.holders.sort_by_key(|h| h.token);
+    }
+
+    /// The grant a run shows, if the lock believes it: a lock run's status is written by
+    /// the controller alone; a queued PipelineRun's record only as the status lists it.
+    fn believed(&self, r: &RunView) -> Option<i64> {
+        let queued = r.run.kind == crate::model::mutex::RunKind::PipelineRun;
+        #[cfg(feature = "guard-switches")]
+        let queued = queued && !super::guard_switches::records_trusted();
+        match queued {
+            true => pending::vouched_token(r.acquired_token, &r.run.uid, &self.st),
+            false => r.acquired_token,
+        }
     }
 
     /// Was this run's mark forgotten by a person? Then rebuilding does not raise it again.
@@ -356,7 +377,7 @@ impl<'a> Decider<'a> {
             return;
         };
         if let Outcome::Superseded { by, .. } = &outcome {
-            self.cancels.extend(cancel_of(r, by));
+            self.cancels.extend(cancel_beside_outcome(r, by));
         }
         self.outcomes.push((r.run.clone(), outcome));
     }
@@ -532,7 +553,7 @@ impl<'a> Decider<'a> {
         self.st.queue = keep;
         for w in older {
             if let Some(victim) = self.runs.get(w.run.uid.as_str()) {
-                self.cancels.extend(cancel_of(victim, &by));
+                self.cancels.extend(cancel_beside_outcome(victim, &by));
             }
             self.outcomes.push((
                 w.run,
@@ -559,8 +580,8 @@ impl<'a> Decider<'a> {
     /// Grant the head of the queue until `capacity` runs hold the key.
     pub(super) fn grant_up_to(&mut self, capacity: usize) {
         while self.st.holders.len() < capacity && !self.st.queue.is_empty() {
-            // Tokens never wrap or repeat: at i64::MAX the key grants no more.
-            let Some(token) = self.st.last_token.checked_add(1) else {
+            // Tokens never wrap or repeat: at MAX_TOKEN the key grants no more.
+            let Some(token) = crate::model::mutex::next_token(self.st.last_token) else {
                 break;
             };
             let w = self.st.queue.remove(0);
@@ -746,6 +767,17 @@ pub(super) fn is_parent((name, uid): Party, p: &Parent) -> bool {
 
 pub(super) fn label(pipeline_run: &Option<String>, run: &RunRef) -> String {
     pipeline_run.clone().unwrap_or_else(|| run.name.clone())
+}
+
+/// The cancel of a run's PipelineRun that goes beside the outcome it is told. A PipelineRun
+/// queued as a whole is told by the patch that cancels it, with its record and
+/// `cancel-reason` (issue 37 item 13): a separate cancel landing first would change it
+/// under that patch, which then never lands.
+fn cancel_beside_outcome(r: &RunView, by: &str) -> Option<Cancel> {
+    if r.run.kind == crate::model::mutex::RunKind::PipelineRun {
+        return None;
+    }
+    cancel_of(r, by)
 }
 
 /// Cancel this run's PipelineRun, unless it is already stopping or over.

@@ -15,3 +15,15 @@ pub fn set_one_hold_per_pipeline_run(on: bool) {
 pub(in crate::core::decide) fn one_hold_off() -> bool {
     ONE_HOLD_OFF.load(Ordering::Relaxed)
 }
+
+static RECORDS_TRUSTED: AtomicBool = AtomicBool::new(false);
+
+/// On: a queued PipelineRun's record (an annotation its author can write) is believed as
+/// written, not as the lock's status vouches for it (the bug of issue 37 items 1 to 4).
+pub fn set_queued_records_trusted(on: bool) {
+    RECORDS_TRUSTED.store(on, Ordering::SeqCst);
+}
+
+pub(in crate::core::decide) fn records_trusted() -> bool {
+    RECORDS_TRUSTED.load(Ordering::Relaxed)
+}

@@ -267,7 +267,7 @@ impl Decider<'_> {
         let Some(i) = self.st.queue.iter().position(|w| w.run.uid == uid) else {
             return true; // granted with a sibling already
         };
-        let Some(token) = self.st.last_token.checked_add(1) else {
+        let Some(token) = crate::model::mutex::next_token(self.st.last_token) else {
             return false;
         };
         let w = self.st.queue.remove(i);

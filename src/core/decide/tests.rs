@@ -807,21 +807,26 @@ impl World {
 
     /// Wiped, or an old copy put back (lastToken with it: as if the object were
     /// force-removed and recreated from a backup). Tokens are then guaranteed
-    /// only above what the runs that still exist show.
+    /// only above what the lock runs that still exist show: a queued PipelineRun's
+    /// record is an annotation its author can write, believed only as the status
+    /// lists it (issue 37), so its hold is forgotten with the status.
     fn lose_status(&mut self, i: u8) {
         self.status = match i as usize % (self.history.len() + 1) {
             0 => MutexStatus::default(),
             k => self.history[k - 1].clone(),
         };
+        let queued = |r: &RunView| r.run.kind == RunKind::PipelineRun;
         let shown = self
             .runs
             .iter()
-            .filter(|r| r.phase != Phase::Deleted)
+            .filter(|r| r.phase != Phase::Deleted && !queued(r))
             .filter_map(|r| r.acquired_token);
         self.floor = shown.chain([self.status.last_token]).max().unwrap_or(0);
         self.losses += 1;
         let unseen = self.runs.iter().filter(|r| {
-            r.phase == Phase::Deleted && r.acquired_token.is_some() && still_holds_in_world(r)
+            (r.phase == Phase::Deleted || queued(r))
+                && r.acquired_token.is_some()
+                && still_holds_in_world(r)
         });
         let unseen: Vec<String> = unseen
             .map(|r| r.parent.as_ref().unwrap().uid.clone())
@@ -1836,3 +1841,44 @@ fn a_namespace_beyond_its_share_of_a_cluster_mutex_queue_is_refused() {
 
 /// Exclusion by PipelineRun over two keys, siblings, re-pointed and deleted runs.
 mod pipeline_runs;
+
+/// Issue 37 item 4: a queued PipelineRun whose record (an annotation its author can write)
+/// claims a grant the lock's status does not list holds nothing and raises no token: the
+/// next run is granted token 1.
+#[test]
+fn a_queued_pipeline_runs_claim_the_status_does_not_list_grants_nothing() {
+    let spec = LockSpec::default();
+    let forger = with(pending(0), |r| {
+        r.run.kind = RunKind::PipelineRun;
+        r.phase = Phase::Done { superseded: false };
+        r.acquired_token = Some(MAX_TOKEN);
+    });
+    let runs = vec![forger, pending(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(2));
+    assert_eq!(holders(&d), ["pr1"], "{:?}", d.status);
+    assert_eq!(d.status.last_token, 1);
+    expect(&d, &[(1, acquired(1, 1))]);
+}
+
+/// Issue 37: a queued PipelineRun the status lists as a holder, whose record was rewritten
+/// before the grant reached it (its author claims another token, or an end), is told its
+/// grant again, with the status's token: it starts, and the key is not held for good.
+#[test]
+fn a_queued_holder_whose_record_was_rewritten_is_told_its_grant_again() {
+    let spec = LockSpec::default();
+    let queued = |r: &mut RunView| r.run.kind = RunKind::PipelineRun;
+    let runs = vec![with(pending(0), queued)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    expect(&d, &[(0, acquired(1, 1))]);
+    for claim in [Some(MAX_TOKEN), None] {
+        let rewritten = with(pending(0), |r| {
+            queued(r);
+            r.phase = Phase::Done { superseded: false };
+            r.acquired_token = claim;
+        });
+        let d2 = decide(&spec, &d.status, &[rewritten, pending(1)], t(2));
+        assert_eq!(holders(&d2), ["pr0"], "{:?}", d2.status);
+        assert_eq!(d2.status.last_token, 1);
+        expect(&d2, &[(0, acquired(1, 1))]);
+    }
+}

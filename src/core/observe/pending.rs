@@ -11,6 +11,7 @@ use crate::model::tekton::RunStatus;
 use crate::model::tekton::labels::PIPELINE_LABEL;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use jiff::Timestamp;
+use kube::ResourceExt;
 use std::sync::Arc;
 
 /// A PipelineRun with the key annotation, read for the lock.
@@ -18,8 +19,8 @@ use std::sync::Arc;
 pub struct PendingRun {
     pub object: Arc<PipelineRun>,
     lock: Result<AnnotatedLock, String>,
-    /// What the controller last told it (empty before it was first seen).
-    record: RunStatus,
+    /// What the controller last told it, if the record is bound to this PipelineRun.
+    record: Option<RunStatus>,
     /// Its Pipeline's name: the label once Tekton has started it, else its `pipelineRef`.
     pipeline: Option<String>,
 }
@@ -29,10 +30,7 @@ impl PendingRun {
     pub fn of(object: Arc<PipelineRun>) -> Option<PendingRun> {
         let annotations = object.metadata.annotations.as_ref()?;
         let lock = annotations::read(annotations)?;
-        let record = annotations
-            .get(annotations::RECORD)
-            .and_then(|r| serde_json::from_str(r).ok())
-            .unwrap_or_default();
+        let record = bound_record(annotations.get(annotations::RECORD), object.uid());
         let pipeline = object
             .label(PIPELINE_LABEL)
             .map(str::to_string)
@@ -45,13 +43,9 @@ impl PendingRun {
         })
     }
 
-    /// Has the controller ever written its record (it was queued, or refused)?
+    /// Has the controller ever written its record for this very PipelineRun (it was queued)?
     pub fn recorded(&self) -> bool {
-        self.object
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(annotations::RECORD))
+        self.record.is_some()
     }
 
     /// A PipelineRun that Tekton already started before the lock recorded it:
@@ -96,14 +90,48 @@ impl PendingRun {
             retries: None,
             cancel_requested: self.object.stop_requested() && !self.recorded_done(),
             status_message: None,
-            status: self.record.clone(),
+            status: self.record.clone().unwrap_or_default(),
             refused,
         }
     }
 
     fn recorded_done(&self) -> bool {
-        crate::model::tekton::is_done(self.record.succeeded())
+        let record = self.record.as_ref();
+        record.is_some_and(|r| crate::model::tekton::is_done(r.succeeded()))
     }
+}
+
+/// `status.extraFields` key of the record naming the uid of the PipelineRun it was written
+/// for. The record is an annotation, which anyone who can edit the PipelineRun can copy or
+/// write: bound to the uid, a copy's record (a Rerun, `kubectl get -o yaml` and create) is
+/// no record at all, and the copy is a new member.
+pub const MEMBER_FIELD: &str = "member";
+
+/// The record, if it was written for the PipelineRun of `uid`; None otherwise (absent,
+/// unreadable, copied from another PipelineRun, or from before records were bound).
+fn bound_record(text: Option<&String>, uid: Option<String>) -> Option<RunStatus> {
+    let record: RunStatus = serde_json::from_str(text?).ok()?;
+    let member = record.extra_fields.as_ref()?.get(MEMBER_FIELD)?.as_str()?;
+    (Some(member) == uid.as_deref()).then_some(record)
+}
+
+/// A queued PipelineRun's claim to hold the key, as the lock's own status vouches for it.
+/// The record says what the controller told it, but it is an annotation its author can
+/// write: it counts as a grant only if the lock's status (which only the controller writes)
+/// lists this PipelineRun, by uid, as a holder with that token. So no annotation can grant
+/// a slot, add a holder, or raise `lastToken`. The limit: a status wiped by hand while a
+/// queued PipelineRun holds forgets that hold.
+pub fn vouched_token(
+    claimed: Option<i64>,
+    uid: &str,
+    status: &crate::model::mutex::MutexStatus,
+) -> Option<i64> {
+    let token = claimed?;
+    let listed = status
+        .holders
+        .iter()
+        .any(|h| h.run.uid == uid && h.token == token);
+    listed.then_some(token)
 }
 
 #[cfg(test)]
@@ -165,8 +193,7 @@ mod tests {
     fn one_started_before_the_lock_saw_it_is_left_alone() {
         let p = pending(json!({"tekton-mutex.dev/key": "k"}), None);
         assert!(p.started_unqueued());
-        let record = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
-                            "results": [{"name": "token", "value": "4"}]});
+        let record = granted_record("u1", 4);
         let granted = pending(
             json!({"tekton-mutex.dev/key": "k", "tekton-mutex.dev/lock-record": record.to_string()}),
             None,
@@ -175,5 +202,77 @@ mod tests {
         let o = granted.observe();
         assert!(o.is_done());
         assert_eq!(crate::core::run_status::acquired_token(&o.status), Some(4));
+    }
+
+    fn granted_record(member: &str, token: i64) -> serde_json::Value {
+        json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+               "results": [{"name": "token", "value": token.to_string()}],
+               "extraFields": {"key": "k", "member": member}})
+    }
+
+    /// Issue 37 item 1: a Rerun copies the annotations, the record included. The copy has
+    /// another uid, so the record is not its own: the copy is a new member, never a holder.
+    #[test]
+    fn a_copied_record_is_no_record_so_a_copy_is_a_new_member() {
+        let copied = granted_record("the-original-uid", 4);
+        let copy = pending(
+            json!({"tekton-mutex.dev/key": "k", "tekton-mutex.dev/lock-record": copied.to_string()}),
+            Some("PipelineRunPending"),
+        );
+        assert!(!copy.recorded());
+        let o = copy.observe();
+        assert!(!o.is_done(), "it waits like any new member");
+        assert_eq!(crate::core::run_status::acquired_token(&o.status), None);
+        let started = pending(
+            json!({"tekton-mutex.dev/key": "k", "tekton-mutex.dev/lock-record": copied.to_string()}),
+            None,
+        );
+        assert!(
+            started.started_unqueued(),
+            "a copy not Pending is NotQueued"
+        );
+        let unbound = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+                             "results": [{"name": "token", "value": "4"}]});
+        let old = pending(
+            json!({"tekton-mutex.dev/key": "k", "tekton-mutex.dev/lock-record": unbound.to_string()}),
+            Some("PipelineRunPending"),
+        );
+        assert!(!old.recorded(), "a record bound to no uid is no record");
+    }
+
+    /// Issue 37 item 4: a record its author wrote grants nothing the lock's status does not list.
+    #[test]
+    fn only_the_locks_status_vouches_for_a_queued_grant() {
+        use crate::model::mutex::{Age, Holder, MutexStatus, RunRef, Supersede};
+        let holder = |uid: &str, token| Holder {
+            run: RunRef {
+                kind: RunKind::PipelineRun,
+                name: "promote-1".into(),
+                uid: uid.into(),
+            },
+            pipeline_run: Some("promote-1".into()),
+            pipeline_run_uid: Some(uid.into()),
+            token,
+            since: Timestamp::UNIX_EPOCH,
+            waited_seconds: 0,
+            group: "g".into(),
+            age: Age {
+                sequence: None,
+                created: Timestamp::UNIX_EPOCH,
+                name: "promote-1".into(),
+            },
+            supersede: Supersede::Pending,
+        };
+        let status = MutexStatus {
+            holders: vec![holder("u1", 4)],
+            last_token: 4,
+            ..MutexStatus::default()
+        };
+        assert_eq!(vouched_token(Some(4), "u1", &status), Some(4));
+        assert_eq!(vouched_token(Some(5), "u1", &status), None, "another token");
+        assert_eq!(vouched_token(Some(4), "u2", &status), None, "another uid");
+        let forged = crate::model::mutex::MAX_TOKEN;
+        assert_eq!(vouched_token(Some(forged), "u2", &status), None);
+        assert_eq!(vouched_token(None, "u1", &status), None);
     }
 }
