@@ -2,14 +2,14 @@
 //! the last supersede per group, recent requests and Events.
 
 use super::lock::{Lock, locate};
-use super::output::{age, or_dashes, parse_time, table};
-use super::target::{Failure, Result, Target, api_failure};
+use super::output::{Format, age, formatted, or_dashes, parse_time, table};
+use super::target::{Result, Target, api_failure};
 use crate::core::requests::ObservedRequest;
 use crate::model::mutex::{RunKind, Waiter};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
@@ -24,15 +24,9 @@ const RECENT_EVENTS: usize = 10;
 pub struct DescribeArgs {
     /// The key (the Mutex's name).
     key: String,
-    /// Print for scripts instead of the text.
+    /// Print for scripts instead of the text: the data below as JSON or YAML.
     #[arg(short = 'o', long, value_enum)]
     output: Option<Format>,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Format {
-    Json,
-    Yaml,
 }
 
 /// Everything describe shows, as `-o json|yaml` prints it.
@@ -109,14 +103,10 @@ pub async fn run(target: &Target, args: DescribeArgs) -> Result<()> {
     let lock = target.lock(&args.key).await?;
     let d = gather(target, &lock).await?;
     let text = match args.output {
-        Some(Format::Json) => serde_json::to_string_pretty(&d).map(|s| s + "\n").ok(),
-        Some(Format::Yaml) => serde_yaml_ng::to_string(&d).ok(),
-        None => Some(render(&d, Timestamp::now())),
+        Some(format) => formatted(&d, format)?,
+        None => render(&d, Timestamp::now()),
     };
-    print!(
-        "{}",
-        text.ok_or_else(|| Failure("could not format the output".into()))?
-    );
+    print!("{text}");
     Ok(())
 }
 
@@ -428,6 +418,25 @@ mod tests {
     use jiff::SignedDuration;
 
     #[test]
+    fn describe_takes_dash_o() {
+        use crate::cli::{Cli, ClusterCommand, Command};
+        use clap::Parser;
+        let parsed = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tkn-mutex", "describe"], args].concat()).unwrap();
+            match cli.command {
+                Command::Cluster(ClusterCommand::Describe(a)) => (a.key, a.output),
+                _ => unreachable!("parsed as describe"),
+            }
+        };
+        assert_eq!(
+            parsed(&["staging", "-o", "json"]),
+            ("staging".into(), Some(Format::Json))
+        );
+        assert_eq!(parsed(&["-o", "yaml", "prod"]).1, Some(Format::Yaml));
+        assert_eq!(parsed(&["staging"]).1, None);
+    }
+
+    #[test]
     fn the_text_lists_holders_and_the_queue_in_grant_order() {
         let now = Timestamp::now();
         let waiter = |position: usize, pr: &str, promoted: bool| WaiterRow {
@@ -496,5 +505,11 @@ mod tests {
         );
         assert!(text.contains("Last supersede per group\n No entries\n"));
         assert!(!text.contains('\x1b'), "no colour");
+        let json = formatted(&d, Format::Json).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(json["queue"][0]["pipelineRun"], "deploy-7", "{json}");
+        assert_eq!(json["holders"][0]["state"], "Running");
+        let yaml = formatted(&d, Format::Yaml).unwrap();
+        assert!(yaml.contains("key: staging\n"), "{yaml}");
     }
 }

@@ -1,22 +1,32 @@
-//! `tkn mutex list [-A | --cluster]`: one line per key.
+//! `tkn mutex list [-A | --cluster] [-o json|yaml]`: one line per key, or the
+//! objects as a `List`.
 
 use super::lock::Lock;
-use super::output::{age, table};
-use super::target::{Result, Target, api_failure};
+use super::output::{Format, age, formatted, table};
+use super::target::{Failure, Result, Target, api_failure};
 use clap::Args;
 use jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
+use serde_json::{Value, json};
 
 #[derive(Args)]
 pub struct ListArgs {
     /// List the keys of every namespace.
     #[arg(short = 'A', long)]
     all_namespaces: bool,
+    /// Print the Mutexes (or ClusterMutexes) as a List in JSON or YAML instead of the table.
+    #[arg(short = 'o', long, value_enum)]
+    output: Option<Format>,
 }
 
 pub async fn run(target: &Target, args: ListArgs) -> Result<()> {
     let locks = read(target, args.all_namespaces).await?;
+    if let Some(format) = args.output {
+        // Empty or not, as `kubectl get -o json` prints it: a script reads one shape.
+        print!("{}", formatted(&list_object(&locks)?, format)?);
+        return Ok(());
+    }
     if locks.is_empty() {
         match (target.cluster, args.all_namespaces) {
             (true, _) => eprintln!("No clustermutexes found"),
@@ -50,6 +60,21 @@ async fn read(target: &Target, all_namespaces: bool) -> Result<Vec<Lock>> {
     };
     let list = api.list(&params).await.map_err(failed)?;
     Ok(list.items.into_iter().map(Lock::Mutex).collect())
+}
+
+/// The objects as kubectl's `get -o json` prints several: a `v1` `List`.
+pub fn list_object(locks: &[Lock]) -> Result<Value> {
+    let items = locks
+        .iter()
+        .map(Lock::object)
+        .collect::<serde_json::Result<Vec<_>>>()
+        .map_err(|e| Failure(format!("could not format the output: {e}")))?;
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {"resourceVersion": ""},
+        "items": items,
+    }))
 }
 
 /// The table: holders with their age, queue length, last token, capacity, frozen.
@@ -148,6 +173,45 @@ mod tests {
             ..Default::default()
         });
         Lock::Mutex(m)
+    }
+
+    #[test]
+    fn list_takes_dash_o() {
+        use crate::cli::{Cli, ClusterCommand, Command};
+        use clap::Parser;
+        let output = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tkn-mutex", "list"], args].concat()).unwrap();
+            match cli.command {
+                Command::Cluster(ClusterCommand::List(a)) => a.output,
+                _ => unreachable!("parsed as list"),
+            }
+        };
+        assert_eq!(output(&["-o", "json"]), Some(Format::Json));
+        assert_eq!(output(&["-A", "--output=yaml"]), Some(Format::Yaml));
+        assert_eq!(output(&[]), None, "the table");
+    }
+
+    #[test]
+    fn the_json_is_a_list_of_the_objects_as_kubectl_prints_it() {
+        let now = Timestamp::now();
+        let mut lock = mutex("staging", &[("deploy-3", 5)], false, now);
+        if let Lock::Mutex(m) = &mut lock {
+            m.metadata.managed_fields = Some(vec![Default::default()]);
+        }
+        let list = list_object(&[lock]).unwrap();
+        assert_eq!(list["kind"], "List");
+        assert_eq!(list["apiVersion"], "v1");
+        let item = &list["items"][0];
+        assert_eq!(item["kind"], "Mutex");
+        assert_eq!(item["apiVersion"], "tekton-mutex.dev/v1alpha1");
+        assert_eq!(item["metadata"]["name"], "staging");
+        assert_eq!(item["status"]["holders"][0]["pipelineRun"], "deploy-3");
+        assert!(item["metadata"].get("managedFields").is_none());
+        let yaml = formatted(&list, Format::Yaml).unwrap();
+        assert!(yaml.starts_with("apiVersion: v1\n"), "{yaml}");
+        let empty = formatted(&list_object(&[]).unwrap(), Format::Json).unwrap();
+        let empty: Value = serde_json::from_str(&empty).unwrap();
+        assert_eq!(empty["items"], json!([]));
     }
 
     #[test]

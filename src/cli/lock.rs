@@ -52,6 +52,19 @@ impl Lock {
         status.cloned().unwrap_or_default()
     }
 
+    /// The object for `-o json|yaml`, without `metadata.managedFields`: kubectl
+    /// hides them too, and they are noise to a script.
+    pub fn object(&self) -> serde_json::Result<Value> {
+        let mut v = match self {
+            Lock::Mutex(m) => serde_json::to_value(m)?,
+            Lock::Cluster(c) => serde_json::to_value(c)?,
+        };
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
+        Ok(v)
+    }
+
     pub fn has_status(&self) -> bool {
         match self {
             Lock::Mutex(m) => m.status.is_some(),
@@ -179,8 +192,8 @@ impl Target {
         watched.map_err(|e| match e {
             Watch::Failed(e) => format!("could not watch {}: {e}", self.describe_lock(name)),
             Watch::TimedOut => format!(
-                "the controller did not acknowledge the request within {}s: is tekton-mutex running and serving {}?",
-                wait.timeout,
+                "the controller did not acknowledge the request within {}: is tekton-mutex running and serving {}?",
+                wait.text(),
                 match self.cluster {
                     true => "ClusterMutexes (the cluster-wide install)".to_string(),
                     false => format!("namespace {}", self.namespace),

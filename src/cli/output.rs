@@ -1,7 +1,29 @@
 //! Output as tkn prints it: plain columns (no colour) and ages such as
-//! `5 minutes ago` (tkn's `formatted.Age`: the largest whole unit).
+//! `5 minutes ago` (tkn's `formatted.Age`: the largest whole unit), or with
+//! `-o json|yaml` the data itself, for scripts.
 
+use super::target::{Failure, Result};
+use clap::ValueEnum;
 use jiff::Timestamp;
+use serde::Serialize;
+
+/// `-o json|yaml`, as tkn and kubectl take it; without it, the text for people.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Json,
+    Yaml,
+}
+
+/// The value as JSON (pretty, as kubectl prints it) or YAML, ending in a newline.
+pub fn formatted<T: Serialize>(value: &T, format: Format) -> Result<String> {
+    let text = match format {
+        Format::Json => serde_json::to_string_pretty(value)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string()),
+        Format::Yaml => serde_yaml_ng::to_string(value).map_err(|e| e.to_string()),
+    };
+    text.map_err(|e| Failure(format!("could not format the output: {e}")))
+}
 
 /// `5 minutes ago`, `1 hour ago`, `---` when unknown.
 pub fn age(t: Option<Timestamp>, now: Timestamp) -> String {

@@ -24,13 +24,20 @@ pub struct ReleaseArgs {
     wait: Wait,
 }
 
-pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
-    if !a.force {
-        return Err(Failure(format!(
+/// What the arguments alone can tell, checked before connecting: a release
+/// without --force is refused even where no cluster is reachable.
+pub fn check(a: &ReleaseArgs) -> Result<()> {
+    match a.force {
+        true => Ok(()),
+        false => Err(Failure(format!(
             "release takes the slot from {} and cancels its PipelineRun: add --force to do it",
             a.holder
-        )));
+        ))),
     }
+}
+
+pub async fn run(target: &Target, a: ReleaseArgs) -> Result<()> {
+    check(&a)?;
     let holders: Vec<String> = target
         .lock(&a.key)
         .await?
