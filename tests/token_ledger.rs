@@ -357,9 +357,8 @@ async fn a_mutex_restored_from_an_older_backup_never_hands_out_a_lower_token() -
     let created = mutexes.create(&PostParams::default(), &restored).await?;
     let mut with_status = created.clone();
     with_status.status = backup.status.clone();
-    let body = serde_json::to_vec(&with_status)?;
     mutexes
-        .replace_status(KEY, &PostParams::default(), body)
+        .replace_status(KEY, &PostParams::default(), &with_status)
         .await?;
     let st = mutex_status(&ns, KEY).await?;
     ensure!(

@@ -15,6 +15,8 @@ mod multi_key;
 mod queue_control;
 mod queued_record;
 
+pub use queued_record::vouch as vouch_queued_record;
+
 pub use multi_key::{commit as commit_multikey, rank, settle, slot_for};
 
 #[cfg(feature = "guard-switches")]

@@ -147,7 +147,12 @@ fn decide_writes(
     let fetched = view::fetch(cfg, cache, api, k, m);
     let views: Vec<_> = fetched
         .iter()
-        .map(|f| view::run_view(cfg, api, f, k))
+        .map(|f| {
+            // members.rs: a queued PipelineRun's record, as the status vouches for it.
+            let mut v = view::run_view(cfg, api, f, k);
+            tekton_mutex::core::decide::vouch_queued_record(&mut v, &m.status.0);
+            v
+        })
         .collect();
     let multi = view::multi_keys(cfg, &fetched, k);
     let d = decide_step(&spec(cfg), &m.status.0, &views, now(), facts, &multi);

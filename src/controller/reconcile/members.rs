@@ -71,6 +71,8 @@ pub async fn gather<L: LockObject>(
     members.extend(deleted_holders(ctx, &lock.scope(), status, &members).await?);
     let kind = L::kind(&());
     for m in &mut members {
+        // A queued PipelineRun's record is its author's: the status says what it holds.
+        crate::core::decide::vouch_queued_record(&mut m.facts.view, status);
         if let Some(tokens) = m.multi.as_ref().and_then(|x| x.acquired.as_ref()) {
             m.facts.view.acquired_token = tokens.get(&key).copied(); // this key's token
         } else if run_status::told_by_another_lock(&m.status, &kind, &key) {

@@ -12,26 +12,32 @@ use crate::model::mutex::{MutexStatus, RunKind};
 
 /// The runs, with each queued PipelineRun the status lists as a holder seen as that holder.
 pub(super) fn as_the_status_says(mut runs: Vec<RunView>, status: &MutexStatus) -> Vec<RunView> {
-    #[cfg(feature = "guard-switches")]
-    if super::guard_switches::records_trusted() {
-        return runs;
-    }
-    for r in runs
-        .iter_mut()
-        .filter(|r| r.run.kind == RunKind::PipelineRun)
-    {
-        let Some(h) = status.holders.iter().find(|h| h.run.uid == r.run.uid) else {
-            continue;
-        };
-        if r.acquired_token != Some(h.token) {
-            r.acquired_token = Some(h.token);
-            if matches!(r.phase, Phase::Done { .. }) {
-                r.phase = Phase::Live {
-                    cancel_requested: false,
-                    timeout: Timeout::NotYet,
-                };
-            }
-        }
+    for r in &mut runs {
+        vouch(r, status);
     }
     runs
+}
+
+/// A queued PipelineRun the status lists as a holder, seen as that holder (the apply step
+/// reads the same view, so a grant it must tell again is told).
+pub fn vouch(r: &mut RunView, status: &MutexStatus) {
+    #[cfg(feature = "guard-switches")]
+    if super::guard_switches::records_trusted() {
+        return;
+    }
+    if r.run.kind != RunKind::PipelineRun {
+        return;
+    }
+    let Some(h) = status.holders.iter().find(|h| h.run.uid == r.run.uid) else {
+        return;
+    };
+    if r.acquired_token != Some(h.token) {
+        r.acquired_token = Some(h.token);
+        if matches!(r.phase, Phase::Done { .. }) {
+            r.phase = Phase::Live {
+                cancel_requested: false,
+                timeout: Timeout::NotYet,
+            };
+        }
+    }
 }
