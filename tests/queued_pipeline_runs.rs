@@ -612,3 +612,35 @@ async fn a_queued_run_superseded_on_arrival_says_so_and_no_false_error() -> Resu
     succeeds(&ns, "v2").await?;
     Ok(())
 }
+
+/// Item 9: PipelineRuns of one remote Pipeline (a git resolver ref, no Pipeline name) are one
+/// supersede group whatever revision they build: an older build queued after a newer one
+/// holds is superseded on arrival, not granted after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn queued_runs_of_one_remote_pipeline_supersede_each_other() -> Result<()> {
+    let (ns, _c) = setup("queued-resolver").await?;
+    let build = |name: &str, sequence: &str, revision: &str| {
+        json!({
+            "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+            "metadata": {"name": name, "annotations": {KEY: "env", "tekton-mutex.dev/sequence": sequence}},
+            "spec": {"status": "PipelineRunPending", "pipelineRef": {"resolver": "git", "params": [
+                {"name": "url", "value": "https://example.invalid/org/environments.git"},
+                {"name": "revision", "value": revision},
+                {"name": "pathInRepo", "value": "pipelines/promote.yaml"},
+            ]}},
+        })
+        .to_string()
+    };
+    ns.apply(&build("build-62", "62", "b62")).await?;
+    wait_granted(&ns, "build-62").await?;
+    ns.apply(&build("build-61", "61", "b61")).await?;
+    let reason = wait_annotation(&ns, "build-61", "tekton-mutex.dev/cancel-reason", slow()).await?;
+    ensure!(
+        reason == "Superseded",
+        "build-61's cancel-reason is {reason:?}"
+    );
+    let by = wait_annotation(&ns, "build-61", "tekton-mutex.dev/superseded-by", slow()).await?;
+    ensure!(by == "build-62", "superseded by {by:?}");
+    Ok(())
+}

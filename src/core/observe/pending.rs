@@ -12,6 +12,7 @@ use crate::model::tekton::labels::PIPELINE_LABEL;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use jiff::Timestamp;
 use kube::ResourceExt;
+use sha2::Digest;
 use std::sync::Arc;
 
 /// A PipelineRun with the key annotation, read for the lock.
@@ -21,7 +22,8 @@ pub struct PendingRun {
     lock: Result<AnnotatedLock, String>,
     /// What the controller last told it, if the record is bound to this PipelineRun.
     record: Option<RunStatus>,
-    /// Its Pipeline's name: the label once Tekton has started it, else its `pipelineRef`.
+    /// Its default supersede group: its `pipelineRef` ([`pipeline_group`]), else the
+    /// Pipeline label Tekton puts on a started PipelineRun.
     pipeline: Option<String>,
 }
 
@@ -32,9 +34,11 @@ impl PendingRun {
         let lock = annotations::read(annotations)?;
         let record = bound_record(annotations.get(annotations::RECORD), object.uid());
         let pipeline = object
-            .label(PIPELINE_LABEL)
-            .map(str::to_string)
-            .or_else(|| object.spec.pipeline_ref.as_ref()?.name.clone());
+            .spec
+            .pipeline_ref
+            .as_ref()
+            .and_then(pipeline_group)
+            .or_else(|| object.label(PIPELINE_LABEL).map(str::to_string));
         Some(PendingRun {
             object,
             lock,
@@ -98,6 +102,46 @@ impl PendingRun {
     fn recorded_done(&self) -> bool {
         let record = self.record.as_ref();
         record.is_some_and(|r| crate::model::tekton::is_done(r.succeeded()))
+    }
+}
+
+/// The default supersede group of a PipelineRun by its `pipelineRef`, the same before and
+/// after it starts: the Pipeline's name; for a remote Pipeline (a resolver, issue 37 item 9),
+/// the resolver and where the Pipeline lives, without its version (`revision`, `version`, a
+/// bundle's tag or digest), so that every build of one Pipeline is one group.
+pub fn pipeline_group(r: &crate::model::tekton::pipelinerun::PipelineRef) -> Option<String> {
+    if let Some(name) = &r.name {
+        return Some(name.clone());
+    }
+    let resolver = r.resolver.as_deref()?;
+    let mut place: Vec<String> = r
+        .params
+        .iter()
+        .filter(|p| !matches!(p.name.as_str(), "revision" | "version"))
+        .map(|p| {
+            let value = p
+                .value
+                .as_str()
+                .map_or_else(|| p.value.to_string(), str::to_string);
+            let value = match p.name.as_str() {
+                "bundle" => without_version(&value).to_string(),
+                _ => value,
+            };
+            format!("{}={value}", p.name)
+        })
+        .collect();
+    place.sort();
+    let digest = sha2::Sha256::digest(place.join("\n").as_bytes());
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("{resolver}-{hex}"))
+}
+
+/// An image reference without its tag or digest (`registry/repo:tag@sha256:...` -> `registry/repo`).
+fn without_version(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    match image.rfind(':') {
+        Some(colon) if !image[colon..].contains('/') => &image[..colon],
+        _ => image,
     }
 }
 
@@ -274,5 +318,42 @@ mod tests {
         let forged = crate::model::mutex::MAX_TOKEN;
         assert_eq!(vouched_token(Some(forged), "u2", &status), None);
         assert_eq!(vouched_token(None, "u1", &status), None);
+    }
+
+    /// Issue 37 item 9: PipelineRuns of one remote Pipeline are one supersede group, whatever
+    /// revision they run, before and after Tekton starts them; another Pipeline is another.
+    #[test]
+    fn a_resolver_ref_gives_one_group_per_remote_pipeline() {
+        let git = |revision: &str, path: &str| {
+            serde_json::from_value::<crate::model::tekton::pipelinerun::PipelineRef>(json!({
+                "resolver": "git",
+                "params": [{"name": "url", "value": "https://example.com/org/repo.git"},
+                           {"name": "revision", "value": revision},
+                           {"name": "pathInRepo", "value": path}]}))
+            .unwrap()
+        };
+        let a = pipeline_group(&git("abc123", "promote.yaml")).unwrap();
+        assert_eq!(
+            Some(a.clone()),
+            pipeline_group(&git("def456", "promote.yaml"))
+        );
+        assert_ne!(
+            Some(a.clone()),
+            pipeline_group(&git("abc123", "build.yaml"))
+        );
+        assert!(a.starts_with("git-"), "{a}");
+        let bundle = |image: &str| {
+            serde_json::from_value::<crate::model::tekton::pipelinerun::PipelineRef>(json!({
+                "resolver": "bundles",
+                "params": [{"name": "bundle", "value": image}, {"name": "name", "value": "promote"}]}))
+            .unwrap()
+        };
+        assert_eq!(
+            pipeline_group(&bundle("registry.example/p:v1")),
+            pipeline_group(&bundle("registry.example/p:v2@sha256:0123"))
+        );
+        assert_eq!(without_version("localhost:5000/p"), "localhost:5000/p");
+        let named = serde_json::from_value(json!({"name": "promote"})).unwrap();
+        assert_eq!(pipeline_group(&named).as_deref(), Some("promote"));
     }
 }

@@ -50,6 +50,11 @@ pub struct PipelineRunStatus {
 pub struct PipelineRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A remote Pipeline (git, bundles, hub, cluster, ...): the resolver and its params.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolver: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub params: Vec<crate::model::tekton::Param>,
 }
 
 /// Anything with a `name`: a skipped task, a pipeline task.
