@@ -9,7 +9,7 @@
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::controller::ControllerProcess;
 use support::locks::ClusterMutexGuard;
@@ -340,5 +340,51 @@ async fn a_tenant_beyond_its_share_of_a_cluster_mutex_is_refused_and_others_stil
     wait_reason(&b, &lock_run("b1"), "Waiting", slow()).await?;
     let st = api.get(&name).await?.status.unwrap_or_default();
     ensure!(st.queue.len() == 3 && st.holders.len() == 1, "{st:?}");
+    Ok(())
+}
+
+/// Issue 37 item 12: a namespace taken out of a ClusterMutex's `spec.namespaces` while its run
+/// waits is not granted: the wait ends `Cancelled`, naming the namespace and the field. The
+/// holder of the allowed namespace keeps its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_namespace_removed_from_a_cluster_mutex_is_not_granted() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let (a, b) = (
+        TestNamespace::create("scope-revoke-a").await?,
+        TestNamespace::create("scope-revoke-b").await?,
+    );
+    let _ctl = ControllerProcess::start_cluster_wide("cluster-wide").await?;
+    let name = format!("shared-{}", a.name().rsplit('-').next().unwrap_or("x"));
+    let api: kube::Api<ClusterMutex> = kube::Api::all(a.client());
+    let spec: ClusterMutexSpec =
+        serde_json::from_value(json!({"namespaces": [a.name(), b.name()]}))?;
+    api.create(&PostParams::default(), &ClusterMutex::new(&name, spec))
+        .await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let task_ref =
+        json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": name});
+    for ns in [&a, &b] {
+        ns.apply(&section_pipeline("env", task_ref.clone(), &[]))
+            .await?;
+    }
+    a.apply(&pipeline_run("a1", "env")).await?;
+    wait_reason(&a, &lock_run("a1"), "Acquired", slow()).await?;
+    b.apply(&pipeline_run("b1", "env")).await?;
+    wait_reason(&b, &lock_run("b1"), "Waiting", slow()).await?;
+    let only_a = json!({"spec": {"namespaces": [a.name()]}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&only_a))
+        .await?;
+    let ended = wait_reason(&b, &lock_run("b1"), "CustomRunCancelled", slow()).await?;
+    let m = ended.message.unwrap_or_default();
+    ensure!(m.contains(b.name()) && m.contains("spec.namespaces"), "{m}");
+    let st = api.get(&name).await?.status.unwrap_or_default();
+    ensure!(
+        st.queue.is_empty() && st.holding == format!("{}/a1", a.name()),
+        "{st:?}"
+    );
+    create_gate(&a, "deploy-go-a1").await?;
+    create_gate(&a, "test-go-a1").await?;
+    succeeded(&a, "a1").await?;
     Ok(())
 }

@@ -460,13 +460,12 @@ impl Tell<'_> {
 /// record annotation, and the outcome acts on it: a grant starts it, an end of
 /// its wait cancels it (unless someone already asked it to stop).
 fn queued_patch(key: &str, run_patch: &Value, outcome: &Outcome, m: &Member) -> Value {
-    let stoppable = matches!(
-        m.facts.view.phase,
-        Phase::Live {
-            cancel_requested: false,
-            ..
-        }
-    );
+    // Nobody has asked the PipelineRun itself to stop (a wait ended for the lock's own
+    // reasons, say a namespace no longer allowed, still cancels it).
+    let running =
+        |p: &crate::core::model::Parent| p.state == crate::core::model::ParentState::Running;
+    let stoppable = matches!(m.facts.view.phase, Phase::Live { .. })
+        && m.facts.view.parent.as_ref().is_some_and(running);
     let mode = (m.facts.view.cancel_mode, stoppable);
     run_status::queued::patch(key, run_patch, outcome, &m.status, mode)
 }

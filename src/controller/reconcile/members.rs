@@ -9,7 +9,7 @@ use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::{LockObject, NamespaceLabels};
 use crate::controller::reconcile::pipeline_runs::{fetch_parent, pods_alive};
 use crate::controller::reconcile::release_after_progress;
-use crate::core::model::MultiKeyRun;
+use crate::core::model::{MultiKeyRun, Phase};
 use crate::core::observe::pending::{self, PendingRun};
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
@@ -88,6 +88,8 @@ struct Fetched {
     run: AnyRun,
     config: RunConfig,
     parent: Option<ParentFetched>,
+    /// A waiter the lock no longer admits, and why: its wait ends.
+    revoked: Option<String>,
 }
 
 /// A PipelineRun as fetched: the object unless it is gone, and whether a pod
@@ -177,13 +179,36 @@ async fn fetch_runs<L: LockObject>(
     objects.extend(queued.into_iter().filter_map(AnyRun::queued));
     objects.extend(missing(ctx, &lock.scope(), &named, &objects).await?);
     let mut labels = NamespaceLabels::new();
+    let waiting: Vec<&str> = status.queue.iter().map(|w| w.run.uid.as_str()).collect();
     let mut found = Vec::new();
     for obj in objects {
-        if let Some(f) = fetched(ctx, lock, obj, &named, &mut labels).await? {
+        if let Some(mut f) = fetched(ctx, lock, obj, &named, &mut labels).await? {
+            f.revoked = revoked(ctx, lock, &f, &waiting, &mut labels).await?;
             found.push(f);
         }
     }
     Ok(found)
+}
+
+/// Why a waiter may no longer wait here: its namespace left a ClusterMutex's
+/// `spec.namespaces` (or selector) while it waited (issue 37 item 12). Holders keep their slot.
+async fn revoked<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    f: &Fetched,
+    waiting: &[&str],
+    labels: &mut NamespaceLabels,
+) -> Result<Option<String>, Error> {
+    let o = f.run.observe();
+    if !waiting.contains(&o.uid.as_str()) || lock.admits(ctx, &o.namespace, labels).await? {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "namespace {} is no longer allowed to use {} {} (its spec.namespaces or namespaceSelector changed)",
+        o.namespace,
+        L::kind(&()),
+        lock.name_any()
+    )))
 }
 
 /// The run as a member, with its PipelineRun; None if it is not one of this
@@ -225,6 +250,7 @@ async fn fetched<L: LockObject>(
         run: obj,
         config,
         parent,
+        revoked: None,
     }))
 }
 
@@ -274,6 +300,13 @@ fn view_of<L: LockObject>(lock: &L, f: &Fetched, now: Timestamp) -> Member {
     let parent = f.parent.as_ref().map(ParentFetched::as_view);
     let mut facts = view::member_view(&o, &f.config, parent, now);
     lock.qualify(&o.namespace, &mut facts.view);
+    if let (Some(why), &Phase::Live { timeout, .. }) = (&f.revoked, &facts.view.phase) {
+        facts.view.phase = Phase::Live {
+            cancel_requested: true,
+            timeout,
+        };
+        facts.view.cancel_message = Some(why.clone());
+    }
     Member {
         namespace: o.namespace.clone(),
         name: o.name.clone(),
@@ -390,6 +423,7 @@ async fn hold_sharers<L: LockObject>(
                 run: AnyRun::Custom(Arc::new(run)),
                 config,
                 parent,
+                revoked: None,
             });
         }
     }
