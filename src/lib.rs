@@ -10,7 +10,7 @@ pub mod model;
 pub mod promise;
 
 /// The Mutex and ClusterMutex CRDs as YAML, generated from the Rust types
-/// (committed as config/crd.yaml).
+/// (committed as config/300-crd.yaml).
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
     let yaml = |crd| serde_yaml_ng::to_string(&crd).expect("a CRD always serializes");
