@@ -85,8 +85,8 @@ KUBECTL=$(component_bin kubectl)
 TKN=$(component_bin tkn)
 k() { "$KUBECTL" "$@"; }
 
-log "demo: installing the Mutex CRD (config/crd.yaml) and the example pipelines into namespace $PIPELINES_NS"
-k apply -f "$REPO_ROOT/config/crd.yaml" >/dev/null
+log "demo: installing the Mutex CRD (config/300-crd.yaml) and the example pipelines into namespace $PIPELINES_NS"
+k apply -f "$REPO_ROOT/config/300-crd.yaml" >/dev/null
 k wait --for=condition=Established crd/mutexes.tekton-mutex.dev --timeout=60s >/dev/null
 for ns in "$PIPELINES_NS" "$ENV_NS"; do
   k get namespace "$ns" >/dev/null 2>&1 || k create namespace "$ns" >/dev/null

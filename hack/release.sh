@@ -4,8 +4,8 @@
 #      with crt-static), with the version and git revision embedded;
 #   2. an OCI image (amd64, non-root, OCI labels) packed by crane, which is built from Go
 #      modules (hack/tools/crane) and cached outside the repo like the control plane;
-#   3. release.yaml (CRD, namespace, RBAC, Deployment) and release-namespaced.yaml, rendered by
-#      the binary itself with the image pinned by digest.
+#   3. release.yaml (every file of config/, in name order) and release-namespaced.yaml (of
+#      config/namespaced/), rendered by the binary itself with the image pinned by digest.
 #
 #   hack/release.sh VERSION [REGISTRY]
 #

@@ -17,6 +17,7 @@ mod backoff;
 mod cache;
 mod cluster_wiring;
 mod context;
+mod crd_wait;
 mod leader;
 mod lock_object;
 mod reconcile;

@@ -47,6 +47,10 @@ struct RunArgs {
     /// Serve /healthz, /readyz and /metrics here, e.g. 0.0.0.0:8080.
     #[arg(long, value_name = "ADDR")]
     http_addr: Option<SocketAddr>,
+    /// How long to wait at start for the CRDs (Mutex, Tekton's CustomRun) to be served,
+    /// in seconds, retrying with backoff, before exiting with an error; 0 checks once.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    crd_wait: u64,
     /// Log as human-readable text or as one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "TEKTON_MUTEX_LOG_FORMAT")]
     log_format: LogFormat,
@@ -165,6 +169,7 @@ fn options(args: RunArgs) -> Result<Options, String> {
         namespace: args.namespace,
         http_addr: args.http_addr,
         leader_election,
+        crd_wait: Duration::from_secs(args.crd_wait),
         #[cfg(feature = "fault-injection")]
         fault: controller::Fault::from_env()?,
     })
@@ -228,6 +233,7 @@ mod tests {
         assert!(matches!(a.log_format, LogFormat::Json));
         let o = options(a).unwrap();
         assert_eq!(o.namespace.as_deref(), Some("ci"));
+        assert_eq!(o.crd_wait, Duration::from_secs(300));
         let le = o.leader_election.unwrap();
         assert_eq!(le.duration, Duration::from_secs(15));
         assert_eq!(le.renew_margin, Duration::from_secs(5));

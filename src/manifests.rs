@@ -1,27 +1,60 @@
 //! The install manifests for a release, rendered from config/ (built in):
-//! the image pinned by digest and `app.kubernetes.io/version` on every object
-//! and pod. `tekton-mutex manifests` prints them; hack/release.sh writes
-//! them to release.yaml (cluster-wide) and release-namespaced.yaml.
+//! the image pinned by digest, `app.kubernetes.io/version` on every object
+//! and pod, and the version in the `tekton-mutex-info` ConfigMap.
+//! `tekton-mutex manifests` prints them; hack/release.sh writes them to
+//! release.yaml (cluster-wide) and release-namespaced.yaml.
 
 use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
 
-const RBAC: &str = include_str!("../config/rbac.yaml");
-const DEPLOYMENT: &str = include_str!("../config/deployment.yaml");
-/// The role for people who control queues (`tkn mutex`): see the README's "Queue control".
-const OPERATOR_ROLE: &str = include_str!("../config/operator-role.yaml");
-/// Refuses a queue-control request that names another requester: see the file.
-const ADMISSION_POLICY: &str = include_str!("../config/admission-policy.yaml");
-const NAMESPACED_RBAC: &str = include_str!("../config/namespaced/rbac.yaml");
-const NAMESPACED_DEPLOYMENT: &str = include_str!("../config/namespaced/deployment.yaml");
+/// The generated CRD's file: written by `tekton-mutex crd`, checked by tests/crd_drift.rs.
+pub const CRD_FILE: &str = "300-crd.yaml";
+/// The ConfigMap that tells tools which version is installed (Tekton's `pipelines-info`).
+pub const INFO_CONFIG_MAP: &str = "tekton-mutex-info";
+
+/// The files of a config/ directory, built in, in name order: the order in which
+/// `kubectl apply -f` applies them, and in which the release lists their objects.
+macro_rules! config {
+    ($($file:literal),* $(,)?) => {
+        &[$(($file, include_str!(concat!("../config/", $file)))),*]
+    };
+}
+
+/// config/: the cluster-wide install.
+pub const CLUSTER: &[(&str, &str)] = config![
+    "100-namespace.yaml",
+    "200-clusterrole-aggregate.yaml",
+    // The role for people who control queues (`tkn mutex`): see the README's "Queue control".
+    "200-clusterrole-operator.yaml",
+    "200-clusterrole.yaml",
+    "200-role.yaml",
+    "200-serviceaccount.yaml",
+    "201-clusterrolebinding.yaml",
+    "201-rolebinding.yaml",
+    "300-crd.yaml",
+    // Refuses a queue-control request that names another requester: see the file.
+    "400-admission-policy.yaml",
+    "400-config-info.yaml",
+    "500-controller.yaml",
+];
+
+/// config/namespaced/: one namespace's install, without the CRD.
+pub const NAMESPACED: &[(&str, &str)] = config![
+    "namespaced/200-role-operator.yaml",
+    "namespaced/200-role.yaml",
+    "namespaced/200-serviceaccount.yaml",
+    "namespaced/201-rolebinding.yaml",
+    "namespaced/400-config-info.yaml",
+    "namespaced/500-controller.yaml",
+];
 
 /// Which install to render.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Install {
-    /// CRD, namespace, ClusterRole, Deployment: serves every namespace.
+    /// CRD, namespace, ClusterRoles, Deployment: serves every namespace.
     Cluster,
-    /// Role and Deployment for one namespace (named `pipelines`; see
-    /// config/namespaced/rbac.yaml). The CRD is installed once, separately.
+    /// Roles and Deployment for one namespace (named `pipelines`; see
+    /// config/namespaced/). The CRD is installed once, separately.
     Namespaced,
 }
 
@@ -37,35 +70,30 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
     if !image.contains("@sha256:") {
         return Err(Error::NotPinned(image.into()));
     }
-    let sources: Vec<String> = match install {
-        Install::Cluster => vec![
-            crate::crd_yaml(),
-            RBAC.into(),
-            OPERATOR_ROLE.into(),
-            ADMISSION_POLICY.into(),
-            DEPLOYMENT.into(),
-        ],
-        Install::Namespaced => vec![NAMESPACED_RBAC.into(), NAMESPACED_DEPLOYMENT.into()],
+    let files = match install {
+        Install::Cluster => CLUSTER,
+        Install::Namespaced => NAMESPACED,
     };
     let mut out = format!(
         "# tekton-mutex {version}: rendered by `tekton-mutex manifests` from config/. Do not edit.\n"
     );
-    let mut seen = Vec::new();
-    for source in &sources {
-        for doc in serde_yaml_ng::Deserializer::from_str(source) {
+    for (file, text) in files {
+        // The types, not the committed file: a stale file cannot reach a release.
+        let source = match *file == CRD_FILE {
+            true => crate::crd_yaml(),
+            false => text.to_string(),
+        };
+        for doc in serde_yaml_ng::Deserializer::from_str(&source) {
             let mut obj = Value::deserialize(doc)?;
             if obj.is_null() {
                 continue;
             }
-            // deployment.yaml repeats the Namespace so that `kubectl apply -f config/` works.
-            let id = (obj["kind"].clone(), obj["metadata"]["name"].clone());
-            if seen.contains(&id) {
-                continue;
-            }
-            seen.push(id);
             label(&mut obj["metadata"], version);
             if obj["kind"] == "Deployment" {
                 pin(&mut obj["spec"]["template"], image, version);
+            }
+            if obj["kind"] == "ConfigMap" && obj["metadata"]["name"] == INFO_CONFIG_MAP {
+                obj["data"]["version"] = version.into();
             }
             out.push_str("---\n");
             out.push_str(&serde_yaml_ng::to_string(&obj)?);
@@ -109,42 +137,76 @@ mod tests {
             .collect()
     }
 
+    fn objects(install: Install) -> Vec<Value> {
+        docs(&render(install, IMAGE, "1.2.3").unwrap())
+    }
+
+    fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in the install"))
+    }
+
+    /// (kind, name) of every object, in order.
+    fn ids(objs: &[Value]) -> Vec<(&str, &str)> {
+        objs.iter()
+            .map(|o| (o["kind"].as_str(), o["metadata"]["name"].as_str()))
+            .map(|(kind, name)| (kind.unwrap(), name.unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn every_file_of_config_is_rendered_in_name_order() {
+        for (dir, files, prefix) in [
+            ("config", CLUSTER, ""),
+            ("config/namespaced", NAMESPACED, "namespaced/"),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+            let mut on_disk: Vec<String> = std::fs::read_dir(path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|name| name.ends_with(".yaml"))
+                .map(|name| format!("{prefix}{name}"))
+                .collect();
+            on_disk.sort();
+            let built_in: Vec<&str> = files.iter().map(|(file, _)| *file).collect();
+            assert_eq!(built_in, on_disk, "src/manifests.rs renders {dir}/");
+        }
+    }
+
     #[test]
     fn cluster_install_has_everything_once_pinned_and_labelled() {
-        let objs = docs(&render(Install::Cluster, IMAGE, "1.2.3").unwrap());
-        let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-        for role in ["tekton-mutex-operator", "tekton-mutex-cluster-operator"] {
-            let found = objs
-                .iter()
-                .filter(|o| o["kind"] == "ClusterRole")
-                .any(|o| o["metadata"]["name"] == role);
-            assert!(found, "the {role} ClusterRole");
-        }
-        let crds = kinds.iter().filter(|k| **k == "CustomResourceDefinition");
-        assert_eq!(crds.count(), 2, "Mutex and ClusterMutex in {kinds:?}");
-        for kind in [
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
-            "Namespace",
-            "ServiceAccount",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-            "Deployment",
-        ] {
-            assert_eq!(
-                kinds.iter().filter(|k| **k == kind).count(),
-                1,
-                "{kind} in {kinds:?}"
-            );
-        }
+        let objs = objects(Install::Cluster);
+        let (crd, vap) = ("CustomResourceDefinition", "ValidatingAdmissionPolicy");
+        let expected = [
+            ("Namespace", "tekton-mutex"),
+            ("ClusterRole", "tekton-mutex-aggregate-edit"),
+            ("ClusterRole", "tekton-mutex-aggregate-view"),
+            ("ClusterRole", "tekton-mutex-operator"),
+            ("ClusterRole", "tekton-mutex-cluster-operator"),
+            ("ClusterRole", "tekton-mutex"),
+            ("Role", "tekton-mutex-leader-election"),
+            ("Role", "tekton-mutex-info"),
+            ("ServiceAccount", "tekton-mutex"),
+            ("ClusterRoleBinding", "tekton-mutex"),
+            ("RoleBinding", "tekton-mutex-leader-election"),
+            ("RoleBinding", "tekton-mutex-info"),
+            (crd, "mutexes.tekton-mutex.dev"),
+            (crd, "clustermutexes.tekton-mutex.dev"),
+            (vap, "tekton-mutex-requester"),
+            ("ValidatingAdmissionPolicyBinding", "tekton-mutex-requester"),
+            ("ConfigMap", INFO_CONFIG_MAP),
+            ("Deployment", "tekton-mutex"),
+            ("Service", "tekton-mutex"),
+        ];
+        assert_eq!(ids(&objs), expected);
         for o in &objs {
             assert_eq!(
                 o["metadata"]["labels"]["app.kubernetes.io/version"],
                 "1.2.3"
             );
         }
-        let d = objs.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let d = find(&objs, "Deployment", "tekton-mutex");
         assert_eq!(
             d["spec"]["template"]["spec"]["containers"][0]["image"],
             IMAGE
@@ -158,15 +220,93 @@ mod tests {
     }
 
     #[test]
-    fn namespaced_install_has_no_cluster_wide_rules() {
-        let objs = docs(&render(Install::Namespaced, IMAGE, "1.2.3").unwrap());
-        assert!(objs.iter().all(|o| {
-            !matches!(
-                o["kind"].as_str(),
-                Some("ClusterRole" | "ClusterRoleBinding" | "CustomResourceDefinition")
-            )
-        }));
-        assert!(objs.iter().any(|o| o["kind"] == "Role"));
+    fn namespaced_install_stays_in_its_namespace() {
+        let objs = objects(Install::Namespaced);
+        let expected = [
+            ("Role", "tekton-mutex-operator"),
+            ("Role", "tekton-mutex"),
+            ("ServiceAccount", "tekton-mutex"),
+            ("RoleBinding", "tekton-mutex"),
+            ("ConfigMap", INFO_CONFIG_MAP),
+            ("Deployment", "tekton-mutex"),
+            ("Service", "tekton-mutex"),
+        ];
+        assert_eq!(ids(&objs), expected);
+        // Nothing cluster-scoped, and one namespace for the README's sed to replace.
+        for o in &objs {
+            assert_eq!(o["metadata"]["namespace"], "pipelines", "{o:?}");
+        }
+        let operator = find(&objs, "Role", "tekton-mutex-operator");
+        let cluster = objects(Install::Cluster);
+        let cluster_operator = find(&cluster, "ClusterRole", "tekton-mutex-operator");
+        assert_eq!(operator["rules"], cluster_operator["rules"]);
+    }
+
+    /// Tools read the installed version there, as from Tekton's `pipelines-info`.
+    #[test]
+    fn the_info_config_map_holds_the_release_version() {
+        for install in [Install::Cluster, Install::Namespaced] {
+            let objs = objects(install);
+            let info = find(&objs, "ConfigMap", INFO_CONFIG_MAP);
+            assert_eq!(info["data"]["version"], "1.2.3", "{install:?}");
+        }
+        let cluster = objects(Install::Cluster);
+        let reader = find(&cluster, "Role", "tekton-mutex-info");
+        assert_eq!(reader["rules"][0]["resourceNames"][0], INFO_CONFIG_MAP);
+    }
+
+    /// Prometheus picks the port by its name; it must reach the port the
+    /// controller serves /metrics on, on the controller's pods.
+    #[test]
+    fn the_metrics_service_reaches_the_controller_pods() {
+        for install in [Install::Cluster, Install::Namespaced] {
+            let objs = objects(install);
+            let service = &find(&objs, "Service", "tekton-mutex")["spec"];
+            let pod = &find(&objs, "Deployment", "tekton-mutex")["spec"]["template"];
+            let selector = service["selector"].as_mapping().unwrap();
+            assert!(!selector.is_empty(), "{install:?}");
+            for (k, v) in selector {
+                assert_eq!(&pod["metadata"]["labels"][k.as_str().unwrap()], v);
+            }
+            let port = &service["ports"][0];
+            assert_eq!(port["name"], "http-metrics", "{install:?}");
+            let container = &pod["spec"]["containers"][0];
+            let served = container["ports"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == port["targetPort"])
+                .expect("the targetPort names a port of the container");
+            let args: Vec<&str> = container["args"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let addr = args.windows(2).find(|w| w[0] == "--http-addr").unwrap()[1];
+            let container_port = served["containerPort"].as_u64().unwrap();
+            assert!(addr.ends_with(&format!(":{container_port}")), "{addr}");
+        }
+    }
+
+    /// Whoever may edit a namespace manages its Mutexes, whoever may view
+    /// reads them; neither writes a status, edit gets no ClusterMutex.
+    #[test]
+    fn edit_and_view_take_in_the_locks() {
+        let objs = objects(Install::Cluster);
+        let yaml = |s: &str| serde_yaml_ng::from_str::<Value>(s).unwrap();
+        let label = "rbac.authorization.k8s.io/aggregate-to-";
+        let edit = find(&objs, "ClusterRole", "tekton-mutex-aggregate-edit");
+        assert_eq!(edit["metadata"]["labels"][&format!("{label}edit")], "true");
+        let verbs = "[create, delete, deletecollection, get, list, patch, update, watch]";
+        let rules =
+            format!("[{{apiGroups: [tekton-mutex.dev], resources: [mutexes], verbs: {verbs}}}]");
+        assert_eq!(edit["rules"], yaml(&rules));
+        let view = find(&objs, "ClusterRole", "tekton-mutex-aggregate-view");
+        assert_eq!(view["metadata"]["labels"][&format!("{label}view")], "true");
+        let rules = "[{apiGroups: [tekton-mutex.dev], resources: [mutexes, clustermutexes], \
+                     verbs: [get, list, watch]}]";
+        assert_eq!(view["rules"], yaml(rules));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The committed CRD must be exactly what the Rust types generate.
 
+use tekton_mutex::manifests::CRD_FILE;
+
 #[test]
 fn committed_crd_matches_the_rust_types() {
-    let committed =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/crd.yaml")).unwrap();
+    let path = format!("{}/config/{CRD_FILE}", env!("CARGO_MANIFEST_DIR"));
+    let committed = std::fs::read_to_string(&path).unwrap();
     assert!(
         committed == tekton_mutex::crd_yaml(),
-        "config/crd.yaml is stale: regenerate it with `cargo run --bin tekton-mutex -- crd > config/crd.yaml`"
+        "config/{CRD_FILE} is stale: regenerate it with `cargo run --bin tekton-mutex -- crd > config/{CRD_FILE}`"
     );
 }

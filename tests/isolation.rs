@@ -230,7 +230,7 @@ async fn a_forged_parent_cancels_nobody() -> Result<()> {
 async fn an_unreadable_mutex_leaves_the_other_keys_alone() -> Result<()> {
     let ns = TestNamespace::create("poison-mutex").await?;
     let mutexes = ns.dynamic("tekton-mutex.dev/v1alpha1", "Mutex").await?;
-    let crd = repo_root().join("config/crd.yaml");
+    let crd = repo_root().join("config/300-crd.yaml");
     install_crd(&crd).await?;
     // As an older CRD (without the bound) let it in. Other tests re-install the
     // CRD as they start, so loosen and create until the object is in.

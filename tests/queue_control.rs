@@ -506,7 +506,7 @@ async fn without_a_controller_a_request_times_out_and_says_so() -> Result<()> {
     // No cluster-wide controller of another test may serve this namespace.
     let _alone = locks::shared().await;
     let ns = TestNamespace::create("qc-timeout").await?;
-    support::controller::install_crd(&repo_root().join("config/crd.yaml")).await?;
+    support::controller::install_crd(&repo_root().join("config/300-crd.yaml")).await?;
     let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
         "metadata": {"name": KEY}, "spec": {}});
     ns.apply(&mutex.to_string()).await?;
@@ -545,7 +545,7 @@ struct AdmissionPolicy(std::path::PathBuf);
 
 impl AdmissionPolicy {
     fn install() -> Result<AdmissionPolicy> {
-        let file = repo_root().join("config/admission-policy.yaml");
+        let file = repo_root().join("config/400-admission-policy.yaml");
         kubectl(&["apply", "-f", file.to_str().unwrap()])?;
         Ok(AdmissionPolicy(file))
     }

@@ -12,6 +12,7 @@ use super::cluster_wiring;
 #[cfg(feature = "fault-injection")]
 use super::context::Fault;
 use super::context::{Context, Error, scoped};
+use super::crd_wait;
 use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
@@ -50,6 +51,8 @@ pub struct Options {
     pub http_addr: Option<std::net::SocketAddr>,
     /// Act only while holding this Lease; None acts at once.
     pub leader_election: Option<LeaderElection>,
+    /// How long to wait at start for the CRDs to be served (zero: check once).
+    pub crd_wait: Duration,
     /// Test hook: exit between the two writes of a supersede.
     #[cfg(feature = "fault-injection")]
     pub fault: Option<Fault>,
@@ -79,7 +82,7 @@ struct Served {
     cluster_mutexes: bool,
 }
 
-/// Fails early, with the fix, when a CRD the controller needs is missing.
+/// Names the missing CRD the controller needs, with the fix (see [`crd_wait`]).
 async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Served, Error> {
     if !served(&scoped::<Mutex>(client, namespace)).await? {
         return Err(Error::MissingCrd(
@@ -88,31 +91,34 @@ async fn check_crds(client: &Client, namespace: &Option<String>) -> Result<Serve
         ));
     }
     // Tekton v0.43 to v0.46 serve both kinds; newer ones only CustomRun, older ones only Run.
-    let kinds = Served {
-        custom_runs: served(&scoped::<CustomRun>(client, namespace)).await?,
-        runs: served(&scoped::<Run>(client, namespace)).await?,
-        cluster_mutexes: cluster_wiring::served(client).await?,
-    };
-    if !kinds.custom_runs && !kinds.runs {
+    let custom_runs = served(&scoped::<CustomRun>(client, namespace)).await?;
+    let runs = served(&scoped::<Run>(client, namespace)).await?;
+    if !custom_runs && !runs {
         return Err(Error::MissingCrd(
             "CustomRun",
             "install Tekton Pipelines (CustomRun, or Run before v0.47)".into(),
         ));
     }
-    Ok(kinds)
+    Ok(Served {
+        custom_runs,
+        runs,
+        cluster_mutexes: cluster_wiring::served(client).await?,
+    })
 }
 
 /// Runs the controller until SIGTERM/SIGINT (or, under leader election,
 /// until it loses the Lease).
 pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
-    let kinds = check_crds(&client, &opts.namespace).await?;
     let state = Arc::new(http::State {
         health: Health::default(),
         metrics: Arc::new(Metrics::new()),
     });
+    // Served while the CRDs are awaited: live (no restart), not ready.
     if let Some(addr) = opts.http_addr {
         tokio::spawn(http::serve(http::bind(addr).await?, state.clone()));
     }
+    let check = || check_crds(&client, &opts.namespace);
+    let kinds = crd_wait::wait_for(opts.crd_wait, check).await?;
     info!(
         version = crate::VERSION,
         revision = crate::REVISION,

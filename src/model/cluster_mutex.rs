@@ -14,6 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The lock's settings and who may use it; by default no namespace may.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "tekton-mutex.dev",
@@ -28,8 +29,12 @@ use std::collections::BTreeMap;
     printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
     printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
     printcolumn = r#"{"name":"Capacity","type":"integer","jsonPath":".spec.capacity"}"#,
+    printcolumn = r#"{"name":"Frozen","type":"boolean","jsonPath":".spec.frozen"}"#,
     printcolumn = r#"{"name":"Namespaces","type":"string","jsonPath":".spec.namespaces"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    doc = "A lock shared by the namespaces an administrator allows: runs refer to it by name \
+           (taskRef kind ClusterMutex). Only an administrator creates one; its status is the \
+           lock state, written by the controller only."
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterMutexSpec {
@@ -56,16 +61,22 @@ pub struct ClusterMutexSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NamespaceSelector {
+    /// Labels the namespace must carry, each with this value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub match_labels: BTreeMap<String, String>,
+    /// Requirements on the namespace's labels, all of which must hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub match_expressions: Vec<SelectorRequirement>,
 }
 
+/// One requirement on a namespace's labels.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SelectorRequirement {
+    /// The label's key.
     pub key: String,
+    /// In, NotIn, Exists or DoesNotExist.
     pub operator: SelectorOperator,
+    /// The label's values for In and NotIn; empty for Exists and DoesNotExist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
 }

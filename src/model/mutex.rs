@@ -9,6 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The lock's settings: every field may be left out. `tkn mutex freeze` sets `frozen`.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "tekton-mutex.dev",
@@ -25,7 +26,11 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
     printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
     printcolumn = r#"{"name":"Capacity","type":"integer","jsonPath":".spec.capacity"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Frozen","type":"boolean","jsonPath":".spec.frozen"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    doc = "A lock over one key of one namespace: the runs of a Mutex task with that key hold \
+           it in turn. Created on the key's first use, or applied ahead with its settings; its \
+           status is the lock state, written by the controller only."
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MutexSpec {
@@ -144,6 +149,8 @@ pub enum Order {
     NewestFirst,
 }
 
+/// The lock state, written by the controller only, each change a compare-and-swap: who
+/// holds the slot, who waits, and the last fencing token handed out.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MutexStatus {
@@ -217,8 +224,11 @@ pub struct Reservation {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRef {
+    /// CustomRun, Run, or PipelineRun for a PipelineRun queued as a whole.
     pub kind: RunKind,
+    /// The run's name (`namespace/name` in a ClusterMutex's status).
     pub name: String,
+    /// The run's uid: a run re-created under the same name is another run.
     pub uid: String,
 }
 
@@ -260,13 +270,17 @@ impl RunKind {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Age {
+    /// The run's `sequence` parameter (a build number), if it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<i64>,
+    /// The PipelineRun's creation time (the run's own for a standalone run).
     pub created: Timestamp,
     /// The PipelineRun's name (the run's own name for a standalone run).
     pub name: String,
 }
 
+/// The run's `supersede` parameter: `pending` (a newer run of the group cancels older
+/// waiters), `running` (holders too) or `none`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Supersede {
@@ -287,9 +301,13 @@ pub struct Holder {
     /// replaced PipelineRun of the same name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run_uid: Option<String>,
+    /// The fencing token of this grant: higher than every earlier grant's of the key.
     pub token: i64,
+    /// When the slot was granted.
     pub since: Timestamp,
+    /// How long the run waited for the slot, in seconds.
     pub waited_seconds: i64,
+    /// The run's supersede group (its `group` parameter, by default the Pipeline's name).
     pub group: String,
     pub age: Age,
     pub supersede: Supersede,
@@ -314,12 +332,16 @@ impl Holder {
 #[serde(rename_all = "camelCase")]
 pub struct Waiter {
     pub run: RunRef,
+    /// The PipelineRun waiting; absent for a standalone run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run_uid: Option<String>,
+    /// The run's supersede group (its `group` parameter, by default the Pipeline's name).
     pub group: String,
     pub age: Age,
+    /// The run's `priority` parameter: higher goes first.
     #[serde(default)]
     pub priority: i64,
     pub supersede: Supersede,
@@ -328,11 +350,14 @@ pub struct Waiter {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupMark {
+    /// The supersede group.
     pub group: String,
     /// The newest run the group was granted so far.
     pub newest: Age,
+    /// That run's PipelineRun; absent for a standalone run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run_uid: Option<String>,
     /// When the group was last granted: idle marks are forgotten, and only the

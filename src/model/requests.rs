@@ -43,6 +43,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObservedRequest {
+    /// The request's id: its annotation was `request.tekton-mutex.dev/<id>`.
     pub id: String,
     /// release, clear, promote or forget; absent for an unreadable request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -51,7 +52,9 @@ pub struct ObservedRequest {
     #[serde(default)]
     pub by: String,
     pub verdict: Verdict,
+    /// What was done, or why nothing was.
     pub message: String,
+    /// When the controller acted on it.
     pub at: Timestamp,
 }
 
@@ -70,6 +73,7 @@ pub enum Dismissal {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Dismissed {
+    /// The PipelineRun let go; absent for a standalone run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_run: Option<String>,
     /// The PipelineRun's uid, or the run's own for a standalone run.

@@ -356,7 +356,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         .join("target/chaos")
         .join(format!("{}-{}", plan.seed, ns.name()));
     std::fs::create_dir_all(&log_dir)?;
-    install_crd(&repo_root().join("config/crd.yaml")).await?;
+    install_crd(&repo_root().join("config/300-crd.yaml")).await?;
     if !plan.unguarded {
         let yaml: Vec<String> = manifest::mutexes(plan)
             .iter()

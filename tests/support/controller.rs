@@ -22,7 +22,7 @@ impl ControllerProcess {
     }
 
     /// Starts the controller with extra environment (e.g. fault injection).
-    /// Installs the Mutex CRD first, as `kubectl apply -f config/crd.yaml` would.
+    /// Installs the Mutex CRD first, as `kubectl apply -f config/300-crd.yaml` would.
     pub async fn start_with_env(namespace: &str, env: &[(&str, &str)]) -> Result<Self> {
         Self::start_with(namespace, &[], env).await
     }
@@ -52,7 +52,7 @@ impl ControllerProcess {
     }
 
     async fn spawn(namespace: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
-        install_crd(&repo_root().join("config/crd.yaml")).await?;
+        install_crd(&repo_root().join("config/300-crd.yaml")).await?;
         let dir = repo_root().join("target/test-logs");
         std::fs::create_dir_all(&dir)?;
         let n = std::time::SystemTime::now()

@@ -124,7 +124,7 @@ fn api_failed(ns: &str, e: kube::Error) -> Error {
         kube::Error::Api(s) if s.code == 403 => failed(
             ns,
             format!(
-                "{e} (the controller needs get and update on this ConfigMap, and create on configmaps: see config/rbac.yaml)"
+                "{e} (the controller needs get and update on this ConfigMap, and create on configmaps: see config/200-clusterrole.yaml)"
             ),
         ),
         kube::Error::Api(s) if s.code == 404 => failed(
