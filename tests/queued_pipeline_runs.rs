@@ -548,10 +548,12 @@ async fn a_copy_queued_pending_waits_its_turn_as_a_new_member() -> Result<()> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_record_the_tenant_writes_grants_nothing_and_raises_no_token() -> Result<()> {
     let (ns, _c) = setup("queued-forged").await?;
-    ns.apply(&queued_run("q1", "gated", &[(KEY, "env")], json!({})))
+    // No supersede: runs created within one second are ordered by name.
+    let lock = [(KEY, "env"), ("tekton-mutex.dev/supersede", "none")];
+    ns.apply(&queued_run("q1", "gated", &lock, json!({})))
         .await?;
     let t1 = wait_granted(&ns, "q1").await?;
-    ns.apply(&queued_run("forger", "gated", &[(KEY, "env")], json!({})))
+    ns.apply(&queued_run("forger", "gated", &lock, json!({})))
         .await?;
     wait_annotation(&ns, "forger", WAITING, slow()).await?;
     let uid = pipeline_run_object(&ns, "forger")
@@ -568,7 +570,7 @@ async fn a_record_the_tenant_writes_grants_nothing_and_raises_no_token() -> Resu
         .await?
         .patch("forger", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    ns.apply(&queued_run("q2", "gated", &[(KEY, "env")], json!({})))
+    ns.apply(&queued_run("q2", "gated", &lock, json!({})))
         .await?;
     wait_annotation(&ns, "q2", WAITING, slow()).await?;
     release(&ns, "q1").await?;
