@@ -534,7 +534,14 @@ async fn a_copy_queued_pending_waits_its_turn_as_a_new_member() -> Result<()> {
     ensure!(holders == ["q1"], "holders: {holders:?}");
     release(&ns, "q1").await?;
     succeeds(&ns, "q1").await?;
-    let t2 = wait_granted(&ns, "q1-again").await?;
+    // The copy carries q1's token annotation from the start: wait for its own grant.
+    let t2 = wait_until("the copy's own grant", slow(), || async {
+        let pr = pipeline_run_object(&ns, "q1-again").await?;
+        let token: Option<i64> = pr.annotations().get(TOKEN).and_then(|t| t.parse().ok());
+        let started = pr.data.pointer("/spec/status").is_none();
+        Ok(token.filter(|t| *t != t1 && started))
+    })
+    .await?;
     ensure!(t2 > t1, "the copy's token {t2} is above q1's {t1}");
     release(&ns, "q1-again").await?;
     succeeds(&ns, "q1-again").await?;
