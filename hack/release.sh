@@ -103,6 +103,10 @@ echo "$image@$digest" >"$out/image.txt"
 "$bin" manifests --image "$image@$digest" --version "$version" >"$out/release.yaml"
 "$bin" manifests --image "$image@$digest" --version "$version" --namespaced >"$out/release-namespaced.yaml"
 cp "$bin" "$out/tekton-mutex-linux-amd64"
+# The tkn plugin, its own artefact: users put it on PATH as tkn-mutex (README, Queue control).
+plugin=$REPO_ROOT/target/$target/release/tkn-mutex
+"$plugin" --version | grep -q "$version" || die "$plugin does not report version $version"
+cp "$plugin" "$out/tkn-mutex-linux-amd64"
 rm -f "$out/layer.tar" "$port_file"
 log "release: $image@$digest"
-log "release: wrote $out/release.yaml and $out/release-namespaced.yaml"
+log "release: wrote $out/release.yaml, $out/release-namespaced.yaml and $out/tkn-mutex-linux-amd64"

@@ -174,6 +174,15 @@ fn release_pushes_a_pinned_image_that_runs() -> Result<()> {
         out.status.success() && text.contains(VERSION) && text.contains(revision),
         "tekton-mutex version: {text}"
     );
+    // The tkn plugin is its own artefact, of the same version.
+    let plugin = Command::new(dist.join("tkn-mutex-linux-amd64"))
+        .arg("--version")
+        .output()?;
+    let text = String::from_utf8_lossy(&plugin.stdout);
+    ensure!(
+        plugin.status.success() && text.contains(VERSION),
+        "tkn-mutex --version: {text}"
+    );
     // The release build has no fault injection: the variable is not even read.
     let out = run_from_image(
         &root,
