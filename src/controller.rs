@@ -26,6 +26,7 @@ mod recorder;
 mod sieve;
 #[cfg(test)]
 mod tests;
+mod wake;
 mod wiring;
 
 pub use api_client::connect;

@@ -4,6 +4,7 @@
 //! `decide` turns those facts into the lock's next state and what to tell each
 //! run. `run_status` says how a decision is written on a run.
 
+pub mod deadlock;
 pub mod decide;
 pub mod duration;
 pub mod key_name;

@@ -7,6 +7,7 @@ use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
 use super::reconcile::ledger_batch::LedgerWrites;
 use super::recorder::EventRecorder;
+use super::wake::Wake;
 use crate::metrics::Metrics;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
@@ -82,6 +83,10 @@ pub struct Context {
     /// The PipelineRuns queued as a whole, by the lock they queue on (of `pipeline_runs`).
     pub(crate) queued_runs: Index<PipelineRun>,
     pub(crate) mutexes: Store<Mutex>,
+    /// The ClusterMutexes, where this controller serves them (deadlocks across keys read both kinds).
+    pub(crate) cluster_mutexes: Option<Store<ClusterMutex>>,
+    /// Asks another lock's controller for a sync.
+    pub(crate) wake: Wake,
     /// One per cache: whether it holds its first full list.
     pub(crate) listed: Vec<Listed>,
     pub(crate) recorder: EventRecorder,
@@ -128,6 +133,8 @@ impl Context {
             pipeline_runs,
             queued_runs: Index::new(super::cache::triggers::queued_tags),
             mutexes,
+            cluster_mutexes: None,
+            wake: Wake::default(),
             listed: Vec::new(),
             fault: None,
             metrics: Arc::new(Metrics::new()),

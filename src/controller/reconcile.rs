@@ -2,6 +2,7 @@
 //! syncs every Mutex and ClusterMutex through `LockObject` (see lock_kinds).
 
 pub mod cluster_admission;
+pub mod deadlocks;
 pub mod finalizer;
 pub mod idle_deletion;
 pub mod intake;

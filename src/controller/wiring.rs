@@ -18,6 +18,7 @@ use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
 use super::reconcile::{intake, lock as sync, queued_intake};
 use super::recorder::EventRecorder;
+use super::wake::Wake;
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
@@ -140,6 +141,8 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         queued_runs: controllers.caches.pipeline_runs.index.clone(),
         listed: controllers.caches.listed.clone(),
         mutexes: controllers.sync.store(),
+        cluster_mutexes: controllers.cluster.as_ref().map(|c| c.store()),
+        wake: controllers.wake.clone(),
         #[cfg(feature = "fault-injection")]
         fault: opts.fault,
         #[cfg(not(feature = "fault-injection"))]
@@ -196,6 +199,8 @@ struct Controllers {
     /// Intake of the PipelineRuns queued as a whole.
     queued: Controller<PipelineRun>,
     caches: Caches,
+    /// How a lock's sync wakes another's (the two lock controllers reconcile on it).
+    wake: Wake,
 }
 
 /// What the reconcilers read besides the Mutexes.
@@ -299,15 +304,18 @@ impl Controllers {
             metrics,
             &mut listed,
         );
+        let (wake, woken) = Wake::new();
+        let sync = sync.reconcile_on(woken.mutexes);
         let cluster = kinds.cluster_mutexes.then(|| {
             let feeds = cluster_wiring::Feeds {
                 custom_runs: cr_cache.clone().zip(cluster_crs),
                 runs: run_cache.clone().zip(cluster_runs),
                 pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
             };
-            cluster_wiring::controller(client, namespace, feeds)
+            cluster_wiring::controller(client, namespace, feeds).reconcile_on(woken.cluster_mutexes)
         });
         Controllers {
+            wake,
             cluster,
             sync,
             custom_runs: intake_crs,

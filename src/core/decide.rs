@@ -32,10 +32,11 @@ pub fn decide(input: &Input) -> Decision {
         facts,
         requests,
         multi,
+        deadlocked,
         ..
     } = *input;
     let runs = queued_record::as_the_status_says(siblings_share_age(input.runs), status);
-    let mut d = Decider::new(spec, status, &runs, now, facts, multi);
+    let mut d = Decider::new(spec, status, &runs, now, facts, multi, deadlocked);
     d.convert_granted_reservations();
     d.rebuild_from_runs();
     d.take_requests(requests);
@@ -130,6 +131,7 @@ pub(crate) mod test_entry {
             facts,
             requests,
             multi,
+            deadlocked: &Default::default(),
         })
     }
 }

@@ -19,6 +19,9 @@ pub struct Input<'a> {
     pub facts: MutexFacts,
     pub requests: &'a [Result<Request, Unreadable>],
     pub multi: &'a MultiKeys,
+    /// Waiting runs that are the victims of a deadlock across keys (`core::deadlock`), by
+    /// uid, with the cycle in words.
+    pub deadlocked: &'a BTreeMap<String, String>,
 }
 
 /// One Mutex run of this key, as observed now.
@@ -169,6 +172,10 @@ pub enum Outcome {
     /// A person let it go: its queue was cleared, or its PipelineRun's hold released.
     Cleared {
         message: String,
+    },
+    /// The youngest party of a cycle of PipelineRuns waiting on each other's keys.
+    Deadlock {
+        cycle: String,
     },
 }
 

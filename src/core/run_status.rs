@@ -34,6 +34,8 @@ pub enum Reason {
     Cleared,
     /// The reason of the Event on a PipelineRun whose hold a person released.
     Released,
+    /// The youngest of PipelineRuns that wait on each other's keys: its wait ends (`core::deadlock`).
+    Deadlock,
 }
 
 impl Reason {
@@ -55,6 +57,7 @@ impl Reason {
             Reason::Frozen => "Frozen",
             Reason::Cleared => "Cleared",
             Reason::Released => "Released",
+            Reason::Deadlock => "Deadlock",
         }
     }
 
@@ -69,7 +72,8 @@ impl Reason {
             | Reason::Cancelled(_)
             | Reason::TimedOut(_)
             | Reason::Cleared
-            | Reason::Released => "False",
+            | Reason::Released
+            | Reason::Deadlock => "False",
         }
     }
 }
@@ -224,6 +228,14 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             ),
         ),
         Outcome::Cleared { message } => (Reason::Cleared, format!("let go of {key}: {message}")),
+        Outcome::Deadlock { cycle } => (
+            Reason::Deadlock,
+            format!(
+                "left the queue for {key} to break a deadlock: {cycle}; this PipelineRun is the \
+                 youngest in the cycle. Take the keys in one order in every pipeline, or take \
+                 them together with `keys`"
+            ),
+        ),
         Outcome::MutexDeleting => (
             Reason::Waiting,
             format!(

@@ -27,6 +27,7 @@ pub fn decide_step(
         facts,
         requests: &[],
         multi,
+        deadlocked: &Default::default(),
     })
 }
 

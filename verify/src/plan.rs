@@ -97,7 +97,8 @@ fn tells(cfg: &Config, r: &Read<'_>, d: &Decision) -> (Vec<Write>, Vec<Write>) {
             | Outcome::TimedOut
             | Outcome::NotAcquired { .. }
             | Outcome::QueueFull { .. }
-            | Outcome::Cleared { .. } => Told::Ended { superseded: false },
+            | Outcome::Cleared { .. }
+            | Outcome::Deadlock { .. } => Told::Ended { superseded: false },
             _ => continue,
         };
         let write = Write::Tell {

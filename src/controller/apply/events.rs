@@ -56,6 +56,7 @@ pub fn for_outcome(
         Outcome::Frozen { .. } if was.as_deref() == Some(Reason::Frozen.as_str()) => return None,
         Outcome::Frozen { .. } => (Reason::Frozen.as_str(), EventType::Normal),
         Outcome::Cleared { .. } => (Reason::Cleared.as_str(), EventType::Warning),
+        Outcome::Deadlock { .. } => (Reason::Deadlock.as_str(), EventType::Warning),
     };
     Some(Transition {
         reason,

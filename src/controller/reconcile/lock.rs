@@ -11,7 +11,7 @@ use crate::controller::cache::shared;
 use crate::controller::context::{Context, Error, Fault};
 use crate::controller::lock_object::LockObject;
 use crate::controller::reconcile::members::{self, Member};
-use crate::controller::reconcile::{finalizer, idle_deletion, token_floor};
+use crate::controller::reconcile::{deadlocks, finalizer, idle_deletion, token_floor};
 use crate::core::decide;
 use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
 use crate::core::observe::pending;
@@ -23,6 +23,7 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -62,7 +63,12 @@ async fn sync_lock<L: LockObject>(
     let members = members::gather(ctx, &lock, &current, now).await?;
     let requests = requests_from(lock.annotations());
     let facts = lock_facts(ctx, &lock).await?;
-    let decision = decide_on(&lock, &current, &members, now, facts, &requests);
+    let deadlocked = deadlocks::victims(ctx, &lock, &current).await?;
+    let asked = Asked {
+        requests: &requests,
+        deadlocked: &deadlocked,
+    };
+    let decision = decide_on(&lock, &current, &members, now, facts, asked);
     let unchanged = same_lock_state(&decision.status, &current);
     if from_cache
         && unchanged
@@ -160,13 +166,21 @@ async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts
     })
 }
 
+/// What the decision is asked beside the lock and its runs: the queue-control requests on the
+/// lock, and the waiters a deadlock across keys lets go.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    requests: &'a [Result<Request, Unreadable>],
+    deadlocked: &'a BTreeMap<String, String>,
+}
+
 fn decide_on<L: LockObject>(
     lock: &L,
     current: &MutexStatus,
     members: &[Member],
     now: Timestamp,
     facts: MutexFacts,
-    requests: &[Result<Request, Unreadable>],
+    asked: Asked<'_>,
 ) -> Decision {
     let name = lock.name_any();
     let views: Vec<RunView> = members.iter().map(|m| m.facts.view.clone()).collect();
@@ -178,8 +192,9 @@ fn decide_on<L: LockObject>(
         runs: &views,
         now,
         facts,
-        requests,
+        requests: asked.requests,
         multi: &multi,
+        deadlocked: asked.deadlocked,
     });
     if facts.ledger_read {
         // lastToken now stands above the ledger's floor, for this very object.

@@ -13,7 +13,7 @@ use crate::model::mutex::{
 };
 use jiff::{SignedDuration, Timestamp};
 use std::cmp::Reverse;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Whether a run should be out of the queue, and what to tell it if so.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,6 +36,8 @@ pub(super) struct Decider<'a> {
     pub(super) runs: HashMap<&'a str, &'a RunView>,
     pub(super) multi: &'a MultiKeys,
     pub(super) revokes: Vec<Revoke>,
+    /// Waiters to let go as the victims of a deadlock across keys, with the cycle.
+    pub(super) deadlocked: &'a BTreeMap<String, String>,
 }
 
 impl<'a> Decider<'a> {
@@ -46,9 +48,11 @@ impl<'a> Decider<'a> {
         now: Timestamp,
         facts: MutexFacts,
         multi: &'a MultiKeys,
+        deadlocked: &'a BTreeMap<String, String>,
     ) -> Self {
         Decider {
             multi,
+            deadlocked,
             revokes: Vec::new(),
             spec,
             facts,
@@ -347,6 +351,10 @@ impl<'a> Decider<'a> {
         if let Some(by) = self.stale(r) {
             let group = r.group.clone();
             return Leaving::LeaveWith(Outcome::Superseded { by, group });
+        }
+        if let Some(cycle) = self.deadlocked.get(&r.run.uid) {
+            let cycle = cycle.clone();
+            return Leaving::LeaveWith(Outcome::Deadlock { cycle });
         }
         let cancelled = |why: String| Leaving::LeaveWith(Outcome::Cancelled { why });
         if cancel_requested {
