@@ -32,4 +32,5 @@ mod wiring;
 pub use api_client::connect;
 pub use context::{Error, Fault};
 pub use leader::LeaderElection;
+pub use reconcile::token_floor::CLUSTER_LEDGER_NAMESPACE;
 pub use wiring::{Options, run};

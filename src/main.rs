@@ -54,6 +54,15 @@ struct RunArgs {
     /// Log as human-readable text or as one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "TEKTON_MUTEX_LOG_FORMAT")]
     log_format: LogFormat,
+    /// The namespace of the ClusterMutexes' token ledger (ConfigMap tekton-mutex-token-floors):
+    /// one that no uninstall deletes. Set it where the controller may not write kube-system.
+    #[arg(
+        long,
+        default_value = controller::CLUSTER_LEDGER_NAMESPACE,
+        env = "TEKTON_MUTEX_CLUSTER_LEDGER_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    cluster_ledger_namespace: String,
     #[command(flatten)]
     leader: LeaderArgs,
 }
@@ -170,6 +179,7 @@ fn options(args: RunArgs) -> Result<Options, String> {
         http_addr: args.http_addr,
         leader_election,
         crd_wait: Duration::from_secs(args.crd_wait),
+        cluster_ledger_namespace: args.cluster_ledger_namespace,
         #[cfg(feature = "fault-injection")]
         fault: controller::Fault::from_env()?,
     })
@@ -234,10 +244,13 @@ mod tests {
         let o = options(a).unwrap();
         assert_eq!(o.namespace.as_deref(), Some("ci"));
         assert_eq!(o.crd_wait, Duration::from_secs(300));
+        assert_eq!(o.cluster_ledger_namespace, "kube-system");
         let le = o.leader_election.unwrap();
         assert_eq!(le.duration, Duration::from_secs(15));
         assert_eq!(le.renew_margin, Duration::from_secs(5));
         assert!(run_args(&["--log-format", "xml"]).is_err());
+        let a = run_args(&["--cluster-ledger-namespace", "platform"]).unwrap();
+        assert_eq!(options(a).unwrap().cluster_ledger_namespace, "platform");
         assert!(run_args(&["--http-addr", "not-an-address"]).is_err());
     }
 

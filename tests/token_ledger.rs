@@ -3,12 +3,14 @@
 //! finalizer, so it can be deleted with no controller running; its last token is in the token
 //! ledger (ConfigMap tekton-mutex-token-floors) first, so the next lock object of its name hands
 //! out tokens above every earlier one, even after a restart and with every earlier run gone.
+//! The ClusterMutexes' ledger lives in kube-system (issue 37 items 7 and 11): no uninstall
+//! deletes it, and it needs no namespace of the install's.
 
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use support::controller::ControllerProcess;
@@ -22,6 +24,10 @@ use tekton_mutex::model::tekton::customrun::CustomRun;
 const KEY: &str = "k";
 const LEDGER: &str = "tekton-mutex-token-floors";
 const FINALIZER: &str = "tekton-mutex.dev/lock-state";
+/// Where the ClusterMutexes' ledger lives (the controller's `--cluster-ledger-namespace`).
+const CLUSTER_LEDGER: &str = "kube-system";
+/// The install's namespace (release.yaml's), which the README's uninstall deletes.
+const INSTALL_NAMESPACE: &str = "tekton-mutex";
 
 /// A cluster-wide controller would act in the other tests' namespaces too:
 /// the test that starts one runs alone.
@@ -124,6 +130,53 @@ async fn ledger_entry(namespace: &str, entry: &str) -> Result<Option<i64>> {
         .transpose()
 }
 
+/// Makes namespace `name` exist (`present`), or be gone, waiting until it is.
+async fn namespace_state(name: &str, present: bool) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client().await?);
+    if present {
+        let object = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        // One still Terminating must go first: it refuses every write.
+        wait_until(&format!("namespace {name} to exist"), slow(), || async {
+            match api.create(&PostParams::default(), &object).await {
+                Ok(_) => Ok(Some(())),
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    let ns = api.get(name).await?;
+                    Ok(ns.metadata.deletion_timestamp.is_none().then_some(()))
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    } else {
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).context(format!("deleting namespace {name}")),
+        }
+        wait_until(&format!("namespace {name} to be gone"), slow(), || async {
+            Ok(api.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+    }
+}
+
+/// ClusterMutex `name`, allowing namespace `ns`, created (again) by its administrator.
+async fn create_cluster_mutex(
+    api: &Api<ClusterMutex>,
+    name: &str,
+    ns: &TestNamespace,
+) -> Result<()> {
+    let spec: ClusterMutexSpec = serde_json::from_value(json!({"namespaces": [ns.name()]}))?;
+    api.create(&PostParams::default(), &ClusterMutex::new(name, spec))
+        .await?;
+    Ok(())
+}
+
+/// A ClusterMutex name of its own for the test of namespace `ns`.
+fn cluster_mutex_name(prefix: &str, ns: &TestNamespace) -> String {
+    format!("{prefix}-{}", ns.name().rsplit('-').next().unwrap_or("x"))
+}
+
 /// Item 6: GitOps prunes an idle Mutex, every run that showed its tokens goes, the controller
 /// restarts (its memory is gone); a new run must still get a token above every earlier one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,7 +260,7 @@ async fn cluster_mutex_tokens_climb_across_its_deletion_and_a_restart() -> Resul
     );
     let entry = format!("clustermutex.{name}");
     ensure!(
-        ledger_entry("tekton-mutex", &entry).await? >= Some(b),
+        ledger_entry(CLUSTER_LEDGER, &entry).await? >= Some(b),
         "the ledger keeps b's token"
     );
     wait_unprotected("the idle ClusterMutex", || api.get(&name)).await?;
@@ -216,6 +269,92 @@ async fn cluster_mutex_tokens_climb_across_its_deletion_and_a_restart() -> Resul
     ensure!(
         api.get_opt(&name).await?.is_none(),
         "the ClusterMutex is gone"
+    );
+    Ok(())
+}
+
+/// Issue 37 item 7: an idle ClusterMutex, used once, deletes promptly, as an idle Mutex does.
+/// Its last token went into a ledger in the controller's namespace; where that namespace did not
+/// exist (a controller run outside the release install, or after an uninstall), the write failed,
+/// the finalizer stayed on and `kubectl delete` waited for ever, with only a retry in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn an_idle_cluster_mutex_used_once_deletes_promptly_without_the_install_namespace()
+-> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let ns = TestNamespace::create("floor-idle-cm").await?;
+    let name = cluster_mutex_name("idle", &ns);
+    let api: Api<ClusterMutex> = Api::all(ns.client());
+    create_cluster_mutex(&api, &name, &ns).await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let _c = ControllerProcess::start_cluster_wide("floor-idle-cm").await?;
+    // No namespace of the install's: the controller runs as a process of its own.
+    namespace_state(INSTALL_NAMESPACE, false).await?;
+    cluster_mutex_pipeline(&ns, &name).await?;
+    let a = pass(&ns, "a").await?;
+    wait_until("the ClusterMutex to be idle", slow(), || async {
+        let st = api.get(&name).await?.status.unwrap_or_default();
+        let idle = st.holders.is_empty() && st.queue.is_empty() && st.reservations.is_empty();
+        Ok((idle && st.last_token == a).then_some(()))
+    })
+    .await?;
+    let asked = std::time::Instant::now();
+    kubectl(&["delete", "clustermutex", &name, "--wait=false"])?;
+    wait_until("the idle ClusterMutex to be gone", secs(60), || async {
+        Ok(api.get_opt(&name).await?.is_none().then_some(()))
+    })
+    .await?;
+    eprintln!(
+        "the idle ClusterMutex was gone {:?} after the delete",
+        asked.elapsed()
+    );
+    let entry = format!("clustermutex.{name}");
+    ensure!(
+        ledger_entry(CLUSTER_LEDGER, &entry).await? == Some(a),
+        "the ledger in {CLUSTER_LEDGER} keeps a's token {a}"
+    );
+    Ok(())
+}
+
+/// Issue 37 item 11: uninstall as the README says, keeping the ledgers, then reinstall. The
+/// ClusterMutex handed out tokens 1 and 2, went idle and was deleted (its last token recorded),
+/// then `kubectl delete -f release.yaml` took the controller and its namespace, and the runs were
+/// pruned. After the reinstall, the ClusterMutex created again hands out token 3, not 1: its
+/// ledger is not in a namespace the uninstall deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn cluster_mutex_tokens_continue_after_an_uninstall_that_keeps_the_ledgers() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    // The install's namespace, as release.yaml creates it.
+    namespace_state(INSTALL_NAMESPACE, true).await?;
+    let ns = TestNamespace::create("floor-reinstall").await?;
+    let name = cluster_mutex_name("reinstall", &ns);
+    let api: Api<ClusterMutex> = Api::all(ns.client());
+    create_cluster_mutex(&api, &name, &ns).await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let c = ControllerProcess::start_cluster_wide("floor-reinstall").await?;
+    cluster_mutex_pipeline(&ns, &name).await?;
+    let (a, b) = (pass(&ns, "a").await?, pass(&ns, "b").await?);
+    ensure!(
+        (a, b) == (1, 2),
+        "a new ClusterMutex: tokens 1 and 2, not {a} and {b}"
+    );
+    // The uninstall: 1. the runs have ended; the lock objects go while the controller runs.
+    delete_bounded(None, &["clustermutex", &name])?;
+    // 2. `kubectl delete -f release.yaml`: the controller, and its namespace with it.
+    c.terminate()?;
+    drop(c);
+    namespace_state(INSTALL_NAMESPACE, false).await?;
+    // The PipelineRuns that showed the tokens are pruned since.
+    forget_runs(&ns, &["a", "b"]).await?;
+    // The reinstall: the namespace and the controller, then the ClusterMutex again.
+    namespace_state(INSTALL_NAMESPACE, true).await?;
+    let _c = ControllerProcess::start_cluster_wide("floor-reinstall").await?;
+    create_cluster_mutex(&api, &name, &ns).await?;
+    let d = pass(&ns, "d").await?;
+    ensure!(
+        d > b,
+        "after an uninstall that keeps the ledgers and a reinstall, the ClusterMutex handed out token {d} after {a} and {b}"
     );
     Ok(())
 }

@@ -100,8 +100,10 @@ pub struct Context {
     pub(crate) cluster_written: Written<ClusterMutex>,
     /// Whether this replica acts (holds the Lease, or runs without election).
     pub(crate) acting: watch::Receiver<bool>,
-    /// Where the ClusterMutexes' token ledger lives (token_floor.rs): the controller's namespace.
-    pub(crate) ledger_namespace: String,
+    /// Where the ClusterMutexes' token ledger lives (token_floor.rs): kube-system by default.
+    pub(crate) cluster_ledger_namespace: String,
+    /// Where an earlier release kept it, still read for floors while upgrading (token_floor.rs).
+    pub(crate) previous_cluster_ledger: Option<String>,
     /// The token ledgers' writes, one at a time per ledger (ledger_batch.rs).
     pub(crate) ledger_writes: LedgerWrites,
 }
@@ -119,7 +121,7 @@ impl Context {
         custom_runs: Indexed<CustomRun>,
         pipeline_runs: Store<PipelineRun>,
         mutexes: Store<Mutex>,
-        ledger_namespace: &str,
+        cluster_ledger_namespace: &str,
     ) -> Context {
         let reporter = kube::runtime::events::Reporter {
             controller: "tekton-mutex".into(),
@@ -143,7 +145,8 @@ impl Context {
             written: Default::default(),
             cluster_written: Default::default(),
             acting: watch::channel(true).1,
-            ledger_namespace: ledger_namespace.into(),
+            cluster_ledger_namespace: cluster_ledger_namespace.into(),
+            previous_cluster_ledger: None,
             ledger_writes: Default::default(),
         }
     }

@@ -48,7 +48,7 @@ fn context(
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, NS);
     let (runs, prs) = (indexed_of(custom_runs), store_of(pipeline_runs));
-    let ctx = Context::over(client, runs, prs, store_of(mutexes), "tekton-mutex");
+    let ctx = Context::over(client, runs, prs, store_of(mutexes), "kube-system");
     (Arc::new(ctx), handle)
 }
 
@@ -280,7 +280,7 @@ impl Kind {
             ),
             Kind::Cluster => (
                 format!(
-                    "/api/v1/namespaces/tekton-mutex/configmaps/{}",
+                    "/api/v1/namespaces/kube-system/configmaps/{}",
                     token_floor::LEDGER
                 ),
                 "clustermutex.k".into(),
@@ -1090,6 +1090,192 @@ async fn above_the_ledger_case(kind: Kind) {
         (&st["lastToken"], &st["holders"][0]["token"]),
         (&json!(8), &json!(8))
     );
+}
+
+/// Issue 37 item 11, upgrading: the ClusterMutexes' ledger moved from the controller's namespace
+/// to kube-system. While the old one still has entries, a new ClusterMutex starts above the
+/// higher of the two; a missing old ledger (or namespace: both answer 404) is no floor, never an
+/// error. A Mutex's floor is its own namespace's alone.
+#[tokio::test]
+async fn a_cluster_mutex_floor_is_the_higher_of_the_new_and_the_old_ledger() {
+    const OLD: &str = "/api/v1/namespaces/tekton-mutex/configmaps/tekton-mutex-token-floors";
+    let cases = [
+        (Kind::Cluster, Some("3"), Some("7"), 8),
+        (Kind::Cluster, Some("9"), Some("3"), 10),
+        (Kind::Cluster, Some("3"), None, 4),
+        (Kind::Cluster, None, Some("5"), 6),
+        (Kind::Cluster, None, None, 1),
+        (Kind::Mutex, Some("3"), Some("7"), 4),
+    ];
+    for (kind, new, old, first) in cases {
+        let (locks, (ledger_path, entry)) = (kind.locks(), kind.ledger());
+        let (mut ctx, handle) = context(
+            vec![kind.lock_run("a", "none", json!({}))],
+            vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+            vec![],
+        );
+        Arc::get_mut(&mut ctx).unwrap().previous_cluster_ledger = Some("tekton-mutex".into());
+        let (served, e) = (ledger_path.clone(), entry.clone());
+        let respond = move |line: &str, body: &Value| {
+            let answer = |v: Option<&str>| match v {
+                Some(v) => (200, ledger(json!({e.clone(): v}))),
+                None => (404, status(404, "NotFound")),
+            };
+            match line {
+                l if l == format!("GET {served}") => answer(new),
+                l if l == format!("GET {OLD}") => answer(old),
+                _ => ok(line, body),
+            }
+        };
+        let mut fresh = kind.lock("1", json!({}));
+        fresh.as_object_mut().unwrap().remove("status");
+        fresh["metadata"]["finalizers"] = json!([]);
+        let (result, seen) = exchange(ctx, handle, respond, |ctx| kind.reconcile(fresh, ctx)).await;
+        let case = format!("{kind:?}, new {new:?}, old {old:?}");
+        assert!(result.is_ok(), "{case}: {result:?}");
+        let mut reads = vec![format!("GET {ledger_path}")];
+        if let Kind::Cluster = kind {
+            reads.push(format!("GET {OLD}"));
+        }
+        let expected: Vec<String> = reads
+            .into_iter()
+            .chain([
+                format!("PATCH {locks}/k"),
+                format!("PUT {locks}/k/status"),
+                format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+            ])
+            .collect();
+        assert_eq!(
+            lines(&seen),
+            expected,
+            "{case}: only the new ledger is written"
+        );
+        let st = &seen[expected.len() - 2].1["status"];
+        assert_eq!(st["lastToken"], json!(first), "{case}");
+    }
+}
+
+/// Upgrading, the ClusterMutexes' entries of the old ledger are copied into the new one (only
+/// ever raising it), so that an uninstall, which deletes the old one with the controller's
+/// namespace, keeps them. Mutexes' entries and entries that are no token stay where they are.
+#[tokio::test]
+async fn an_upgrade_carries_the_cluster_mutexes_floors_over_to_their_new_ledger() {
+    const OLD: &str = "/api/v1/namespaces/tekton-mutex/configmaps/tekton-mutex-token-floors";
+    let (new, _) = Kind::Cluster.ledger();
+    for old_ledger in [true, false] {
+        let (mut ctx, handle) = context(vec![], vec![], vec![]);
+        Arc::get_mut(&mut ctx).unwrap().previous_cluster_ledger = Some("tekton-mutex".into());
+        let served = new.clone();
+        let respond = move |line: &str, body: &Value| match line {
+            l if l == format!("GET {OLD}") && old_ledger => (
+                200,
+                ledger(json!({"clustermutex.a": "5", "clustermutex.b": "2",
+                              "clustermutex.bad": "x", "mutex.m": "9"})),
+            ),
+            l if l == format!("GET {OLD}") => (404, status(404, "NotFound")),
+            l if l == format!("GET {served}") => (200, ledger(json!({"clustermutex.b": "4"}))),
+            _ => ok(line, body),
+        };
+        let (result, seen) = exchange(ctx, handle, respond, |ctx| async move {
+            let carried = token_floor::carry_over(&ctx).await?;
+            assert_eq!(carried, if old_ledger { 2 } else { 0 });
+            Ok(Action::await_change())
+        })
+        .await;
+        assert!(result.is_ok(), "{result:?}");
+        if !old_ledger {
+            assert_eq!(lines(&seen), [format!("GET {OLD}")], "nothing to carry");
+            continue;
+        }
+        assert_eq!(
+            lines(&seen),
+            [
+                format!("GET {OLD}"),
+                format!("GET {new}"),
+                format!("PUT {new}")
+            ],
+            "written to the new ledger only"
+        );
+        assert_eq!(
+            seen[2].1["data"],
+            json!({"clustermutex.a": "5", "clustermutex.b": "4"}),
+            "raised, never lowered"
+        );
+    }
+}
+
+/// Issue 37 item 7: an idle ClusterMutex whose last token cannot be recorded (here: the
+/// ledger's namespace does not exist) keeps its finalizer, as it must, and says why on itself:
+/// an Event naming the ConfigMap, its namespace and the fix, not only a retry in the log.
+#[tokio::test]
+async fn a_ledger_that_cannot_be_written_is_said_on_the_lock_that_waits_for_it() {
+    let kind = Kind::Cluster;
+    let locks = kind.locks();
+    let mut done = pipeline_run("a", "2026-11-30T11:58:00Z");
+    done.status = Some(
+        serde_json::from_value(json!({"conditions": [
+            {"type": "Succeeded", "status": "True", "reason": "Succeeded"}]}))
+        .unwrap(),
+    );
+    let acquired = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+                          "results": [{"name": "token", "value": "1"}]});
+    let (mut ctx, handle) = context(
+        vec![kind.lock_run("a", "none", acquired)],
+        vec![done],
+        vec![],
+    );
+    Arc::get_mut(&mut ctx).unwrap().cluster_ledger_namespace = "gone".into();
+    let missing = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": "NotFound", "code": 404, "message": "namespaces \"gone\" not found",
+        "details": {"name": "gone", "kind": "namespaces"}});
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {locks}/k") => (200, kind.lock("2", json!({"lastToken": 1}))),
+        "GET /api/v1/namespaces/gone/configmaps/tekton-mutex-token-floors" => {
+            (404, status(404, "NotFound"))
+        }
+        "POST /api/v1/namespaces/gone/configmaps" => (404, missing.clone()),
+        l if l.starts_with("GET /api/v1/namespaces/ns/pods") => (
+            200,
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": []}),
+        ),
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        kind.reconcile(kind.lock("1", holder_of_a(kind)), ctx)
+    })
+    .await;
+    let Err(Error::Ledger(why)) = &result else {
+        panic!("a ledger error: {result:?}");
+    };
+    for says in [
+        "ConfigMap gone/tekton-mutex-token-floors",
+        "namespaces \"gone\" not found",
+        "namespace gone does not exist: create it",
+        "--cluster-ledger-namespace",
+    ] {
+        assert!(why.contains(says), "{says:?} in {why}");
+    }
+    assert!(
+        !seen.iter().any(|(l, _)| *l == format!("PATCH {locks}/k")),
+        "the finalizer stays on: {seen:?}"
+    );
+    let event = seen
+        .iter()
+        .find(|(l, b)| {
+            l == "POST /apis/events.k8s.io/v1/namespaces/default/events"
+                && b["reason"] == events::LEDGER_FAILED
+        })
+        .map(|(_, b)| b)
+        .unwrap_or_else(|| panic!("a TokenLedgerFailed Event: {seen:?}"));
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["regarding"]["kind"], "ClusterMutex");
+    assert_eq!(event["regarding"]["uid"], LOCK_UID);
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.starts_with("tekton-mutex could not record the last token (1) in the token ledger of this ClusterMutex; its finalizer stays on"),
+        "{note}"
+    );
+    assert!(note.contains(why.as_str()), "{note}");
 }
 
 /// Issue 23 item 11: a run with `release-after` whose PipelineRun never records

@@ -16,7 +16,7 @@ use super::crd_wait;
 use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
-use super::reconcile::{intake, lock as sync, queued_intake};
+use super::reconcile::{intake, lock as sync, queued_intake, token_floor};
 use super::recorder::EventRecorder;
 use super::wake::Wake;
 use crate::core::observe::{LIVE_PODS, Observe};
@@ -54,6 +54,9 @@ pub struct Options {
     pub leader_election: Option<LeaderElection>,
     /// How long to wait at start for the CRDs to be served (zero: check once).
     pub crd_wait: Duration,
+    /// The namespace of the ClusterMutexes' token ledger; empty: kube-system
+    /// ([`CLUSTER_LEDGER_NAMESPACE`](super::CLUSTER_LEDGER_NAMESPACE)).
+    pub cluster_ledger_namespace: String,
     /// Test hook: exit between the two writes of a supersede.
     #[cfg(feature = "fault-injection")]
     pub fault: Option<Fault>,
@@ -120,6 +123,10 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     }
     let check = || check_crds(&client, &opts.namespace);
     let kinds = crd_wait::wait_for(opts.crd_wait, check).await?;
+    let cluster_ledger = match opts.cluster_ledger_namespace.as_str() {
+        "" => token_floor::CLUSTER_LEDGER_NAMESPACE.to_string(),
+        ns => ns.to_string(),
+    };
     info!(
         version = crate::VERSION,
         revision = crate::REVISION,
@@ -127,6 +134,10 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         v1beta1_customruns = kinds.custom_runs,
         v1alpha1_runs = kinds.runs,
         leader_election = opts.leader_election.is_some(),
+        cluster_mutex_ledger = %match kinds.cluster_mutexes {
+            true => format!("{cluster_ledger}/{}", token_floor::LEDGER),
+            false => "none (ClusterMutexes are not served)".into(),
+        },
         "starting tekton-mutex"
     );
     let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
@@ -153,10 +164,14 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         written: Default::default(),
         cluster_written: Default::default(),
         acting: acting_rx.clone(),
-        ledger_namespace: super::reconcile::token_floor::controller_namespace(),
+        previous_cluster_ledger: token_floor::previous_cluster_ledger(&cluster_ledger),
+        cluster_ledger_namespace: cluster_ledger,
         ledger_writes: Default::default(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
+    if kinds.cluster_mutexes {
+        tokio::spawn(carry_over_cluster_ledger(ctx.clone()));
+    }
     tokio::spawn(ctx.recorder.clone().renew_while_quiet());
     let synced = caches_synced(ctx.clone(), state.clone()).boxed().shared();
     tokio::spawn(synced.clone());
@@ -171,6 +186,29 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     state.health.stopped.store(true, Ordering::Relaxed);
     info!("stopped");
     result
+}
+
+/// Upgrade only: the ClusterMutexes' token floors of an earlier release's ledger, copied into
+/// the new one (token_floor::carry_over) once this replica acts. A failure is not fatal: the
+/// floors are still read from there while this release runs, and the next start tries again.
+async fn carry_over_cluster_ledger(ctx: Arc<Context>) {
+    // A standby leaves every object alone, this ledger too.
+    if ctx.acting.clone().wait_for(|acting| *acting).await.is_err() {
+        return;
+    }
+    let (from, to) = (&ctx.previous_cluster_ledger, &ctx.cluster_ledger_namespace);
+    match token_floor::carry_over(&ctx).await {
+        Ok(0) => {}
+        Ok(n) => info!(
+            entries = n,
+            ?from,
+            to,
+            "carried the ClusterMutexes' token floors over to their new ledger"
+        ),
+        Err(e) => {
+            warn!(error = %e, ?from, to, "could not carry the ClusterMutexes' token floors over to their new ledger; they are still read where they are")
+        }
+    }
 }
 
 /// Who writes the Events: this pod, when the Deployment says so.

@@ -2,10 +2,8 @@
 
 use super::{apply_yaml, client, kubeconfig_path, repo_root, secs, wait_until};
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::PostParams;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -37,17 +35,9 @@ impl ControllerProcess {
     }
 
     /// Starts a controller that serves every namespace (ClusterMutexes need one);
-    /// `label` names its log file.
-    /// Its token ledger for ClusterMutexes lives in namespace tekton-mutex, as in the release
-    /// install (created here if missing).
+    /// `label` names its log file. Its token ledger for ClusterMutexes lives in namespace
+    /// kube-system, as in the release install; it needs no namespace of its own.
     pub async fn start_cluster_wide(label: &str) -> Result<Self> {
-        let namespaces: Api<Namespace> = Api::all(client().await?);
-        let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": "tekton-mutex"}}))?;
-        match namespaces.create(&PostParams::default(), &ns).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e).context("creating namespace tekton-mutex"),
-        }
         Self::spawn(label, &[], &[]).await
     }
 

@@ -138,7 +138,48 @@ pub fn write_failed(
         crate::controller::context::Error::Kube(kube::Error::Api(s)) => s.message.clone(),
         other => other.to_string(),
     };
-    let mut note = format!("tekton-mutex could not {what} (retrying with backoff): {cause}");
+    let note = format!("tekton-mutex could not {what} (retrying with backoff): {cause}");
+    let t = Transition {
+        reason: WRITE_FAILED,
+        note: within_limit(note),
+        type_: EventType::Warning,
+    };
+    record_on(ctx, reference, t);
+}
+
+/// The reason of the Event on a lock object whose token ledger cannot be read or written.
+pub const LEDGER_FAILED: &str = "TokenLedgerFailed";
+
+/// The token ledger (token_floor.rs) refused to `what` (read the floor, record the last token) of
+/// lock object `lock`: logged by the error policy, and said on the lock object too, since its
+/// status cannot say it. `stuck` says what waits for the ledger; the error names the ConfigMap
+/// and the fix. Errors other than the ledger's are left to the caller.
+pub fn ledger_failed<L>(
+    ctx: &Context,
+    lock: &L,
+    what: &str,
+    stuck: &str,
+    error: &crate::controller::context::Error,
+) where
+    L: kube::Resource<DynamicType = ()>,
+{
+    if !matches!(error, crate::controller::context::Error::Ledger(_)) {
+        return;
+    }
+    let kind = L::kind(&());
+    let note = format!(
+        "tekton-mutex could not {what} of this {kind}; {stuck} (retrying with backoff): {error}"
+    );
+    let t = Transition {
+        reason: LEDGER_FAILED,
+        note: within_limit(note),
+        type_: EventType::Warning,
+    };
+    record_on(ctx, lock.object_ref(&()), t);
+}
+
+/// `note`, cut to what the API server accepts.
+fn within_limit(mut note: String) -> String {
     if note.len() > NOTE_LIMIT {
         let cut = (0..=NOTE_LIMIT - 3)
             .rev()
@@ -147,12 +188,7 @@ pub fn write_failed(
         note.truncate(cut);
         note.push_str("...");
     }
-    let t = Transition {
-        reason: WRITE_FAILED,
-        note,
-        type_: EventType::Warning,
-    };
-    record_on(ctx, reference, t);
+    note
 }
 
 fn record_on(ctx: &Context, reference: ObjectReference, t: Transition) {

@@ -10,6 +10,7 @@
 //! an idle lock can be deleted with no controller running (an uninstall, a namespace
 //! deletion, a GitOps prune), and nothing is stranded.
 
+use crate::controller::apply::events;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::lock_object::LockObject;
@@ -91,7 +92,14 @@ pub async fn unprotect<L: LockObject>(
     if !status.holders.is_empty() || !status.queue.is_empty() || !status.reservations.is_empty() {
         return Err(Error::Conflict);
     }
-    token_floor::record(ctx, scope, key, status.last_token).await?;
+    let what = format!(
+        "record the last token ({}) in the token ledger",
+        status.last_token
+    );
+    let stuck = "its finalizer stays on, and a delete waits, until then";
+    token_floor::record(ctx, scope, key, status.last_token)
+        .await
+        .inspect_err(|e| events::ledger_failed(ctx, &lock, &what, stuck, e))?;
     let finalizers: Vec<&String> = lock
         .finalizers()
         .iter()

@@ -153,10 +153,15 @@ async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts
     let read_for = lock.lock_status().and_then(|s| s.ledger_read_for.as_ref());
     let (token_floor, ledger_read) = match (&uid, read_for) {
         (Some(uid), Some(read)) if read == uid => (0, false),
-        _ => (
-            token_floor::floor(ctx, &lock.scope(), &lock.name_any()).await?,
-            true,
-        ),
+        _ => {
+            let floor = token_floor::floor(ctx, &lock.scope(), &lock.name_any()).await;
+            let (what, stuck) = (
+                "read the token floor from the token ledger",
+                "it grants nothing until then",
+            );
+            let report = |e: &Error| events::ledger_failed(ctx, lock, what, stuck, e);
+            (floor.inspect_err(report)?, true)
+        }
     };
     Ok(MutexFacts {
         deleting: lock.meta().deletion_timestamp.is_some(),
@@ -246,7 +251,12 @@ async fn apply<L: LockObject>(
     // An unprotected lock may go at any time: a token it hands out is recorded first.
     let raised = decision.status.last_token > current.last_token.max(facts.token_floor);
     if !protected && !finalizer::in_use(decision) && raised {
-        token_floor::record(ctx, &scope, &name, decision.status.last_token).await?;
+        let token = decision.status.last_token;
+        let what = format!("record the last token ({token}) in the token ledger");
+        let stuck = "its lock state is not written until then";
+        token_floor::record(ctx, &scope, &name, token)
+            .await
+            .inspect_err(|e| events::ledger_failed(ctx, &lock, &what, stuck, e))?;
     }
     write_lock_state(ctx, lock, current, decision, now).await?;
     exit_if_asked_after_lock_write(ctx, decision);

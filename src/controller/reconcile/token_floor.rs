@@ -6,12 +6,16 @@
 //! object of the name (one with no status yet) starts above it.
 //!
 //! The ledger is one ConfigMap, [`LEDGER`], per namespace that has Mutexes (entry `mutex.NAME`),
-//! and one in the controller's own namespace for ClusterMutexes (entry `clustermutex.NAME`).
-//! Why a ConfigMap: it needs no new CRD, RBAC can narrow `get` and `update` to this one name, it is
-//! deleted with its namespace (as are the Mutexes and runs whose tokens it continues), and it
-//! survives an uninstall, so a reinstall continues the tokens. Entries only rise (max), writes are
-//! compare-and-swap. Past [`MAX_ENTRIES`] keys, the entries fold into one floor for the whole
-//! ledger: higher floors are always safe, and the ConfigMap stays far below its 1 MiB limit.
+//! and one for ClusterMutexes (entry `clustermutex.NAME`) in namespace `kube-system`
+//! ([`CLUSTER_LEDGER_NAMESPACE`], or `--cluster-ledger-namespace`): a namespace that lives as long
+//! as the cluster, so that no uninstall deletes it (issue 37 item 11: in the controller's own
+//! namespace, it went with `kubectl delete -f release.yaml`, and a reinstall handed out token 1
+//! again). Why a ConfigMap: it needs no new CRD, RBAC can narrow `get` and `update` to this one
+//! name, a Mutexes' ledger is deleted with its namespace (as are the Mutexes and runs whose tokens
+//! it continues), and every ledger survives an uninstall, so a reinstall continues the tokens.
+//! Entries only rise (max), writes are compare-and-swap. Past [`MAX_ENTRIES`] keys, the entries
+//! fold into one floor for the whole ledger: higher floors are always safe, and the ConfigMap stays
+//! far below its 1 MiB limit.
 
 use super::ledger_batch::Records;
 use crate::controller::apply::writes;
@@ -31,18 +35,28 @@ const FOLDED: &str = "folded";
 pub const MAX_ENTRIES: usize = 2000;
 /// The longest ConfigMap data key.
 const MAX_ENTRY: usize = 253;
-/// Namespace of the ClusterMutexes' ledger, when POD_NAMESPACE is not set.
-const DEFAULT_NAMESPACE: &str = "tekton-mutex";
+/// Where the ClusterMutexes' ledger lives unless `--cluster-ledger-namespace` says otherwise.
+pub const CLUSTER_LEDGER_NAMESPACE: &str = "kube-system";
+/// The controller's namespace when POD_NAMESPACE is not set: the ClusterMutexes' ledger's
+/// previous home.
+const INSTALL_NAMESPACE: &str = "tekton-mutex";
 const ATTEMPTS: usize = 5;
 
 type Data = BTreeMap<String, String>;
 
-/// The controller's own namespace (POD_NAMESPACE), where the ClusterMutexes' ledger lives.
-pub fn controller_namespace() -> String {
-    std::env::var("POD_NAMESPACE")
+/// Where earlier releases kept the ClusterMutexes' ledger: the controller's own namespace
+/// (POD_NAMESPACE, else tekton-mutex). None if that is where it lives now (`current`).
+///
+/// Upgrade only: entries written there before the upgrade still floor their ClusterMutexes, so
+/// the floor of a ClusterMutex is the higher of the two ledgers' (writes go to the new one only),
+/// and [`carry_over`] copies them into the new one at start. Drop both once no supported release
+/// wrote there (two releases on).
+pub fn previous_cluster_ledger(current: &str) -> Option<String> {
+    let ns = std::env::var("POD_NAMESPACE")
         .ok()
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.into())
+        .unwrap_or_else(|| INSTALL_NAMESPACE.into());
+    (ns != current).then_some(ns)
 }
 
 /// The ledger entry of lock `name` of `scope`: a valid ConfigMap key (a name too long for one is
@@ -110,7 +124,7 @@ pub fn recorded_all(data: &Data, batch: &Records) -> Result<Option<Data>, String
 fn ledger(ctx: &Context, scope: &Scope) -> (Api<ConfigMap>, String) {
     let ns = match scope {
         Scope::Namespace(ns) => ns.clone(),
-        Scope::Cluster => ctx.ledger_namespace.clone(),
+        Scope::Cluster => ctx.cluster_ledger_namespace.clone(),
     };
     (Api::namespaced(ctx.client.clone(), &ns), ns)
 }
@@ -119,31 +133,88 @@ fn failed(ns: &str, e: impl std::fmt::Display) -> Error {
     Error::Ledger(format!("ConfigMap {ns}/{LEDGER}: {e}"))
 }
 
-fn api_failed(ns: &str, e: kube::Error) -> Error {
-    match &e {
-        kube::Error::Api(s) if s.code == 403 => failed(
-            ns,
-            format!(
-                "{e} (the controller needs get and update on this ConfigMap, and create on configmaps: see config/200-clusterrole.yaml)"
-            ),
+fn api_failed(scope: &Scope, ns: &str, e: kube::Error) -> Error {
+    let kube::Error::Api(s) = &e else {
+        return failed(ns, e);
+    };
+    // The API server's own words: the whole Status would crowd the fix out of an Event's note.
+    let cause = format!("{} ({} {})", s.message, s.code, s.reason);
+    let elsewhere = match scope {
+        Scope::Cluster => format!(
+            ", or run the controller with --cluster-ledger-namespace set to a namespace it may \
+             write that no uninstall deletes (now {ns})"
         ),
-        kube::Error::Api(s) if s.code == 404 => failed(
-            ns,
-            format!(
-                "{e} (the ClusterMutexes' ledger lives in the controller's namespace, POD_NAMESPACE or else {DEFAULT_NAMESPACE}: create it)"
-            ),
+        Scope::Namespace(_) => String::new(),
+    };
+    let fix = match s.code {
+        403 if s.message.contains("being terminated") => {
+            format!("namespace {ns} is being deleted: create it again once it is gone{elsewhere}")
+        }
+        403 => format!(
+            "the controller needs get and update on this ConfigMap, and create on configmaps in \
+             {ns} (config/200-clusterrole.yaml){elsewhere}"
         ),
-        _ => failed(ns, e),
-    }
+        // Only a create answers 404 (a read of a missing one is None, a replace retries).
+        404 => format!("namespace {ns} does not exist: create it{elsewhere}"),
+        _ => return failed(ns, cause),
+    };
+    failed(ns, format!("{cause}; {fix}"))
 }
 
 /// The token floor of lock `name`: above every token a lock of this name handed out before.
 /// Read from the API server, never a cache: a cache could miss the last write.
 pub async fn floor(ctx: &Context, scope: &Scope, name: &str) -> Result<i64, Error> {
     let (api, ns) = ledger(ctx, scope);
-    let cm = api.get_opt(LEDGER).await.map_err(|e| api_failed(&ns, e))?;
-    let data = cm.and_then(|c| c.data).unwrap_or_default();
-    floor_in(&data, &entry(scope, name)).map_err(|e| failed(&ns, e))
+    let entry = entry(scope, name);
+    let data = read(&api).await.map_err(|e| api_failed(scope, &ns, e))?;
+    let floor = floor_in(&data, &entry).map_err(|e| failed(&ns, e))?;
+    let previous = ctx.previous_cluster_ledger.as_deref();
+    let Some(old) = previous.filter(|_| matches!(scope, Scope::Cluster)) else {
+        return Ok(floor);
+    };
+    // Upgrade only (see previous_cluster_ledger): an earlier release's entries floor it too.
+    let data = read(&Api::namespaced(ctx.client.clone(), old))
+        .await
+        .map_err(|e| {
+            failed(
+                old,
+                format!("{e} (an earlier release's ledger, read while upgrading)"),
+            )
+        })?;
+    Ok(floor.max(floor_in(&data, &entry).map_err(|e| failed(old, e))?))
+}
+
+/// Upgrade only (see [`previous_cluster_ledger`]): copies the ClusterMutexes' entries of an earlier
+/// release's ledger into the new one. The floor reads both, but an uninstall deletes the old one
+/// with its namespace: without the copy, a ClusterMutex left idle since the upgrade would start
+/// again at token 1 after a reinstall. Entries only rise, so a copy done again, or by every
+/// replica, is harmless. Returns how many entries it carried.
+pub async fn carry_over(ctx: &Context) -> Result<usize, Error> {
+    let Some(old) = ctx.previous_cluster_ledger.as_deref() else {
+        return Ok(0);
+    };
+    let data = read(&Api::namespaced(ctx.client.clone(), old))
+        .await
+        .map_err(|e| failed(old, e))?;
+    let ours = |k: &String| k.starts_with("clustermutex.") || k == FOLDED;
+    let batch: Records = data
+        .keys()
+        .filter(|k| ours(k))
+        // An entry that is no token is left where it is: the floor read says so.
+        .filter_map(|k| Some((k.clone(), token_of(&data, k).ok().filter(|t| *t > 0)?)))
+        .collect();
+    let carried = batch.len();
+    if carried > 0 {
+        write_batch(ctx, &Scope::Cluster, batch).await?;
+    }
+    Ok(carried)
+}
+
+/// A ledger's entries: none if there is no ledger (nor namespace: reading a ConfigMap of a
+/// namespace that does not exist is a 404 too).
+async fn read(api: &Api<ConfigMap>) -> Result<Data, kube::Error> {
+    let cm = api.get_opt(LEDGER).await?;
+    Ok(cm.and_then(|c| c.data).unwrap_or_default())
 }
 
 /// Record that lock `name` handed out tokens up to `token`: before it may go without us.
@@ -168,7 +239,10 @@ fn kind_of(scope: &Scope) -> &'static str {
 async fn write_batch(ctx: &Context, scope: &Scope, batch: Records) -> Result<(), Error> {
     let (api, ns) = ledger(ctx, scope);
     for _ in 0..ATTEMPTS {
-        let cm = api.get_opt(LEDGER).await.map_err(|e| api_failed(&ns, e))?;
+        let cm = api
+            .get_opt(LEDGER)
+            .await
+            .map_err(|e| api_failed(scope, &ns, e))?;
         let exists = cm.is_some();
         let mut cm = cm.unwrap_or_else(|| new_ledger(&ns));
         let data = cm.data.take().unwrap_or_default();
@@ -186,9 +260,11 @@ async fn write_batch(ctx: &Context, scope: &Scope, batch: Records) -> Result<(),
         match written {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            // Deleted since it was read: read again (and create it).
+            Err(kube::Error::Api(e)) if e.code == 404 && exists => continue,
             // Its namespace is going, with every lock and run whose tokens it would continue.
             Err(kube::Error::Api(e)) if !exists && terminating(scope, &e) => return Ok(()),
-            Err(e) => return Err(api_failed(&ns, e)),
+            Err(e) => return Err(api_failed(scope, &ns, e)),
         }
     }
     Err(Error::Conflict)

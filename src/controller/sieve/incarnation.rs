@@ -29,8 +29,8 @@ use kube::runtime::watcher::Event;
 use serde_json::Value;
 use std::sync::Arc;
 
-/// Where the ClusterMutexes' token ledger lives (POD_NAMESPACE of a real install).
-pub const LEDGER_NAMESPACE: &str = "tekton-mutex";
+/// Where the ClusterMutexes' token ledger lives (the default of `--cluster-ledger-namespace`).
+pub const LEDGER_NAMESPACE: &str = crate::controller::CLUSTER_LEDGER_NAMESPACE;
 
 /// The caches of one incarnation, and how far into the change log they are.
 pub struct Feed {

@@ -358,7 +358,7 @@ fn cluster_mutex_deleted() -> Scenario {
 }
 
 /// A ClusterMutex shared by two namespaces: handover across them, and its
-/// ledger in the controller's namespace.
+/// ledger in kube-system.
 fn cluster_mutex() -> Scenario {
     let shared = json!({"spec": {"namespaces": ["ns-a", "ns-b"]}});
     let in_ns = |name, namespace| Pr {
