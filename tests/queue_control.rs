@@ -9,9 +9,10 @@ mod support;
 use anyhow::{Result, ensure};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::config::Kubeconfig;
 use serde_json::json;
 use support::cli::{tkn_mutex, tkn_plugin};
@@ -35,6 +36,7 @@ for_both_kinds! {
     forget_drops_a_poisoned_supersede_mark => forget_case;
     oversized_words_are_refused_and_the_key_still_grants => bounded_case;
     an_oversized_clear_with_twelve_waiters_is_refused_and_the_key_hands_over => oversized_clear_case;
+    a_reason_at_the_bound_is_told_in_every_event => long_reason_case;
 }
 
 /// A test's queue: its namespace, its lock (a Mutex named after the namespace,
@@ -504,6 +506,48 @@ async fn oversized_clear_case(kind: Kind) -> Result<()> {
     );
     release(ns, "run-2").await?;
     Ok(())
+}
+
+/// A clear whose reason is at the bound (1,024 bytes) is done, and each Event that quotes
+/// the reason is recorded, its note cut to what the API server takes: the API server refused
+/// them (a note is at most 1,024 bytes), and the cleared run's Event and its PipelineRun's
+/// were lost, said only in the controller's log.
+async fn long_reason_case(kind: Kind) -> Result<()> {
+    let q = queued(kind, "qc-long-reason", &["run-1", "run-2"]).await?;
+    let (ns, key) = (&q.ns, q.key());
+    let reason = "r".repeat(1024);
+    let out = q
+        .tkn_mutex(&["clear", key, "--reason", &reason])?
+        .stdout()?;
+    ensure!(out.contains("cleared 1 waiter"), "{out}");
+    for name in [lock_run("run-2"), "run-2".into()] {
+        let note = wait_event(ns, &name, "Cleared")
+            .await?
+            .note
+            .unwrap_or_default();
+        ensure!(
+            note.len() <= 1024 && note.contains("rrrr") && note.ends_with("..."),
+            "{name}: {note}"
+        );
+    }
+    release(ns, "run-1").await?;
+    Ok(())
+}
+
+/// Waits for an Event with `reason` on object `name`.
+async fn wait_event(ns: &TestNamespace, name: &str, reason: &str) -> Result<Event> {
+    let api = ns.api::<Event>();
+    wait_until(&format!("a {reason} Event on {name}"), slow(), || {
+        let api = api.clone();
+        async move {
+            let events = api.list(&ListParams::default()).await?;
+            Ok(events.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            }))
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
