@@ -19,6 +19,23 @@ use tokio::time::Instant;
 /// How long kube's recorder remembers an Event (its private `CACHE_TTL`).
 const RENEW_EVERY: Duration = Duration::from_secs(6 * 60);
 
+/// The longest Event note the API server takes, in bytes: it refuses a longer one (422), and
+/// the Event is lost. A note can quote a person's words (a clear's reason, up to 1,024 bytes
+/// itself) or an API server's message.
+const NOTE_LIMIT: usize = 1024;
+
+/// A note past [`NOTE_LIMIT`], cut on a character boundary and ending `...`; None if it fits.
+fn bounded_note(note: &str) -> Option<String> {
+    if note.len() <= NOTE_LIMIT {
+        return None;
+    }
+    let cut = (0..=NOTE_LIMIT - 3)
+        .rev()
+        .find(|i| note.is_char_boundary(*i))
+        .unwrap_or(0);
+    Some(format!("{}...", &note[..cut]))
+}
+
 /// Sends Events as kube's `Recorder` does; cheap to clone (all clones share one recorder).
 #[derive(Clone)]
 pub struct EventRecorder {
@@ -49,10 +66,23 @@ impl EventRecorder {
         }
     }
 
-    /// Publish an Event on `reference` (kube's `Recorder::publish`).
+    /// Publish an Event on `reference` (kube's `Recorder::publish`), its note cut to what
+    /// the API server takes.
     pub async fn publish(&self, ev: &Event, reference: &ObjectReference) -> kube::Result<()> {
         let recorder = self.recorder_at(Instant::now());
-        recorder.publish(ev, reference).await
+        match ev.note.as_deref().and_then(bounded_note) {
+            Some(note) => {
+                let bounded = Event {
+                    type_: ev.type_,
+                    reason: ev.reason.clone(),
+                    note: Some(note),
+                    action: ev.action.clone(),
+                    secondary: ev.secondary.clone(),
+                };
+                recorder.publish(&bounded, reference).await
+            }
+            None => recorder.publish(ev, reference).await,
+        }
     }
 
     /// Renews the recorder on a timer as well, so that a controller that goes quiet after a
@@ -99,6 +129,21 @@ impl EventRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 37: a clear's reason at its bound (1,024 bytes) made every Event quoting it
+    /// longer than the API server takes, and each was refused and lost.
+    #[test]
+    fn a_note_past_the_limit_is_cut_on_a_character_boundary() {
+        assert_eq!(bounded_note(&"a".repeat(NOTE_LIMIT)), None, "at the limit");
+        let long = format!("the queue was cleared by admin: {}", "é".repeat(NOTE_LIMIT));
+        let cut = bounded_note(&long).unwrap();
+        assert!(
+            cut.len() <= NOTE_LIMIT && cut.len() >= NOTE_LIMIT - 4,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.starts_with("the queue was cleared by admin: é") && cut.ends_with("é..."));
+    }
 
     #[tokio::test]
     async fn the_recorder_is_renewed_once_its_events_expired_and_not_before() {

@@ -89,18 +89,28 @@ pub fn new_id(now: Timestamp, nonce: u32) -> String {
 pub const MAX_TEXT: usize = 1024;
 
 /// The requests on a Mutex, oldest id first; an unreadable one is kept as an error
-/// so that it is refused (and removed) rather than ignored.
+/// so that it is refused (and removed) rather than ignored. One that reads but says
+/// too much is refused as what it asked and by whom: its words are not kept.
 pub fn requests_from(annotations: &BTreeMap<String, String>) -> Vec<Result<Request, Unreadable>> {
     annotations
         .iter()
         .filter_map(|(k, v)| Some((k.strip_prefix(REQUEST_PREFIX)?, v)))
         .map(|(id, v)| {
-            let unreadable = |error: String| Unreadable {
+            let r = serde_json::from_str::<Request>(v).map_err(|e| Unreadable {
+                id: id.into(),
+                error: format!("not a request: {e}"),
+                action: None,
+                by: String::new(),
+            })?;
+            within_bounds(&r).map_err(|error| Unreadable {
                 id: id.into(),
                 error,
-            };
-            let r = serde_json::from_str::<Request>(v).map_err(|e| unreadable(e.to_string()))?;
-            within_bounds(&r).map_err(unreadable)?;
+                action: Some(r.action),
+                by: Some(r.by.as_str())
+                    .filter(|by| by.len() <= MAX_TEXT)
+                    .unwrap_or_default()
+                    .to_string(),
+            })?;
             Ok(Request { id: id.into(), ..r })
         })
         .collect()
@@ -125,11 +135,17 @@ pub fn within_bounds(r: &Request) -> Result<(), String> {
     Ok(())
 }
 
-/// A request annotation whose value is not a request.
+/// A request annotation refused as written: its value is not a request, or its
+/// words are past [`MAX_TEXT`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unreadable {
     pub id: String,
+    /// Why, as the acknowledgement says it.
     pub error: String,
+    /// What it asked, when its value reads as a request.
+    pub action: Option<Action>,
+    /// Who asked, when that reads and is within bounds; else empty.
+    pub by: String,
 }
 
 #[cfg(test)]
@@ -192,6 +208,10 @@ mod tests {
                         u.error
                     );
                     assert!(u.error.len() < 200, "the refusal is short: {}", u.error);
+                    // Issue 37 item 6: refused as the clear it is, by whom (if that is short).
+                    assert_eq!(u.action, Some(Action::Clear));
+                    let by = if f == "by" { "" } else { "alice" };
+                    assert_eq!(u.by, by, "{f}");
                 }
                 ([Ok(_)], None) => {}
                 (other, _) => panic!("{field:?}: {other:?}"),
@@ -218,6 +238,9 @@ mod tests {
     #[test]
     fn an_unreadable_request_is_kept_as_an_error() {
         let read = requests_from(&[(format!("{REQUEST_PREFIX}x"), "{".into())].into());
-        assert!(matches!(&read[..], [Err(Unreadable { id, .. })] if id == "x"));
+        assert!(
+            matches!(&read[..], [Err(Unreadable { id, action: None, error, .. })]
+            if id == "x" && error.starts_with("not a request: "))
+        );
     }
 }

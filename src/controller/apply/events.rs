@@ -101,9 +101,6 @@ pub fn invalid_params(message: &str) -> Transition {
     }
 }
 
-/// The API server refuses an Event whose note is longer.
-const NOTE_LIMIT: usize = 1024;
-
 /// The reason of the Event on an object the controller failed to write.
 pub const WRITE_FAILED: &str = "WriteFailed";
 
@@ -133,7 +130,7 @@ pub fn write_failed(
     error: &crate::controller::context::Error,
 ) {
     warn!(object = ?reference.name, namespace = ?reference.namespace, what, %error, "write failed; retrying with backoff");
-    // The API server's own message, not the whole Status: an Event note has at most 1024 characters.
+    // The API server's own message, not the whole Status (the recorder cuts a long note).
     let cause = match error {
         crate::controller::context::Error::Kube(kube::Error::Api(s)) => s.message.clone(),
         other => other.to_string(),
@@ -141,7 +138,7 @@ pub fn write_failed(
     let note = format!("tekton-mutex could not {what} (retrying with backoff): {cause}");
     let t = Transition {
         reason: WRITE_FAILED,
-        note: within_limit(note),
+        note,
         type_: EventType::Warning,
     };
     record_on(ctx, reference, t);
@@ -172,23 +169,10 @@ pub fn ledger_failed<L>(
     );
     let t = Transition {
         reason: LEDGER_FAILED,
-        note: within_limit(note),
+        note,
         type_: EventType::Warning,
     };
     record_on(ctx, lock.object_ref(&()), t);
-}
-
-/// `note`, cut to what the API server accepts.
-fn within_limit(mut note: String) -> String {
-    if note.len() > NOTE_LIMIT {
-        let cut = (0..=NOTE_LIMIT - 3)
-            .rev()
-            .find(|i| note.is_char_boundary(*i))
-            .unwrap_or(0);
-        note.truncate(cut);
-        note.push_str("...");
-    }
-    note
 }
 
 fn record_on(ctx: &Context, reference: ObjectReference, t: Transition) {

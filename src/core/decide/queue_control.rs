@@ -40,11 +40,7 @@ impl Decider<'_> {
             }
             let (action, by, result) = match req {
                 Ok(r) => (Some(r.action), r.by.clone(), self.act(r)),
-                Err(u) => (
-                    None,
-                    String::new(),
-                    Err(format!("not a request: {}", u.error)),
-                ),
+                Err(u) => (u.action, u.by.clone(), Err(u.error.clone())),
             };
             let (verdict, message) = match result {
                 Ok(m) => (Verdict::Done, m),

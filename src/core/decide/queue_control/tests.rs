@@ -174,7 +174,9 @@ fn a_release_needs_force_and_a_holder() {
         request("d", Action::Promote, Some("pr0")),
         Err(Unreadable {
             id: "e".into(),
-            error: "bad".into(),
+            error: "not a request: bad".into(),
+            action: None,
+            by: String::new(),
         }),
     ]);
     for id in ["a", "b", "c", "d", "e"] {
@@ -184,6 +186,33 @@ fn a_release_needs_force_and_a_holder() {
     assert_eq!(w.status.holders, before.holders);
     assert_eq!(w.status.queue, before.queue);
     assert!(w.status.dismissed.is_empty());
+}
+
+/// Issue 37 item 6: a clear whose reason is 200 KB, on a key with 12 waiters, is refused
+/// as the clear it is and by whom, naming the bound, in the step that reads it; nothing of
+/// its reason is kept, nobody is cleared, and the holder's end hands over at once.
+#[test]
+fn an_oversized_clear_is_refused_as_a_clear_and_the_key_hands_over() {
+    let mut w = World::new(13);
+    let mut big = request("big", Action::Clear, None).unwrap();
+    big.reason = Some("x".repeat(200 * 1024));
+    let read = crate::core::requests::requests_from(&[big.annotation()].into());
+    let d = w.step(&read);
+    let ack = w.ack("big");
+    assert_eq!(
+        (ack.verdict, ack.action, ack.by.as_str()),
+        (Verdict::Refused, Some(Action::Clear), "alice")
+    );
+    assert!(ack.message.contains("reason") && ack.message.contains("at most 1024"));
+    assert!(serde_json::to_string(&w.status).unwrap().len() < 16 * 1024);
+    assert!(d.control_cancels.is_empty() && w.status.dismissed.is_empty());
+    assert_eq!(w.queue().len(), 12, "nobody was cleared");
+    // The annotation is read again until it is removed: acknowledged once, nothing more.
+    let again = w.step(&read);
+    assert_eq!(again.status.observed_requests.len(), 1);
+    w.finish(0);
+    w.step(&read);
+    assert_eq!(w.holders(), [("pr1".to_string(), 2)], "handed over at once");
 }
 
 #[test]
