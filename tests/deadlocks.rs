@@ -76,9 +76,15 @@ async fn run_on(ns: &TestNamespace, pr: &str, key: &str) -> Result<String> {
     wait_until(&format!("{pr}'s lock run on {key}"), slow(), || {
         let (api, label) = (api.clone(), label.clone());
         async move {
-            let runs = api.list(&kube::api::ListParams::default().labels(&label)).await?;
+            let runs = api
+                .list(&kube::api::ListParams::default().labels(&label))
+                .await?;
             Ok(runs.items.into_iter().find_map(|r| {
-                let on_key = r.spec.params.iter().any(|p| p.name == "key" && p.value == json!(key));
+                let on_key = r
+                    .spec
+                    .params
+                    .iter()
+                    .any(|p| p.name == "key" && p.value == json!(key));
                 on_key.then(|| kube::ResourceExt::name_any(&r))
             }))
         }
@@ -93,13 +99,24 @@ async fn older_goes_on_younger_fails(ns: &TestNamespace, older: &str, younger: &
     let told = wait_reason(ns, &victim, "Deadlock", slow()).await?;
     let message = told.message.unwrap_or_default();
     for word in [older, younger, "Mutex", "/x", "/y"] {
-        ensure!(message.contains(word), "the Deadlock message should name {word}: {message}");
+        ensure!(
+            message.contains(word),
+            "the Deadlock message should name {word}: {message}"
+        );
     }
     let prs = ("tekton.dev/v1", "PipelineRun");
-    let done = ns.wait_for_succeeded(prs.0, prs.1, older, slow() * 2).await?;
-    ensure!(done.status == "True", "{older} should go on and succeed: {done:?}");
+    let done = ns
+        .wait_for_succeeded(prs.0, prs.1, older, slow() * 2)
+        .await?;
+    ensure!(
+        done.status == "True",
+        "{older} should go on and succeed: {done:?}"
+    );
     let failed = ns.wait_for_succeeded(prs.0, prs.1, younger, slow()).await?;
-    ensure!(failed.status == "False", "{younger} should fail: {failed:?}");
+    ensure!(
+        failed.status == "False",
+        "{younger} should fail: {failed:?}"
+    );
     Ok(())
 }
 
@@ -113,8 +130,11 @@ async fn a_matrixed_lock_task_over_keys_of_different_order_never_deadlocks() -> 
     let _controller = keys(&ns).await?;
     let mut lock = lock_task("lock", None, &[]);
     lock["matrix"] = json!({"params": [{"name": "key", "value": ["x", "y"]}]});
-    ns.apply(&pipeline("both", vec![lock, gate_task("deploy", "release", &["lock"])]))
-        .await?;
+    ns.apply(&pipeline(
+        "both",
+        vec![lock, gate_task("deploy", "release", &["lock"])],
+    ))
+    .await?;
     ns.apply(&pipeline_run("holder", "both")).await?;
     for key in ["x", "y"] {
         wait_reason(&ns, &run_on(&ns, "holder", key).await?, "Acquired", slow()).await?;
