@@ -11,6 +11,7 @@ pub mod key_name;
 pub mod model;
 pub mod observe;
 pub mod params;
+pub mod ready;
 pub mod release_after;
 pub mod requests;
 pub mod run_status;

@@ -3,9 +3,12 @@
 //!
 //! Labels are bounded: `namespace` (one series per namespace that uses a
 //! Mutex, never per key or run), `verb`/`resource` (a fixed set of writes),
-//! `kind`/`controller` (a fixed set of errors), `param` (the Mutex params).
+//! `kind`/`controller` (a fixed set of errors), `param` (the Mutex params). One gauge is
+//! per lock object, and only while it has waiters: the oldest waiter's age, since a stuck
+//! queue must be found by name before anyone waits on it.
 
 use crate::core::params;
+use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::{Mutex, MutexStatus};
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -74,6 +77,7 @@ pub struct Metrics {
     /// Keys whose slot was freed with waiters queued but not yet handed over.
     freed: std::sync::Mutex<HashMap<(String, String), Timestamp>>,
     mutexes: Arc<OnceLock<Store<Mutex>>>,
+    cluster_mutexes: Arc<OnceLock<Store<ClusterMutex>>>,
 }
 
 impl Default for Metrics {
@@ -98,6 +102,7 @@ impl Metrics {
             done_seen: Default::default(),
             freed: Default::default(),
             mutexes: Default::default(),
+            cluster_mutexes: Default::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -146,12 +151,21 @@ impl Metrics {
             m.handover_seconds.clone(),
         );
         r.register_collector(Box::new(LockGauges(m.mutexes.clone())));
+        r.register_collector(Box::new(OldestWaiters {
+            mutexes: m.mutexes.clone(),
+            cluster_mutexes: m.cluster_mutexes.clone(),
+        }));
         m
     }
 
     /// The holders and waiters gauges read the Mutex cache from now on.
     pub fn watch_mutexes(&self, store: Store<Mutex>) {
         let _ = self.mutexes.set(store);
+    }
+
+    /// The oldest-waiter gauge reads the ClusterMutex cache too from now on.
+    pub fn watch_cluster_mutexes(&self, store: Store<ClusterMutex>) {
+        let _ = self.cluster_mutexes.set(store);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -355,6 +369,70 @@ impl Collector for LockGauges {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Lock {
+    kind: String,
+    /// Empty for a ClusterMutex.
+    namespace: String,
+    name: String,
+}
+
+/// The age of each lock object's oldest waiter, read from the caches at scrape time (a warm
+/// standby reports it too), so an alert fires while a queue is stuck, not after its grant.
+#[derive(Debug)]
+struct OldestWaiters {
+    mutexes: Arc<OnceLock<Store<Mutex>>>,
+    cluster_mutexes: Arc<OnceLock<Store<ClusterMutex>>>,
+}
+
+impl Collector for OldestWaiters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = Timestamp::now();
+        let mut ages: Vec<(Lock, f64)> = vec![];
+        if let Some(store) = self.mutexes.get() {
+            for m in store.state() {
+                let lock = |kind: &str| Lock {
+                    kind: kind.into(),
+                    namespace: m.namespace().unwrap_or_default(),
+                    name: m.name_any(),
+                };
+                ages.extend(oldest_wait(m.status.as_ref(), now).map(|a| (lock("Mutex"), a)));
+            }
+        }
+        if let Some(store) = self.cluster_mutexes.get() {
+            for c in store.state() {
+                let lock = Lock {
+                    kind: "ClusterMutex".into(),
+                    namespace: String::new(),
+                    name: c.name_any(),
+                };
+                ages.extend(oldest_wait(c.status.as_ref(), now).map(|a| (lock, a)));
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "tekton_mutex_oldest_waiter_age_seconds",
+            "How long the oldest waiter of a lock object has waited, per lock with waiters",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (lock, age) in ages {
+            ConstGauge::new(age).encode(family.encode_family(&lock)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Seconds since the longest waiting entry of `status` started waiting (its PipelineRun's
+/// creation when the status predates `waitingSince`); none without waiters.
+fn oldest_wait(status: Option<&MutexStatus>, now: Timestamp) -> Option<f64> {
+    let since = status?
+        .queue
+        .iter()
+        .map(|w| w.waiting_since.unwrap_or(w.age.created))
+        .min()?;
+    Some(now.duration_since(since).as_secs_f64().max(0.0))
+}
+
 /// Test hook: the writes announced on this thread and not yet matched to a
 /// request, oldest first, while a test records them (see controller/sieve).
 /// Release builds have no such hook.
@@ -466,6 +544,7 @@ mod tests {
             age: age(),
             priority: 0,
             supersede: Supersede::None,
+            waiting_since: None,
         }
     }
 
@@ -555,6 +634,73 @@ mod tests {
                 "tekton_mutex_invalid_params_total{namespace=\"ns\",reason=\"priority\"} 1"
             ),
             "{text}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod oldest_waiter_tests {
+    use super::*;
+    use crate::model::mutex::{Age, RunKind, RunRef, Supersede, Waiter};
+    use kube::runtime::{reflector, watcher};
+
+    fn waiting(name: &str, since: Option<i64>, created: i64) -> Waiter {
+        Waiter {
+            run: RunRef {
+                kind: RunKind::CustomRun,
+                name: name.into(),
+                uid: name.into(),
+            },
+            pipeline_run: None,
+            pipeline_run_uid: None,
+            group: "g".into(),
+            age: Age {
+                sequence: None,
+                created: Timestamp::from_second(created).unwrap(),
+                name: name.into(),
+            },
+            priority: 0,
+            supersede: Supersede::None,
+            waiting_since: since.map(|s| Timestamp::from_second(s).unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_oldest_wait_is_the_earliest_start_and_none_without_waiters() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let mut st = MutexStatus::default();
+        assert_eq!(oldest_wait(Some(&st), now), None);
+        assert_eq!(oldest_wait(None, now), None);
+        // The second entry predates waitingSince: its creation stands in.
+        st.queue = vec![waiting("a", Some(900), 100), waiting("b", None, 700)];
+        assert_eq!(oldest_wait(Some(&st), now), Some(300.0));
+    }
+
+    #[test]
+    fn a_lock_with_waiters_is_a_series_named_by_kind_namespace_and_name() {
+        let metrics = Metrics::new();
+        let (store, mut writer) = reflector::store::<Mutex>();
+        let mut busy = Mutex::new("deploy", Default::default());
+        busy.metadata.namespace = Some("team".into());
+        busy.status = Some(MutexStatus {
+            queue: vec![waiting("w", Some(0), 0)],
+            ..Default::default()
+        });
+        let mut idle = Mutex::new("idle", Default::default());
+        idle.metadata.namespace = Some("team".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(busy));
+        writer.apply_watcher_event(&watcher::Event::Apply(idle));
+        metrics.watch_mutexes(store);
+        let text = metrics.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("tekton_mutex_oldest_waiter_age_seconds{"))
+            .collect();
+        assert_eq!(series.len(), 1, "{text}");
+        assert!(
+            series[0].contains(r#"kind="Mutex",namespace="team",name="deploy""#),
+            "{}",
+            series[0]
         );
     }
 }

@@ -46,7 +46,9 @@ async fn metrics_count_a_small_scenario() -> Result<()> {
             let text = scrape(&addr).await?;
             let holders = sample(&text, "tekton_mutex_holders", &labels)?;
             let waiters = sample(&text, "tekton_mutex_waiters", &labels)?;
-            Ok((holders == Some(1.0) && waiters == Some(2.0)).then_some(()))
+            let oldest = sample(&text, OLDEST_WAITER, &[("namespace", ns.name())])?;
+            let queued = holders == Some(1.0) && waiters == Some(2.0);
+            Ok((queued && oldest.is_some_and(|age| age >= 0.0)).then_some(()))
         },
     )
     .await?;
@@ -81,8 +83,57 @@ async fn metrics_count_a_small_scenario() -> Result<()> {
         "each grant writes the Mutex status:\n{text}"
     );
     ensure!(value("tekton_mutex_supersedes_total")?.is_none(), "{text}");
+    ensure!(
+        sample(&text, OLDEST_WAITER, &[("namespace", ns.name())])?.is_none(),
+        "no waiter, no oldest-waiter series:\n{text}"
+    );
     Ok(())
 }
+
+const OLDEST_WAITER: &str = "tekton_mutex_oldest_waiter_age_seconds";
+
+/// The `Ready` condition of Mutex `name`: (status, reason), once it has one.
+async fn ready_of(ns: &TestNamespace, name: &str) -> Result<Option<(String, String)>> {
+    let st = mutex_status(ns, name).await?;
+    Ok(st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.clone(), c.reason.clone())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_served_lock_is_ready_and_a_frozen_one_says_so() -> Result<()> {
+    let ns = TestNamespace::create("ready").await?;
+    ns.apply(MUTEX_DEPLOY).await?;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    let is = |want: (&'static str, &'static str)| {
+        let ns = &ns;
+        move || async move {
+            let got = ready_of(ns, "deploy").await?;
+            Ok((got == Some((want.0.into(), want.1.into()))).then_some(()))
+        }
+    };
+    wait_until("Ready True (Serving)", slow(), is(("True", "Serving"))).await?;
+    // As `kubectl wait` reads it: the condition is where tools look for it.
+    ns.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "--timeout=30s",
+        "mutex/deploy",
+    ])?;
+    let freeze = r#"{"spec":{"frozen":true}}"#;
+    ns.kubectl(&["patch", "mutex", "deploy", "--type=merge", "-p", freeze])?;
+    wait_until("Ready True (Frozen)", slow(), is(("True", "Frozen"))).await?;
+    Ok(())
+}
+
+const MUTEX_DEPLOY: &str = "apiVersion: tekton-mutex.dev/v1alpha1
+kind: Mutex
+metadata: {name: deploy}
+spec: {capacity: 1}
+";
 
 /// A Role that lets the controller do everything but list and watch PipelineRuns.
 const WITHOUT_PIPELINERUN_WATCH: &str = r#"

@@ -320,6 +320,7 @@ for_both_kinds! {
     refused_writes_are_reported_and_the_others_still_happen => refused_writes_case;
     an_idle_lock_records_its_last_token_then_loses_its_finalizer => idle_case;
     a_new_lock_hands_out_tokens_above_the_ledger => above_the_ledger_case;
+    an_unreadable_ledger_makes_the_lock_not_ready_and_grants_nothing => unreadable_ledger_case;
 }
 
 async fn conflict_case(kind: Kind) {
@@ -1089,6 +1090,44 @@ async fn above_the_ledger_case(kind: Kind) {
     assert_eq!(
         (&st["lastToken"], &st["holders"][0]["token"]),
         (&json!(8), &json!(8))
+    );
+}
+
+async fn unreadable_ledger_case(kind: Kind) {
+    let (locks, (ledger_path, _)) = (kind.locks(), kind.ledger());
+    let (ctx, handle) = context(
+        vec![kind.lock_run("a", "none", json!({}))],
+        vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let served = ledger_path.clone();
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("GET {served}") => (403, status(403, "Forbidden")),
+        _ => ok(line, body),
+    };
+    let mut fresh = kind.lock("1", json!({}));
+    fresh.as_object_mut().unwrap().remove("status");
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| kind.reconcile(fresh, ctx)).await;
+    assert!(matches!(result, Err(Error::Ledger(_))), "{result:?}");
+    let writes: Vec<_> = seen
+        .iter()
+        .filter(|(l, _)| !l.starts_with("GET ") && !l.contains("/events"))
+        .collect();
+    assert_eq!(writes.len(), 1, "only the condition is written: {seen:?}");
+    assert_eq!(writes[0].0, format!("PUT {locks}/k/status"));
+    let st = &writes[0].1["status"];
+    let ready = &st["conditions"][0];
+    assert_eq!(
+        (&ready["type"], &ready["status"], &ready["reason"]),
+        (
+            &json!("Ready"),
+            &json!("False"),
+            &json!("TokenLedgerFailed")
+        )
+    );
+    assert!(
+        st["holders"].as_array().is_none_or(|h| h.is_empty()),
+        "{st}"
     );
 }
 

@@ -169,6 +169,9 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         ledger_writes: Default::default(),
     });
     state.metrics.watch_mutexes(ctx.mutexes.clone());
+    if let Some(store) = &ctx.cluster_mutexes {
+        state.metrics.watch_cluster_mutexes(store.clone());
+    }
     if kinds.cluster_mutexes {
         tokio::spawn(carry_over_cluster_ledger(ctx.clone()));
     }

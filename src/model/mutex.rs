@@ -204,6 +204,32 @@ pub struct MutexStatus {
     /// the ledger is read again before anything is granted: a restore never lowers the tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_read_for: Option<String>,
+    /// The `Ready` condition: whether the controller serves this lock as its spec says
+    /// (`kubectl wait --for=condition=Ready`), and if not, why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A condition of the lock object, shaped as Kubernetes' own (`metav1.Condition`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// The condition's name: `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One word for why, in CamelCase: `Serving`, `Frozen`, `TokensExhausted`,
+    /// `TokenLedgerFailed`.
+    pub reason: String,
+    /// What it means, and what to do about it.
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed.
+    pub last_transition_time: Timestamp,
+    /// The object's `metadata.generation` this condition was set for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// A slot this key keeps for a run of several keys: an idle hold, granted to
@@ -324,6 +350,7 @@ impl Holder {
             age: self.age.clone(),
             priority: 0,
             supersede: self.supersede,
+            waiting_since: None,
         }
     }
 }
@@ -345,6 +372,10 @@ pub struct Waiter {
     #[serde(default)]
     pub priority: i64,
     pub supersede: Supersede,
+    /// When the run started waiting (its first attempt's start, else its creation): for the
+    /// oldest-waiter gauge and `tkn mutex describe`. It decides nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

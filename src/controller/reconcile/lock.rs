@@ -15,6 +15,7 @@ use crate::controller::reconcile::{deadlocks, finalizer, idle_deletion, token_fl
 use crate::core::decide;
 use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
 use crate::core::observe::pending;
+use crate::core::ready;
 use crate::core::requests::{Request, Unreadable, requests_from};
 use crate::core::run_status;
 use crate::core::scope::Scope;
@@ -62,7 +63,7 @@ async fn sync_lock<L: LockObject>(
     let now = Timestamp::now();
     let members = members::gather(ctx, &lock, &current, now).await?;
     let requests = requests_from(lock.annotations());
-    let facts = lock_facts(ctx, &lock).await?;
+    let facts = lock_facts(ctx, &lock, now).await?;
     let deadlocked = deadlocks::victims(ctx, &lock, &current).await?;
     let asked = Asked {
         requests: &requests,
@@ -148,7 +149,11 @@ async fn still_current<L: LockObject>(ctx: &Context, lock: &L) -> Result<bool, E
 /// that write includes it (`lastToken` is never below it), and from then on the
 /// API server keeps `lastToken` from going down. A status restored from a backup
 /// names an earlier object's uid (or none), so the floor is read again.
-async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts, Error> {
+async fn lock_facts<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    now: Timestamp,
+) -> Result<MutexFacts, Error> {
     let uid = lock.uid();
     let read_for = lock.lock_status().and_then(|s| s.ledger_read_for.as_ref());
     let (token_floor, ledger_read) = match (&uid, read_for) {
@@ -160,7 +165,13 @@ async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts
                 "it grants nothing until then",
             );
             let report = |e: &Error| events::ledger_failed(ctx, lock, what, stuck, e);
-            (floor.inspect_err(report)?, true)
+            match floor.inspect_err(report) {
+                Ok(floor) => (floor, true),
+                Err(e) => {
+                    not_ready_for_the_ledger(ctx, lock, &e, now).await;
+                    return Err(e);
+                }
+            }
         }
     };
     Ok(MutexFacts {
@@ -169,6 +180,30 @@ async fn lock_facts<L: LockObject>(ctx: &Context, lock: &L) -> Result<MutexFacts
         ledger_read,
         namespace_share: lock.namespace_share(),
     })
+}
+
+/// The lock's `Ready` condition set False while its token ledger cannot be read (it grants
+/// nothing then), in the lock status write's own compare-and-swap. Best effort: the Event
+/// and the retry are the report; a failed write here changes neither.
+async fn not_ready_for_the_ledger<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    error: &Error,
+    now: Timestamp,
+) {
+    let current = lock.lock_status().cloned().unwrap_or_default();
+    let mut next = current.clone();
+    let message = format!("the token ledger cannot be read, so nothing is granted: {error}");
+    let readiness = ready::not_ready(events::LEDGER_FAILED, message);
+    ready::stamp(&mut next, readiness, lock.meta().generation, now);
+    if ready::condition(&next) == ready::condition(&current) {
+        return;
+    }
+    let mut marked = lock.clone();
+    marked.set_lock_status(next);
+    if let Err(e) = writes::lock_status(ctx, &marked).await {
+        debug!(key = %lock.name_any(), error = %e, "Ready=False not written; the retry tries again");
+    }
 }
 
 /// What the decision is asked beside the lock and its runs: the queue-control requests on the
@@ -205,6 +240,8 @@ fn decide_on<L: LockObject>(
         // lastToken now stands above the ledger's floor, for this very object.
         decision.status.ledger_read_for = lock.uid();
     }
+    let readiness = ready::of(&decision.status);
+    ready::stamp(&mut decision.status, readiness, lock.meta().generation, now);
     if decision.status.last_token >= crate::model::mutex::MAX_TOKEN
         && !decision.status.queue.is_empty()
     {

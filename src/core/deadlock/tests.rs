@@ -21,6 +21,7 @@ fn waiter(pr: &str, at: i64, run: &str) -> Waiter {
         },
         priority: 0,
         supersede: Supersede::None,
+        waiting_since: None,
     }
 }
 

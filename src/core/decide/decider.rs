@@ -700,6 +700,7 @@ pub(super) fn waiter_of(r: &RunView) -> Waiter {
         age: r.age.clone(),
         priority: r.priority,
         supersede: r.supersede,
+        waiting_since: Some(r.waiting_since),
     }
 }
 

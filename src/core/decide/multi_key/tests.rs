@@ -794,6 +794,7 @@ fn the_commit_counts_a_hold_of_the_runs_pipelinerun_as_its_slot() {
         age: pending(1, None).age,
         priority: 0,
         supersede: Supersede::Pending,
+        waiting_since: None,
     };
     let deleted = entry("deleted");
     let mut a = MutexStatus::default();
