@@ -93,6 +93,8 @@ for ns in "$PIPELINES_NS" "$ENV_NS"; do
   # no controller-manager here to create it
   k -n "$ns" get serviceaccount default >/dev/null 2>&1 || k -n "$ns" create serviceaccount default >/dev/null
 done
+# What the deploy steps may do (their ServiceAccount `promote`): on a real kubelet, nothing more.
+k apply -f "$REPO_ROOT/examples/rbac.yaml" >/dev/null
 for f in promote-task promote-fenced-task promote-unguarded promote-guarded promote-fenced; do
   k -n "$PIPELINES_NS" apply -f "$REPO_ROOT/examples/$f.yaml" >/dev/null
 done
@@ -157,6 +159,7 @@ metadata:
 spec:
   $status
   pipelineRef: {name: $pipeline}
+  taskRunTemplate: {serviceAccountName: promote} # examples/rbac.yaml, not the test bed's admin
   params:
     - {name: environment, value: $ENV_NS}
     - {name: version, value: "$v"}
