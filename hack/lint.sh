@@ -47,6 +47,18 @@ gate "cargo fmt --all --check" cargo fmt --all --check
 gate "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets --quiet -- -D warnings
 gate "shellcheck hack/*.sh" shellcheck -x hack/*.sh
+# pure_crates [CRATE...]: the crates of crates/ hold no I/O, so no async runtime, HTTP stack or
+# kube client may be among their dependencies (their clippy.toml forbids reading the clock).
+pure_crates() {
+  local c bad crates=("$@")
+  (( $# )) || crates=(tekton-mutex-api tekton-mutex-core tekton-mutex-promise)
+  for c in "${crates[@]}"; do
+    bad=$(cargo tree -p "$c" -e normal --prefix none --quiet | awk '{print $1}' | sort -u |
+      grep -xE 'tokio|hyper|hyper-util|kube-client|kube-runtime|tower|reqwest|mio' | tr '\n' ' ' || true)
+    [[ -z $bad ]] || { echo "error: $c depends on $bad(crates/ must stay free of I/O)" >&2; return 1; }
+  done
+}
+gate "crates/: no runtime, no client" pure_crates
 
 if (( ${#failed[@]} > 0 )); then
   printf 'error: lint failed: %s\n' "${failed[@]}" >&2

@@ -560,7 +560,10 @@ async fn queue_at_once(
             "tekton-mutex.dev/key": env, "tekton-mutex.dev/sequence": v.to_string()}});
         // The example's ServiceAccount (examples/rbac.yaml) lives in namespace jx; here the
         // steps run as the test namespace's own.
-        pr["spec"].as_object_mut().unwrap().remove("taskRunTemplate");
+        pr["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("taskRunTemplate");
         pr["spec"]["params"] = serde_json::json!([
             {"name": "environment", "value": env},
             {"name": "version", "value": v.to_string()},

@@ -3,12 +3,12 @@
 
 use jiff::Timestamp;
 use std::collections::BTreeMap;
-use tekton_mutex::core::decide::{commit_multikey, decide};
-pub use tekton_mutex::core::model::{
+use tekton_mutex_api::mutex::{LockSpec, MutexStatus};
+use tekton_mutex_core::decide::{commit_multikey, decide};
+pub use tekton_mutex_core::model::{
     Decision, Input, MultiKeyRun, MultiKeys, MutexFacts, Outcome, Parent, ParentState, Phase,
     RunView, Timeout,
 };
-use tekton_mutex::model::mutex::{LockSpec, MutexStatus};
 
 /// The real `decide`, with no queue-control requests (not modelled).
 pub fn decide_step(

@@ -6,7 +6,7 @@ use crate::props;
 use crate::trace;
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
-use tekton_mutex::core::decide::guard_switches;
+use tekton_mutex_core::decide::guard_switches;
 
 pub struct Report {
     pub config: &'static str,

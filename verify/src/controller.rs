@@ -7,7 +7,7 @@ use crate::config::{Broken, Config};
 use crate::plan::{self, Read};
 use crate::view::{self, now};
 use crate::world::{Api, Cache, MutexObj, Replica, State, Sync, Told};
-use tekton_mutex::model::mutex::LockSpec;
+use tekton_mutex_api::mutex::LockSpec;
 
 /// A watch (one per kind): its pending events arrive together. Versions in
 /// between are skipped (events dropped until a relist), repeats change nothing.
@@ -150,7 +150,7 @@ fn decide_writes(
         .map(|f| {
             // members.rs: a queued PipelineRun's record, as the status vouches for it.
             let mut v = view::run_view(cfg, api, f, k);
-            tekton_mutex::core::decide::vouch_queued_record(&mut v, &m.status.0);
+            tekton_mutex_core::decide::vouch_queued_record(&mut v, &m.status.0);
             v
         })
         .collect();

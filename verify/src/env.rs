@@ -3,7 +3,7 @@
 
 use crate::config::{Broken, Config};
 use crate::world::{Ledger, Life, Pod, PrPhase, State, Told};
-use tekton_mutex::model::mutex::{MAX_TOKEN, MutexStatus};
+use tekton_mutex_api::mutex::{MAX_TOKEN, MutexStatus};
 
 /// What Tekton, a pod or a user does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@ use crate::env::{self, Env};
 use crate::props;
 use crate::world::{Api, Ghost, State};
 use stateright::{Model, Property};
-use tekton_mutex::promise::{Fence, Newest};
+use tekton_mutex_promise::{Fence, Newest};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {

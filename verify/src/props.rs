@@ -1,5 +1,5 @@
 //! The four properties. Exclusion, Fencing and Supersede are invariants over
-//! every reachable state, judged by the rules of `tekton_mutex::promise` (which the
+//! every reachable state, judged by the rules of `tekton_mutex_promise` (which the
 //! fault campaign's checker replays its recorded histories through). No lost waiter is liveness, checked as bounded
 //! liveness: from every reachable state, a fair calm continuation (no more
 //! user actions or crashes; every replica finishes its sync, every watch event
@@ -46,7 +46,7 @@ pub fn over_capacity(cfg: &Config, s: &State) -> Option<String> {
             .collect();
         live.sort_unstable();
         live.dedup();
-        tekton_mutex::promise::exclusion(live.len(), cfg.capacity as usize)
+        tekton_mutex_promise::exclusion(live.len(), cfg.capacity as usize)
             .err()
             .map(|why| format!("k{k}: {why}: {live:?}"))
     })

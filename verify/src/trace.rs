@@ -94,7 +94,7 @@ fn told_name(t: &Told) -> String {
     }
 }
 
-fn ledger(st: &tekton_mutex::model::mutex::MutexStatus) -> String {
+fn ledger(st: &tekton_mutex_api::mutex::MutexStatus) -> String {
     let holders: Vec<String> = st
         .holders
         .iter()

@@ -8,10 +8,10 @@ use crate::config::{Broken, Config};
 use crate::world::{Api, Cache, Life, MutexObj, Pod, PrObj, PrPhase, RunObj, Told};
 use jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeMap;
-use tekton_mutex::core::model::CancelMode;
-use tekton_mutex::core::observe::pending;
-use tekton_mutex::core::release_after;
-use tekton_mutex::model::mutex::{Age, RunKind, RunRef, Supersede};
+use tekton_mutex_api::mutex::{Age, RunKind, RunRef, Supersede};
+use tekton_mutex_core::model::CancelMode;
+use tekton_mutex_core::observe::pending;
+use tekton_mutex_core::release_after;
 
 /// Time is abstract: every decision happens at the same instant (timeouts are
 /// an event of their own), so statuses do not differ by when they were written.
@@ -58,7 +58,7 @@ pub struct Fetched {
     /// Its `release-after` section is over (mark_done_sections: only for a run told Acquired).
     pub section_done: bool,
     /// A holder whose lock run was deleted (sync.rs's deleted_holders).
-    pub deleted_holder: Option<tekton_mutex::model::mutex::Holder>,
+    pub deleted_holder: Option<tekton_mutex_api::mutex::Holder>,
 }
 
 /// fetch_runs + mark_draining_holders + deleted_holders for key `k`, read
@@ -173,10 +173,10 @@ fn hold_sharers(cfg: &Config, api: &Api, k: u8, out: &mut Vec<Fetched>) {
 
 /// A reserved run as the stand-in for its PipelineRun (only its names are read).
 fn reserved_as_holder(
-    w: &tekton_mutex::model::mutex::Waiter,
+    w: &tekton_mutex_api::mutex::Waiter,
     token: i64,
-) -> tekton_mutex::model::mutex::Holder {
-    tekton_mutex::model::mutex::Holder {
+) -> tekton_mutex_api::mutex::Holder {
+    tekton_mutex_api::mutex::Holder {
         run: w.run.clone(),
         pipeline_run: w.pipeline_run.clone(),
         pipeline_run_uid: w.pipeline_run_uid.clone(),

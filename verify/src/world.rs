@@ -4,8 +4,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use tekton_mutex::model::mutex::MutexStatus;
-use tekton_mutex::promise::{Fence, Newest};
+use tekton_mutex_api::mutex::MutexStatus;
+use tekton_mutex_promise::{Fence, Newest};
 
 /// A Mutex status, shared and hashed once (through its JSON: the product's
 /// type has no `Hash`). States are cloned and fingerprinted far more often

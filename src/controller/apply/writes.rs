@@ -24,14 +24,13 @@ use tracing::{debug, info, warn};
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "tekton-mutex";
 
-impl RunKind {
-    fn status_resource(self) -> &'static str {
-        match self {
-            RunKind::CustomRun => "customruns/status",
-            RunKind::Run => "runs/status",
-            // A queued PipelineRun is told through its annotations and spec.status.
-            RunKind::PipelineRun => "pipelineruns",
-        }
+/// The resource a run's status is written through.
+fn status_resource(kind: RunKind) -> &'static str {
+    match kind {
+        RunKind::CustomRun => "customruns/status",
+        RunKind::Run => "runs/status",
+        // A queued PipelineRun is told through its annotations and spec.status.
+        RunKind::PipelineRun => "pipelineruns",
     }
 }
 /// On a PipelineRun cancelled because it was superseded: the newer PipelineRun.
@@ -96,7 +95,7 @@ pub async fn run_status(
     patch: &Value,
 ) -> Result<bool, Error> {
     let pp = PatchParams::default();
-    ctx.metrics.api_write("patch", kind.status_resource());
+    ctx.metrics.api_write("patch", status_resource(kind));
     let res = match kind {
         RunKind::CustomRun => Api::<CustomRun>::namespaced(ctx.client.clone(), ns)
             .patch_status(name, &pp, &Patch::Merge(patch))

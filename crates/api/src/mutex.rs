@@ -1,0 +1,453 @@
+//! The `Mutex` custom resource (`tekton-mutex.dev/v1alpha1`): one object per key.
+//!
+//! Its status is the lock's only source of truth. Every change to it is a
+//! compare-and-swap on the object's resourceVersion, which is what keeps
+//! holders within capacity and tokens unique across restarts and replicas.
+
+use jiff::Timestamp;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The lock's settings: every field may be left out. `tkn mutex freeze` sets `frozen`.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tekton-mutex.dev",
+    version = "v1alpha1",
+    kind = "Mutex",
+    plural = "mutexes",
+    namespaced,
+    status = "MutexStatus",
+    shortname = "mtx",
+    category = "tekton",
+    category = "tekton-pipelines",
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.key"}"#,
+    printcolumn = r#"{"name":"Holders","type":"string","jsonPath":".status.holding"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting"}"#,
+    printcolumn = r#"{"name":"Last-Token","type":"integer","jsonPath":".status.lastToken"}"#,
+    printcolumn = r#"{"name":"Capacity","type":"integer","jsonPath":".spec.capacity"}"#,
+    printcolumn = r#"{"name":"Frozen","type":"boolean","jsonPath":".spec.frozen"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    doc = "A lock over one key of one namespace: the runs of a Mutex task with that key hold \
+           it in turn. Created on the key's first use, or applied ahead with its settings; its \
+           status is the lock state, written by the controller only."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MutexSpec {
+    #[serde(flatten)]
+    pub lock: LockSpec,
+    /// The key as the runs wrote it, when it is not the object's name itself
+    /// (see crates/core/src/key_name.rs). Runs with another key never use this Mutex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub key: Option<String>,
+    /// A Mutex the controller created for a key (label
+    /// `app.kubernetes.io/managed-by: tekton-mutex`) that stays idle this many
+    /// days is deleted; its tokens continue from the ledger if the key comes back.
+    /// Default 30; 0 keeps it. A Mutex a person or GitOps applied is never deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_delete_days: Option<u32>,
+}
+
+/// Days an idle Mutex the controller created is kept (`spec.idleDeleteDays`).
+pub const DEFAULT_IDLE_DELETE_DAYS: u32 = 30;
+
+// The lock settings a Mutex and a ClusterMutex share (flattened into each
+// spec): what the decision core reads. (A plain comment: a doc comment would
+// become the description of every spec it is flattened into.)
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockSpec {
+    /// How many PipelineRuns may hold the slot at once (1 to 10000).
+    #[serde(default = "default_capacity")]
+    #[schemars(range(min = 1, max = MAX_CAPACITY))]
+    pub capacity: u32,
+    /// Which waiter goes first among equal priorities.
+    #[serde(default)]
+    pub order: Order,
+    /// How many runs may wait at once; one more fails with reason `QueueFull`.
+    #[serde(default = "default_max_queue")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_queue: u32,
+    /// Days after its last grant that a group's supersede mark is forgotten:
+    /// a run of that group older than the mark is then no longer stale.
+    #[serde(default = "default_mark_idle_days")]
+    #[schemars(range(min = 1, max = 3650))]
+    pub mark_idle_days: u32,
+    /// A frozen key grants nothing new: holders keep the slot, waiters stay
+    /// queued (reason `Frozen`) and their timeouts still apply.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+    /// Why it is frozen: shown in every waiter's message (at most 1024 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub frozen_reason: Option<String>,
+}
+
+impl Default for LockSpec {
+    fn default() -> Self {
+        LockSpec {
+            capacity: default_capacity(),
+            order: Order::default(),
+            max_queue: default_max_queue(),
+            mark_idle_days: default_mark_idle_days(),
+            frozen: false,
+            frozen_reason: None,
+        }
+    }
+}
+
+impl Order {
+    /// As written in a spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::OldestFirst => "oldest-first",
+            Order::NewestFirst => "newest-first",
+        }
+    }
+}
+
+/// The largest capacity the CRD schema (and an embedded spec) accepts.
+pub const MAX_CAPACITY: u32 = 10_000;
+
+/// The largest fencing token a lock hands out or believes: 2^53 - 1, the largest integer
+/// every JSON reader keeps exact, and far below i64's maximum, so a token written by hand
+/// (a ledger entry, a run's result) can never push a key to the end of its tokens. A value
+/// above it is refused, never persisted.
+pub const MAX_TOKEN: i64 = (1 << 53) - 1;
+
+/// The next token after `last`, or None once the key reached [`MAX_TOKEN`] (it grants no more).
+pub fn next_token(last: i64) -> Option<i64> {
+    last.checked_add(1).filter(|t| *t <= MAX_TOKEN)
+}
+
+/// Is `token` one a lock could have handed out (1 to [`MAX_TOKEN`])?
+pub fn token_in_range(token: i64) -> bool {
+    (1..=MAX_TOKEN).contains(&token)
+}
+
+fn default_capacity() -> u32 {
+    1
+}
+
+fn default_max_queue() -> u32 {
+    1000
+}
+
+fn default_mark_idle_days() -> u32 {
+    7
+}
+
+/// The supersede marks a status keeps at most: the groups granted most recently.
+pub const MAX_GROUP_MARKS: usize = 256;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    #[default]
+    OldestFirst,
+    NewestFirst,
+}
+
+/// The lock state, written by the controller only, each change a compare-and-swap: who
+/// holds the slot, who waits, and the last fencing token handed out.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MutexStatus {
+    /// Runs holding the slot, in grant order.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+    /// Runs waiting, in the order they will be granted.
+    #[serde(default)]
+    pub queue: Vec<Waiter>,
+    /// The last fencing token handed out. The next grant gets lastToken + 1.
+    /// The API server refuses a status that lowers it.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= oldSelf",
+        "message": "lastToken never goes down: fencing tokens must keep increasing"
+    }]))]
+    #[schemars(range(min = 0, max = MAX_TOKEN))]
+    pub last_token: i64,
+    /// The newest run each group has been granted with a supersede policy other
+    /// than `none`: later arrivals older than it are stale.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupMark>,
+    /// Marks a person dropped (`tkn mutex forget`), kept while a run that made
+    /// one still shows its grant: rebuilding the state never makes them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forgotten_marks: Vec<GroupMark>,
+    /// Holder PipelineRuns, comma-separated (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holding: String,
+    /// Queue length (for `kubectl get`).
+    #[serde(default)]
+    pub waiting: i64,
+    /// spec.frozen as the controller last acted on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+    /// Queue-control requests acted on, the most recent last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed_requests: Vec<crate::requests::ObservedRequest>,
+    /// PipelineRuns let go by a person, while anything of them can still run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dismissed: Vec<crate::requests::Dismissed>,
+    /// Waiters moved to the front by a person (run uids), the latest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub promoted: Vec<String>,
+    /// Slots kept for runs that take several keys, until every one of their keys
+    /// keeps one (see `decide::multikey`). Each takes a slot like a holder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
+    /// The uid of the lock object whose `lastToken` took in the token ledger's floor. A status
+    /// that names another uid was restored from an earlier object of the name (a backup), so
+    /// the ledger is read again before anything is granted: a restore never lowers the tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_read_for: Option<String>,
+    /// The `Ready` condition: whether the controller serves this lock as its spec says
+    /// (`kubectl wait --for=condition=Ready`), and if not, why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A condition of the lock object, shaped as Kubernetes' own (`metav1.Condition`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// The condition's name: `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One word for why, in CamelCase: `Serving`, `Frozen`, `TokensExhausted`,
+    /// `TokenLedgerFailed`.
+    pub reason: String,
+    /// What it means, and what to do about it.
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed.
+    pub last_transition_time: Timestamp,
+    /// The object's `metadata.generation` this condition was set for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// A slot this key keeps for a run of several keys: an idle hold, granted to
+/// nobody, that becomes the run's hold once all its keys keep one in the same epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The run, as it waited in the queue.
+    pub waiter: Waiter,
+    /// The run's reservation epoch when the slot was kept: a slot of an older
+    /// epoch than the run's is void.
+    pub epoch: i64,
+    /// The token this key gives the run if it is granted in this epoch.
+    pub token: i64,
+}
+
+/// Which CustomRun (or Run) an entry stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    /// CustomRun, Run, or PipelineRun for a PipelineRun queued as a whole.
+    pub kind: RunKind,
+    /// The run's name (`namespace/name` in a ClusterMutex's status).
+    pub name: String,
+    /// The run's uid: a run re-created under the same name is another run.
+    pub uid: String,
+}
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum RunKind {
+    /// `tekton.dev/v1beta1` CustomRun.
+    CustomRun,
+    /// `tekton.dev/v1alpha1` Run.
+    Run,
+    /// `tekton.dev/v1` PipelineRun, queued as a whole before it starts (by annotations).
+    PipelineRun,
+}
+
+impl RunKind {
+    /// The Tekton API version of objects of this kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "tekton.dev/v1beta1",
+            RunKind::Run => "tekton.dev/v1alpha1",
+            RunKind::PipelineRun => "tekton.dev/v1",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::CustomRun => "CustomRun",
+            RunKind::Run => "Run",
+            RunKind::PipelineRun => "PipelineRun",
+        }
+    }
+}
+
+/// How old a run is. Higher is newer: by `sequence` when given, then by the
+/// PipelineRun's creation time, with its name breaking ties.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Age {
+    /// The run's `sequence` parameter (a build number), if it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+    /// The PipelineRun's creation time (the run's own for a standalone run).
+    pub created: Timestamp,
+    /// The PipelineRun's name (the run's own name for a standalone run).
+    pub name: String,
+}
+
+/// The run's `supersede` parameter: `pending` (a newer run of the group cancels older
+/// waiters), `running` (holders too) or `none`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Supersede {
+    None,
+    #[default]
+    Pending,
+    Running,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    pub run: RunRef,
+    /// The PipelineRun holding the slot; absent for a standalone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid: the hold outlives a deleted lock run, not a
+    /// replaced PipelineRun of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    /// The fencing token of this grant: higher than every earlier grant's of the key.
+    pub token: i64,
+    /// When the slot was granted.
+    pub since: Timestamp,
+    /// How long the run waited for the slot, in seconds.
+    pub waited_seconds: i64,
+    /// The run's supersede group (its `group` parameter, by default the Pipeline's name).
+    pub group: String,
+    pub age: Age,
+    pub supersede: Supersede,
+}
+
+impl Holder {
+    /// The entry as it waited (a hold keeps no priority: it no longer ranks).
+    pub fn as_waiter(&self) -> Waiter {
+        Waiter {
+            run: self.run.clone(),
+            pipeline_run: self.pipeline_run.clone(),
+            pipeline_run_uid: self.pipeline_run_uid.clone(),
+            group: self.group.clone(),
+            age: self.age.clone(),
+            priority: 0,
+            supersede: self.supersede,
+            waiting_since: None,
+        }
+    }
+}
+
+/// Which PipelineRun a status entry stands for: its name and uid (None for a
+/// standalone run; the uid is None too in entries written before uids were kept).
+pub type Party<'e> = (&'e Option<String>, &'e Option<String>);
+
+impl Waiter {
+    pub fn party(&self) -> Party<'_> {
+        (&self.pipeline_run, &self.pipeline_run_uid)
+    }
+}
+
+impl Holder {
+    pub fn party(&self) -> Party<'_> {
+        (&self.pipeline_run, &self.pipeline_run_uid)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiter {
+    pub run: RunRef,
+    /// The PipelineRun waiting; absent for a standalone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    /// The run's supersede group (its `group` parameter, by default the Pipeline's name).
+    pub group: String,
+    pub age: Age,
+    /// The run's `priority` parameter: higher goes first.
+    #[serde(default)]
+    pub priority: i64,
+    pub supersede: Supersede,
+    /// When the run started waiting (its first attempt's start, else its creation): for the
+    /// oldest-waiter gauge and `tkn mutex describe`. It decides nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMark {
+    /// The supersede group.
+    pub group: String,
+    /// The newest run the group was granted so far.
+    pub newest: Age,
+    /// That run's PipelineRun; absent for a standalone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    /// When the group was last granted: idle marks are forgotten, and only the
+    /// most recently active groups are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted: Option<Timestamp>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A status written before the switch of time library reads the same and is
+    /// written back the same: RFC 3339 in UTC, with or without a fraction.
+    #[test]
+    fn an_old_status_round_trips_with_its_times() {
+        let age = json!({"created": "2026-11-30T23:59:00Z", "name": "deploy-1"});
+        let old = json!({
+            "holders": [{
+                "run": {"kind": "CustomRun", "name": "deploy-1-lock", "uid": "u1"},
+                "token": 3,
+                "since": "2026-12-01T00:00:00.123456789Z",
+                "waitedSeconds": 60,
+                "group": "deploy",
+                "age": age,
+                "supersede": "none",
+            }],
+            "queue": [],
+            "lastToken": 3,
+            "groups": [{"group": "deploy", "newest": age, "granted": "2026-12-01T00:00:00Z"}],
+            "waiting": 0,
+        });
+        let status: MutexStatus = serde_json::from_value(old.clone()).unwrap();
+        let since = status.holders[0].since;
+        assert_eq!(
+            (since.as_second(), since.subsec_nanosecond()),
+            (1_796_083_200, 123_456_789)
+        );
+        assert_eq!(
+            status.groups[0].granted,
+            Some(Timestamp::from_second(1_796_083_200).unwrap())
+        );
+        assert_eq!(serde_json::to_value(&status).unwrap(), old);
+    }
+}
