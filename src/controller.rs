@@ -23,8 +23,6 @@ mod lock_object;
 mod reconcile;
 mod recorder;
 #[cfg(test)]
-mod sieve;
-#[cfg(test)]
 mod tests;
 mod wake;
 mod wiring;

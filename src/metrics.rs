@@ -179,7 +179,7 @@ impl Metrics {
 
     /// Count one write to the API server, made right after this call. Every
     /// write the controller makes is announced here, from its call site: the
-    /// in-process fault suite (controller/sieve) attributes each write it sees
+    /// in-process fault suite (controller/tests/sieve) attributes each write it sees
     /// to that site, and fails on a write that was not announced.
     #[track_caller]
     pub fn api_write(&self, verb: &str, resource: &str) {
@@ -434,7 +434,7 @@ fn oldest_wait(status: Option<&MutexStatus>, now: Timestamp) -> Option<f64> {
 }
 
 /// Test hook: the writes announced on this thread and not yet matched to a
-/// request, oldest first, while a test records them (see controller/sieve).
+/// request, oldest first, while a test records them (see controller/tests/sieve).
 /// Release builds have no such hook.
 #[cfg(test)]
 pub(crate) mod write_sites {

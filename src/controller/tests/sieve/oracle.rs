@@ -462,7 +462,7 @@ fn object_summary(kind: Kind, o: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::sieve::world::{Lock, Pr};
+    use crate::controller::tests::sieve::world::{Lock, Pr};
 
     fn world(prs: &[&'static str]) -> World {
         let mut w = World::default();

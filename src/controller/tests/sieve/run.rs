@@ -190,7 +190,12 @@ impl Harness {
     /// listed afresh (from `listing`, a lagging server's list, if given).
     async fn restart(
         &mut self,
-        listing: Option<Vec<(crate::controller::sieve::store::ObjKey, serde_json::Value)>>,
+        listing: Option<
+            Vec<(
+                crate::controller::tests::sieve::store::ObjKey,
+                serde_json::Value,
+            )>,
+        >,
     ) {
         let old = self.inc.take().expect("a controller was running");
         self.writes.extend(old.line.writes());
