@@ -14,6 +14,7 @@ mod decider;
 mod multi_key;
 mod queue_control;
 mod queued_record;
+mod supersede;
 
 pub use queued_record::vouch as vouch_queued_record;
 

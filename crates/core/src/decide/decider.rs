@@ -1,18 +1,18 @@
 //! The working state of one decision ([`Decider`]) and its core steps: rebuild
-//! the lock state from the runs, release, admit, supersede and grant. Queue
-//! control and several keys add their steps in their own modules.
+//! the lock state from the runs, release, admit and grant. Each rule beyond the
+//! queue adds its steps in its own module: `supersede`, `queue_control`, `multi_key`.
 
+use super::supersede::cancel_beside_outcome;
 use crate::model::{
     Cancel, ControlCancel, Decision, MultiKeys, MutexFacts, Outcome, Parent, ParentState, Phase,
     Revoke, RunView, Timeout,
 };
 use crate::observe::pending;
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tekton_mutex_api::mutex::{
-    Age, GroupMark, Holder, LockSpec, MAX_GROUP_MARKS, MutexStatus, Order, RunRef, Supersede,
-    Waiter,
+    Age, Holder, LockSpec, MutexStatus, Order, RunRef, Supersede, Waiter,
 };
 
 /// Whether a run should be out of the queue, and what to tell it if so.
@@ -118,26 +118,6 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// Was this run's mark forgotten by a person? Then rebuilding does not raise it again.
-    fn forgotten(&self, w: &Waiter) -> bool {
-        let forgotten = &self.st.forgotten_marks;
-        forgotten
-            .iter()
-            .any(|f| f.group == w.group && f.newest == w.age)
-    }
-
-    /// A forgotten mark is kept only while a run that raised it still shows its grant.
-    fn keep_forgotten_marks_while_shown(&mut self) {
-        let all = self.all;
-        self.st.forgotten_marks.retain(|f| {
-            all.iter().any(|r| {
-                let w = waiter_of(r);
-                r.acquired_token.is_some() && f.group == w.group && f.newest == w.age
-            })
-        });
-        self.st.forgotten_marks.truncate(MAX_GROUP_MARKS);
-    }
-
     /// A holder keeps the slot until nothing of its PipelineRun can still run
     /// (done or deleted, and every pod ended), even if its lock run was deleted.
     /// A standalone run holds until it is deleted. The hold is the PipelineRun's:
@@ -213,70 +193,6 @@ impl<'a> Decider<'a> {
             }
         }
         self.grant();
-    }
-
-    /// A holder older than a waiting `supersede: running` run of its group is asked
-    /// to stop; it keeps the slot until its PipelineRun, finally tasks included, is done.
-    pub(super) fn supersede_running(&mut self) {
-        for h in &self.st.holders {
-            if h.supersede == Supersede::None {
-                continue;
-            }
-            let newer = self
-                .st
-                .queue
-                .iter()
-                .chain(self.reserved_waiters())
-                .filter(|w| {
-                    w.group == h.group
-                        && w.supersede == Supersede::Running
-                        && w.age > h.age
-                        && !same_party(w.party(), h.party())
-                })
-                .max_by(|a, b| a.age.cmp(&b.age));
-            if let (Some(w), Some(r)) = (newer, self.runs.get(h.run.uid.as_str())) {
-                self.cancels
-                    .extend(cancel_of(r, &label(&w.pipeline_run, &w.run)));
-            }
-        }
-    }
-
-    /// A superseded run whose PipelineRun still runs (say the controller stopped
-    /// between the two writes) gets its cancel again.
-    pub(super) fn recancel_superseded(&mut self) {
-        for r in self.all {
-            if r.phase == (Phase::Done { superseded: true }) {
-                let by = self
-                    .mark(&r.group)
-                    .and_then(|m| m.pipeline_run.clone())
-                    .unwrap_or_else(|| "a newer run".into());
-                self.cancels.extend(cancel_of(r, &by));
-            }
-        }
-    }
-
-    /// The status stays small: a group's mark is forgotten once the group has been
-    /// idle (no grant, no holder) for `markIdleDays`, and only the most recently
-    /// granted groups are kept.
-    /// A mark from before grant times were kept counts as granted now.
-    pub(super) fn forget_idle_marks(&mut self) {
-        let now = self.now;
-        let idle = SignedDuration::from_hours(24 * i64::from(self.spec.mark_idle_days));
-        for m in &mut self.st.groups {
-            m.granted.get_or_insert(now);
-        }
-        let holders = &self.st.holders;
-        // A group that still holds the key is not idle.
-        self.st.groups.retain(|m| {
-            m.granted.is_some_and(|g| now.duration_since(g) < idle)
-                || holders.iter().any(|h| h.group == m.group)
-        });
-        self.st.groups.sort_by(|a, b| {
-            b.granted
-                .cmp(&a.granted)
-                .then_with(|| a.group.cmp(&b.group))
-        });
-        self.st.groups.truncate(MAX_GROUP_MARKS);
     }
 
     /// Every live member is told where it stands; the summary fields follow the lists.
@@ -390,43 +306,6 @@ impl<'a> Decider<'a> {
         self.outcomes.push((r.run.clone(), outcome));
     }
 
-    pub(super) fn mark(&self, group: &str) -> Option<&GroupMark> {
-        self.st.groups.iter().find(|m| m.group == group)
-    }
-
-    /// Stale: a newer run of the group was granted (and maybe deployed), or waits
-    /// now. Returns who superseded it. Runs with `supersede: none` are a pure
-    /// queue: never superseded, never marking.
-    pub(super) fn stale(&self, r: &RunView) -> Option<String> {
-        if r.supersede == Supersede::None {
-            return None;
-        }
-        let own = |party: Party| r.parent.as_ref().is_some_and(|p| is_parent(party, p));
-        let waiting = self
-            .st
-            .queue
-            .iter()
-            .chain(self.reserved_waiters())
-            .filter(|w| {
-                w.group == r.group
-                    && w.supersede != Supersede::None
-                    && w.age > r.age
-                    && !own(w.party())
-            })
-            .max_by(|a, b| a.age.cmp(&b.age));
-        if let Some(w) = waiting {
-            return Some(label(&w.pipeline_run, &w.run));
-        }
-        let m = self
-            .mark(&r.group)
-            .filter(|m| m.newest > r.age && !own((&m.pipeline_run, &m.pipeline_run_uid)))?;
-        Some(
-            m.pipeline_run
-                .clone()
-                .unwrap_or_else(|| m.newest.name.clone()),
-        )
-    }
-
     /// The refusal for an arrival that would wait, if the queue is full
     /// (`spec.maxQueue`) or already holds its namespace's share of a ClusterMutex's
     /// waiters (names in its status are `namespace/name`).
@@ -520,56 +399,6 @@ impl<'a> Decider<'a> {
             let holders = self.holder_names();
             self.outcomes
                 .push((r.run.clone(), Outcome::NotAcquired { holders }));
-        }
-    }
-
-    /// Remember the newest run the group was granted: later arrivals older than it
-    /// are stale. Recorded at grant, so a run cancelled, timed out or superseded
-    /// while waiting leaves no mark; and a run alone in its group (a standalone
-    /// run, a PipelineRun without a pipeline label) leaves none, as nothing can
-    /// ever be older in it.
-    pub(super) fn mark_group(&mut self, w: &Waiter, granted: Timestamp) {
-        if w.supersede == Supersede::None || w.group == w.age.name {
-            return;
-        }
-        let mark = GroupMark {
-            group: w.group.clone(),
-            newest: w.age.clone(),
-            pipeline_run: w.pipeline_run.clone(),
-            pipeline_run_uid: w.pipeline_run_uid.clone(),
-            granted: Some(granted),
-        };
-        match self.st.groups.iter_mut().find(|m| m.group == w.group) {
-            Some(m) if m.newest > w.age => {}
-            // The same run (rebuilt): keep the later grant time.
-            Some(m) if m.newest == w.age => m.granted = m.granted.max(Some(granted)),
-            Some(m) => *m = mark,
-            None => self.st.groups.push(mark),
-        }
-    }
-
-    pub(super) fn supersede_older_waiters(&mut self, newer: &Waiter) {
-        let by = label(&newer.pipeline_run, &newer.run);
-        let (older, keep): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.st.queue)
-            .into_iter()
-            .partition(|w| {
-                w.group == newer.group
-                    && w.age < newer.age
-                    && w.supersede != Supersede::None
-                    && !same_party(w.party(), newer.party())
-            });
-        self.st.queue = keep;
-        for w in older {
-            if let Some(victim) = self.runs.get(w.run.uid.as_str()) {
-                self.cancels.extend(cancel_beside_outcome(victim, &by));
-            }
-            self.outcomes.push((
-                w.run,
-                Outcome::Superseded {
-                    by: by.clone(),
-                    group: w.group,
-                },
-            ));
         }
     }
 
@@ -762,33 +591,4 @@ pub(super) fn is_parent((name, uid): Party, p: &Parent) -> bool {
 
 pub(super) fn label(pipeline_run: &Option<String>, run: &RunRef) -> String {
     pipeline_run.clone().unwrap_or_else(|| run.name.clone())
-}
-
-/// The cancel of a run's PipelineRun that goes beside the outcome it is told. A PipelineRun
-/// queued as a whole is told by the patch that cancels it, with its record and
-/// `cancel-reason` (issue 37 item 13): a separate cancel landing first would change it
-/// under that patch, which then never lands.
-fn cancel_beside_outcome(r: &RunView, by: &str) -> Option<Cancel> {
-    if r.run.kind == tekton_mutex_api::mutex::RunKind::PipelineRun {
-        return None;
-    }
-    cancel_of(r, by)
-}
-
-/// Cancel this run's PipelineRun, unless it is already stopping or over.
-pub(super) fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
-    if r.phase == Phase::Unlisted {
-        return None; // never cancel a PipelineRun on behalf of a run it does not list
-    }
-    let p = r
-        .parent
-        .as_ref()
-        .filter(|p| p.state == ParentState::Running)?;
-    Some(Cancel {
-        pipeline_run: p.name.clone(),
-        pipeline_run_uid: p.uid.clone(),
-        mode: r.cancel_mode,
-        superseded_by: by.to_string(),
-        group: r.group.clone(),
-    })
 }
