@@ -16,7 +16,7 @@ mod request;
 mod target;
 mod version;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use target::connect;
 pub use target::{Failure, Global, Result, Target, Wait};
 
@@ -79,7 +79,7 @@ pub async fn main() -> i32 {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Completion(a) => completion::run(a),
+        Command::Completion(a) => completion::run(a, Cli::command()),
         Command::Version(a) => version::run(&cli.global, a).await,
         Command::Cluster(c) => {
             // A usage error is said at once, not after (or instead of) a connection error.

@@ -1,9 +1,8 @@
 //! `tkn mutex completion bash|zsh|fish`: a shell completion script, made from
 //! the command's own definition, so it never lags behind a flag. Needs no cluster.
 
-use super::Cli;
 use super::target::Result;
-use clap::{Args, CommandFactory};
+use clap::Args;
 use clap_complete::Shell;
 
 /// The name the script completes: the plugin's own binary. tkn does not pass
@@ -17,13 +16,14 @@ pub struct CompletionArgs {
     shell: Shell,
 }
 
-pub fn run(a: CompletionArgs) -> Result<()> {
-    print!("{}", script(a.shell));
+/// `command` is the plugin's whole definition (`Cli::command()`), passed in by the parent.
+pub fn run(a: CompletionArgs, command: clap::Command) -> Result<()> {
+    print!("{}", script(a.shell, command));
     Ok(())
 }
 
 /// Load it with e.g. `source <(tkn-mutex completion bash)`.
-pub fn script(shell: Shell) -> String {
+pub fn script(shell: Shell, mut command: clap::Command) -> String {
     // clap_complete's bash script spells a hyphenated name two ways, so that no
     // subcommand's options complete (clap-rs/clap#6421): it is made for a name
     // without a hyphen, then registered for the real one.
@@ -32,7 +32,7 @@ pub fn script(shell: Shell) -> String {
         _ => BIN.to_string(),
     };
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), name.as_str(), &mut out);
+    clap_complete::generate(shell, &mut command, name.as_str(), &mut out);
     let text = String::from_utf8_lossy(&out);
     match shell {
         Shell::Bash => text.replace(&format!(" {name}\n"), &format!(" {BIN}\n")),
@@ -43,6 +43,12 @@ pub fn script(shell: Shell) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Cli;
+    use clap::CommandFactory;
+
+    fn script(shell: Shell) -> String {
+        super::script(shell, Cli::command())
+    }
 
     #[test]
     fn completion_scripts_complete_the_plugin_and_its_commands() {

@@ -1,7 +1,8 @@
 //! Measuring aid: along random walks, how many enabled actions of each kind.
 use std::collections::BTreeMap;
+use verify::action::Action;
 use verify::config::Config;
-use verify::model::{Action, LockModel};
+use verify::model::LockModel;
 
 fn kind(a: &Action) -> String {
     match a {

@@ -2,6 +2,7 @@
 //! along, and users disturbing the lock.
 
 use crate::config::{Broken, Config};
+use crate::tekton;
 use crate::world::{Ledger, Life, Pod, PrPhase, State, Told};
 use tekton_mutex_api::mutex::{MAX_TOKEN, MutexStatus};
 
@@ -95,7 +96,7 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
             !cfg.runs[i as usize].pending && run.live() && {
                 run.life = Life::Deleted;
                 run.bump();
-                fail(cfg, api, i as usize);
+                tekton::fail(cfg, api, i as usize);
                 true
             }
         }
@@ -158,7 +159,7 @@ fn pipeline_run(cfg: &Config, api: &mut crate::world::Api, e: Env, p: usize) -> 
             // A pending PipelineRun may be cancelled too: Tekton ends it unstarted.
             let running = matches!(api.prs[p].phase, PrPhase::Running | PrPhase::Pending);
             running && {
-                crate::exec::cancel_pr(cfg, api, p);
+                crate::tekton::cancel_pr(cfg, api, p);
                 true
             }
         }
@@ -230,15 +231,4 @@ fn delete_pr(cfg: &Config, api: &mut crate::world::Api, p: usize) -> bool {
         }
     }
     true
-}
-
-/// Tekton fails a running PipelineRun whose lock run i ended without a grant or
-/// was deleted while waiting; a pending one told an end is cancelled in the same
-/// patch and ends unstarted (at once: the states in between change nothing).
-pub fn fail(cfg: &Config, api: &mut crate::world::Api, i: usize) {
-    let pr = &mut api.prs[cfg.pr_of(i)];
-    let unstarted = matches!(pr.phase, PrPhase::Running | PrPhase::Pending);
-    if unstarted && pr.pod == Pod::None {
-        pr.phase = PrPhase::Done;
-    }
 }

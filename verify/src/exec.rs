@@ -4,6 +4,7 @@
 
 use crate::adapter::commit_step;
 use crate::config::{Broken, Config};
+use crate::tekton;
 use crate::view::{key_name, multi_run, pr_uid, run_ref, tokens_by_key};
 use crate::world::{Api, Ghost, Ledger, MutexObj, Pod, PrPhase, State, Told, Write};
 use std::collections::BTreeMap;
@@ -89,13 +90,13 @@ fn apply(cfg: &Config, s: &mut State, rep: usize, k: usize, w: &Write) -> Done {
                         start_pending(&mut s.api, cfg.pr_of(i));
                         grant(cfg, &mut s.api, &mut s.ghost, i, tokens)
                     }
-                    _ => crate::env::fail(cfg, &mut s.api, i),
+                    _ => tekton::fail(cfg, &mut s.api, i),
                 }
             }
             Done::Next
         }
         Write::Cancel { pr } => {
-            cancel_pr(cfg, &mut s.api, *pr as usize);
+            tekton::cancel_pr(cfg, &mut s.api, *pr as usize);
             Done::Next
         }
         Write::RecordFloor { token } => {
@@ -188,22 +189,6 @@ pub fn grant(cfg: &Config, api: &mut Api, ghost: &mut Ghost, i: usize, tokens: &
         ghost.broken = Some(format!(
             "Supersede: run-{i} granted after a newer run of its group ({why})"
         ));
-    }
-}
-
-/// cancel_pipeline_run: PipelineRun p, if it still runs or waits Pending, is asked to stop, and
-/// Tekton passes the cancel on to each of its lock runs that has not finished.
-pub fn cancel_pr(cfg: &Config, api: &mut Api, p: usize) {
-    if !matches!(api.prs[p].phase, PrPhase::Running | PrPhase::Pending) {
-        return;
-    }
-    api.prs[p].phase = PrPhase::Stopping;
-    for i in cfg.runs_of_pr(p) {
-        let r = &mut api.runs[i];
-        if r.live() && !r.done() && !r.cancel {
-            r.cancel = true;
-            r.bump();
-        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! an API server, two controller replicas with lagging caches that crash
 //! between writes, Tekton, pods and users. See docs/model-counterexample.md.
 
+pub mod action;
 pub mod adapter;
 pub mod canon;
 pub mod check;
@@ -12,6 +13,7 @@ pub mod exec;
 pub mod model;
 pub mod plan;
 pub mod props;
+pub mod tekton;
 pub mod trace;
 pub mod view;
 pub mod world;

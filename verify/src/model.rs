@@ -1,53 +1,14 @@
 //! The stateright model: initial state, the actions enabled in a state, and
 //! the step each takes.
 
+use crate::action::Action;
 use crate::config::Config;
 use crate::controller;
-use crate::env::{self, Env};
-use crate::props;
+use crate::env;
+use crate::props::{self, EXCLUSION, FENCING, NO_LOST_WAITER, SUPERSEDE};
 use crate::world::{Api, Ghost, State};
 use stateright::{Model, Property};
 use tekton_mutex_promise::{Fence, Newest};
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Action {
-    Env(Env),
-    /// Replica r starts a sync of key k: fetch, view, decide. First the watch
-    /// events of the kinds in `fresh` (bit 0 Mutexes, 1 lock runs, 2
-    /// PipelineRuns) arrive; the other kinds' caches stay as they were.
-    Sync {
-        rep: u8,
-        key: u8,
-        fresh: u8,
-    },
-    /// Replica r does the next write of its sync (and, for its last write,
-    /// `then_crash`: crashes right after it).
-    Write {
-        rep: u8,
-        then_crash: bool,
-    },
-    /// Replica r crashes in the middle of a sync: after its read, or between
-    /// two writes. (A crash while idle is this one with the steps after it
-    /// moved before: it changes nothing the API server holds.)
-    Crash {
-        rep: u8,
-    },
-    /// The lease lapses: the other replica takes it, while the old leader, not
-    /// knowing yet, starts a sync of key `key` (unless one is in flight) and
-    /// goes on writing: for that sync, both act at once.
-    Lapse {
-        key: u8,
-    },
-    /// A restarted replica's first list.
-    Relist {
-        rep: u8,
-    },
-    /// Replica r's intake creates a missing Mutex for a run it sees.
-    Ensure {
-        rep: u8,
-        key: u8,
-    },
-}
 
 pub struct LockModel {
     pub cfg: Config,
@@ -270,7 +231,7 @@ impl Model for LockModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        props::all()
+        properties()
     }
 
     /// A safety net against unbounded resourceVersions (a write loop): such
@@ -280,6 +241,18 @@ impl Model for LockModel {
     }
 
     fn format_action(&self, a: &Action) -> String {
-        crate::trace::describe(a)
+        a.describe()
     }
+}
+
+/// The four properties, each judged by its function in [`props`].
+fn properties() -> Vec<Property<LockModel>> {
+    vec![
+        Property::always(EXCLUSION, |m, s| props::over_capacity(&m.cfg, s).is_none()),
+        Property::always(FENCING, |_, s| !props::broke(s, FENCING)),
+        Property::always(SUPERSEDE, |_, s| !props::broke(s, SUPERSEDE)),
+        Property::always(NO_LOST_WAITER, |m, s| {
+            !m.cfg.liveness || props::lost_waiter(&m.cfg, s).is_none()
+        }),
+    ]
 }

@@ -10,9 +10,7 @@ use crate::config::Config;
 use crate::controller;
 use crate::env::{self, Env};
 use crate::exec;
-use crate::model::LockModel;
 use crate::world::{Pod, PrPhase, State, Told};
-use stateright::Property;
 
 pub const EXCLUSION: &str = "Exclusion";
 pub const FENCING: &str = "Fencing";
@@ -20,18 +18,8 @@ pub const SUPERSEDE: &str = "Supersede";
 pub const NO_LOST_WAITER: &str = "No lost waiter";
 pub const ALL: [&str; 4] = [EXCLUSION, FENCING, SUPERSEDE, NO_LOST_WAITER];
 
-pub fn all() -> Vec<Property<LockModel>> {
-    vec![
-        Property::always(EXCLUSION, |m, s| over_capacity(&m.cfg, s).is_none()),
-        Property::always(FENCING, |_, s| !broke(s, FENCING)),
-        Property::always(SUPERSEDE, |_, s| !broke(s, SUPERSEDE)),
-        Property::always(NO_LOST_WAITER, |m, s| {
-            !m.cfg.liveness || lost_waiter(&m.cfg, s).is_none()
-        }),
-    ]
-}
-
-fn broke(s: &State, what: &str) -> bool {
+/// Did a write of the history break the rule `what` (the ghost state records it)?
+pub fn broke(s: &State, what: &str) -> bool {
     s.ghost.broken.as_ref().is_some_and(|b| b.starts_with(what))
 }
 

@@ -1,69 +1,10 @@
 //! Counterexamples as readable traces: each step, then what the API server holds.
 
+use crate::action::Action;
 use crate::config::Config;
-use crate::controller::Obj;
-use crate::env::Env;
-use crate::model::{Action, LockModel};
+use crate::model::LockModel;
 use crate::world::{Life, MutexObj, Pod, PrPhase, State, Told, Write};
 use std::fmt::Write as _;
-
-pub fn describe(a: &Action) -> String {
-    match a {
-        Action::Env(e) => env(*e),
-        Action::Sync { rep, key, fresh } => format!(
-            "replica {rep}: sync k{key}, with fresh caches of [{}]",
-            fresh_names(*fresh)
-        ),
-        Action::Write { rep, .. } => format!("replica {rep}: next write of its sync"),
-        Action::Crash { rep } => {
-            format!("replica {rep}: crashes (cache and sync lost)")
-        }
-        Action::Lapse { key } => format!(
-            "lease lapses: the other replica leads; the old leader, unaware, syncs k{key} (fetch, view, decide)"
-        ),
-        Action::Relist { rep } => format!("replica {rep}: restarts and lists everything"),
-        Action::Ensure { rep, key } => {
-            format!("replica {rep}: intake creates Mutex k{key} if missing")
-        }
-    }
-}
-
-fn fresh_names(mask: u8) -> String {
-    let names: Vec<String> = crate::controller::KINDS
-        .into_iter()
-        .enumerate()
-        .filter(|(b, _)| mask & (1 << b) != 0)
-        .map(|(_, o)| obj_name(o))
-        .collect();
-    names.join(", ")
-}
-
-fn env(e: Env) -> String {
-    match e {
-        Env::Create(i) => format!("user: starts pr-{i} (Tekton creates run-{i})"),
-        Env::Finish(i) => format!("tekton: pr-{i}'s guarded task ends, pr-{i} done"),
-        Env::Stopped(i) => format!("tekton: stopping pr-{i} is marked done"),
-        Env::PodEnds(i) => format!("kubelet: pr-{i}'s pod ends (grace period over)"),
-        Env::Cancel(i) => format!("user: cancels pr-{i}"),
-        Env::DeletePr(i) => format!("user: deletes pr-{i} (and run-{i})"),
-        Env::DeleteRun(i) => format!("user: deletes run-{i}"),
-        Env::Timeout(i) => format!("clock: run-{i} times out"),
-        Env::SectionEnds(i) => format!("tekton: the task pr-{i}'s release-after names ends"),
-        Env::DeleteMutex(k) => format!("user: deletes Mutex k{k}"),
-        Env::Wipe(k) => format!("user: wipes the status of Mutex k{k}"),
-        Env::Forge(i) => {
-            format!("tenant: writes a record on pr-{i} claiming Acquired, largest token")
-        }
-    }
-}
-
-fn obj_name(o: Obj) -> String {
-    match o {
-        Obj::Mutexes => "Mutexes".into(),
-        Obj::Runs => "lock runs".into(),
-        Obj::Prs => "PipelineRuns".into(),
-    }
-}
 
 /// What a write is, for the trace.
 pub fn write_name(w: &Write) -> String {
@@ -172,7 +113,7 @@ pub fn render(m: &LockModel, property: &str, actions: &[Action]) -> String {
     );
     let mut s = m.init();
     for (n, a) in actions.iter().enumerate() {
-        let mut line = describe(a);
+        let mut line = a.describe();
         if let Action::Write { rep, then_crash } = a
             && let Some(w) = s.replicas[*rep as usize]
                 .sync

@@ -10,6 +10,7 @@
 use crate::model::{Decision, Input};
 use decider::{Decider, siblings_share_age};
 
+mod cancel;
 mod decider;
 mod multi_key;
 mod queue_control;

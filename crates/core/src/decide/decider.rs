@@ -2,7 +2,7 @@
 //! the lock state from the runs, release, admit and grant. Each rule beyond the
 //! queue adds its steps in its own module: `supersede`, `queue_control`, `multi_key`.
 
-use super::supersede::cancel_beside_outcome;
+use super::cancel::cancel_beside_outcome;
 use crate::model::{
     Cancel, ControlCancel, Decision, MultiKeys, MutexFacts, Outcome, Parent, ParentState, Phase,
     Revoke, RunView, Timeout,

@@ -5,8 +5,9 @@
 //! late arrival older than it is stale too; idle marks are forgotten, and a person may forget
 //! one (`tkn mutex forget`).
 
+use super::cancel::{cancel_beside_outcome, cancel_of};
 use super::decider::{Decider, Party, is_parent, label, same_party, waiter_of};
-use crate::model::{Cancel, Outcome, ParentState, Phase, RunView};
+use crate::model::{Outcome, Phase, RunView};
 use jiff::{SignedDuration, Timestamp};
 use tekton_mutex_api::mutex::{GroupMark, MAX_GROUP_MARKS, Supersede, Waiter};
 
@@ -181,33 +182,4 @@ impl Decider<'_> {
             ));
         }
     }
-}
-
-/// The cancel of a run's PipelineRun that goes beside the outcome it is told. A PipelineRun
-/// queued as a whole is told by the patch that cancels it, with its record and
-/// `cancel-reason` (issue 37 item 13): a separate cancel landing first would change it
-/// under that patch, which then never lands.
-pub(super) fn cancel_beside_outcome(r: &RunView, by: &str) -> Option<Cancel> {
-    if r.run.kind == tekton_mutex_api::mutex::RunKind::PipelineRun {
-        return None;
-    }
-    cancel_of(r, by)
-}
-
-/// Cancel this run's PipelineRun, unless it is already stopping or over.
-fn cancel_of(r: &RunView, by: &str) -> Option<Cancel> {
-    if r.phase == Phase::Unlisted {
-        return None; // never cancel a PipelineRun on behalf of a run it does not list
-    }
-    let p = r
-        .parent
-        .as_ref()
-        .filter(|p| p.state == ParentState::Running)?;
-    Some(Cancel {
-        pipeline_run: p.name.clone(),
-        pipeline_run_uid: p.uid.clone(),
-        mode: r.cancel_mode,
-        superseded_by: by.to_string(),
-        group: r.group.clone(),
-    })
 }
