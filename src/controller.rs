@@ -19,6 +19,7 @@ mod cluster_wiring;
 mod context;
 mod crd_wait;
 mod leader;
+mod ledger_batch;
 mod lock_object;
 mod reconcile;
 mod recorder;

@@ -5,7 +5,7 @@ use super::backoff::Backoff;
 use super::cache::index::{Index, Indexed};
 use super::cache::shared::Listed;
 use super::cache::told::{Told, Written};
-use super::reconcile::ledger_batch::LedgerWrites;
+use super::ledger_batch::LedgerWrites;
 use super::recorder::EventRecorder;
 use super::wake::Wake;
 use crate::metrics::Metrics;

@@ -6,7 +6,6 @@ pub mod deadlocks;
 pub mod finalizer;
 pub mod idle_deletion;
 pub mod intake;
-pub mod ledger_batch;
 pub mod lock;
 pub mod lock_kinds;
 pub mod members;

@@ -257,6 +257,8 @@ fn place(key: &str, next: bool, holders: &[String]) -> String {
 
 /// The result that carries an acquired run's fencing token.
 pub const TOKEN_RESULT: &str = "token";
+/// The result of a run of several keys naming each key's token, as a JSON object.
+pub const TOKENS_RESULT: &str = "tokens";
 
 /// The token a run was told `Acquired` with: its `token` result, once its
 /// condition says `Acquired`. The lock state is rebuilt from it.

@@ -28,8 +28,7 @@ use tracing::{debug, info};
 
 /// `status.extraFields` key of a run's reservation epoch.
 pub const EPOCH_FIELD: &str = "keysEpoch";
-/// The result naming each key's token, as a JSON object.
-pub const TOKENS_RESULT: &str = "tokens";
+pub use crate::core::run_status::TOKENS_RESULT;
 
 /// What a run of several keys says about itself; None for a run of one key.
 pub fn run_of(cfg: &RunConfig, status: &RunStatus) -> Option<MultiKeyRun> {

@@ -80,7 +80,7 @@ pub fn run(r: &mut Run) {
 /// for a run of several keys (the lock state is rebuilt from them).
 const READ_RESULTS: &[&str] = &[
     run_status::TOKEN_RESULT,
-    crate::controller::apply::multi_key_commit::TOKENS_RESULT,
+    crate::core::run_status::TOKENS_RESULT,
 ];
 
 /// A done run of ours (most of a cluster's history) is never written again.
@@ -105,7 +105,7 @@ fn done_run_status(status: &mut RunStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::apply::multi_key_commit::TOKENS_RESULT;
+    use crate::core::run_status::TOKENS_RESULT;
     use crate::model::tekton::RunStatus;
     use crate::model::tekton::customrun::CustomRunSpec;
     use crate::model::tekton::labels::{PIPELINE_LABEL, PIPELINE_RUN_LABEL, PIPELINE_TASK_LABEL};

@@ -17,9 +17,9 @@
 //! fold into one floor for the whole ledger: higher floors are always safe, and the ConfigMap stays
 //! far below its 1 MiB limit.
 
-use super::ledger_batch::Records;
 use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
+use crate::controller::ledger_batch::Records;
 use crate::core::scope::Scope;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
