@@ -2,5 +2,6 @@
 
 pub mod acknowledge;
 pub mod events;
+pub mod lock_meta;
 pub mod multi_key_commit;
 pub mod writes;

@@ -12,7 +12,7 @@ use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
@@ -249,5 +249,24 @@ async fn publish_superseded(
     ctx.metrics.api_write("create", "events");
     if let Err(e) = ctx.recorder.publish(&event, reference).await {
         warn!(error = %e, object = ?reference.name, "could not record the Superseded event");
+    }
+}
+
+/// Write a token ledger ConfigMap (reconcile/token_floor.rs): a compare-and-swap on the
+/// resourceVersion read if it `exists`, else its creation.
+pub async fn token_ledger(
+    ctx: &Context,
+    api: &Api<ConfigMap>,
+    ledger: &ConfigMap,
+    exists: bool,
+) -> Result<ConfigMap, kube::Error> {
+    let verb = if exists { "update" } else { "create" };
+    ctx.metrics.api_write(verb, "configmaps");
+    match exists {
+        true => {
+            let name = ledger.metadata.name.as_deref().unwrap_or_default();
+            api.replace(name, &PostParams::default(), ledger).await
+        }
+        false => api.create(&PostParams::default(), ledger).await,
     }
 }

@@ -10,7 +10,7 @@
 //! an idle lock can be deleted with no controller running (an uninstall, a namespace
 //! deletion, a GitOps prune), and nothing is stranded.
 
-use crate::controller::apply::events;
+use crate::controller::apply::{events, lock_meta};
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::lock_object::LockObject;
@@ -18,16 +18,8 @@ use crate::controller::reconcile::token_floor;
 use crate::core::model::Decision;
 use crate::core::scope::Scope;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
-use tracing::info;
 
-/// On an idle lock: when it became idle (RFC 3339), stamped with the finalizer's
-/// removal, cleared when it goes back on (see `idle_deletion`).
-pub const IDLE_SINCE: &str = "tekton-mutex.dev/idle-since";
-
-/// Keeps a lock with holders, waiters or reservations from being removed.
-pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";
+pub use crate::controller::apply::lock_meta::{IDLE_SINCE, LOCK_STATE_FINALIZER};
 
 /// Does this Mutex carry our finalizer?
 pub fn protected<L: LockObject>(lock: &L) -> bool {
@@ -38,37 +30,6 @@ pub fn protected<L: LockObject>(lock: &L) -> bool {
 pub fn in_use(decision: &Decision) -> bool {
     let st = &decision.status;
     !st.holders.is_empty() || !st.queue.is_empty() || !st.reservations.is_empty()
-}
-
-/// Add the finalizer before the status write that puts someone in the Mutex,
-/// with a compare-and-swap on the resourceVersion we read. Returns the Mutex
-/// with its new resourceVersion, so the status write that follows still applies.
-pub async fn protect<L: LockObject>(ctx: &Context, mut mutex: L) -> Result<L, Error> {
-    let api = L::api(&ctx.client, &mutex.scope());
-    let mut finalizers = mutex.finalizers().to_vec();
-    finalizers.push(LOCK_STATE_FINALIZER.into());
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "annotations": {IDLE_SINCE: null},
-        "resourceVersion": mutex.resource_version(),
-    }});
-    ctx.metrics.api_write("patch", L::PLURAL);
-    match api
-        .patch(
-            &mutex.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(patched) => {
-            mutex.meta_mut().resource_version = patched.resource_version();
-            mutex.meta_mut().finalizers = patched.meta().finalizers.clone();
-            Ok(mutex)
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Take the finalizer off a lock that is idle (no holder, waiter or reservation), so that it can
@@ -100,33 +61,5 @@ pub async fn unprotect<L: LockObject>(
     token_floor::record(ctx, scope, key, status.last_token)
         .await
         .inspect_err(|e| events::ledger_failed(ctx, &lock, &what, stuck, e))?;
-    let finalizers: Vec<&String> = lock
-        .finalizers()
-        .iter()
-        .filter(|f| *f != LOCK_STATE_FINALIZER)
-        .collect();
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "annotations": {IDLE_SINCE: jiff::Timestamp::now().to_string()},
-        "resourceVersion": lock.resource_version(),
-    }});
-    ctx.metrics.api_write("patch", L::PLURAL);
-    match api
-        .patch(key, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {
-            info!(
-                key,
-                namespace = scope.label(),
-                last_token = status.last_token,
-                deleting = lock.meta().deletion_timestamp.is_some(),
-                "the lock is idle: its last token recorded, finalizer removed"
-            );
-            Ok(true)
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
+    lock_meta::remove_finalizer(ctx, &lock, status.last_token).await
 }

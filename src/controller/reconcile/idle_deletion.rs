@@ -10,14 +10,12 @@
 //! between wins; a key that comes back gets a new Mutex whose tokens continue
 //! above the ledger's.
 
+use crate::controller::apply::lock_meta;
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::LockObject;
 use crate::controller::reconcile::finalizer::{self, IDLE_SINCE};
 use jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use serde_json::json;
-use tracing::info;
 
 /// When the idle lock `lock` may go: None if never (not ours to delete, or kept).
 fn expiry<L: LockObject>(lock: &L) -> Option<Timestamp> {
@@ -32,42 +30,11 @@ pub async fn settle<L: LockObject>(ctx: &Context, lock: &L, now: Timestamp) -> R
     if lock.idle_delete_after().is_none() || finalizer::protected(lock) {
         return Ok(());
     }
-    let api = L::api(&ctx.client, &lock.scope());
     if !lock.annotations().contains_key(IDLE_SINCE) {
-        let patch = json!({"metadata": {
-            "annotations": {IDLE_SINCE: now.to_string()},
-            "resourceVersion": lock.resource_version(),
-        }});
-        ctx.metrics.api_write("patch", L::PLURAL);
-        return match api
-            .patch(
-                &lock.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
-            other => other.map(drop).map_err(Error::from),
-        };
+        return lock_meta::stamp_idle_since(ctx, lock, now).await;
     }
     if expiry(lock).is_none_or(|at| at > now) {
         return Ok(());
     }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: lock.resource_version(),
-            uid: lock.uid(),
-        }),
-        ..Default::default()
-    };
-    ctx.metrics.api_write("delete", L::PLURAL);
-    match api.delete(&lock.name_any(), &params).await {
-        Ok(_) => {
-            info!(key = %lock.name_any(), namespace = lock.scope().label(), "deleted the Mutex: idle for spec.idleDeleteDays");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    lock_meta::delete_idle(ctx, lock).await
 }

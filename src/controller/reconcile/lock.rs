@@ -6,7 +6,7 @@
 //! never leaves a run told something the lock state does not back. What differs
 //! between the two kinds is behind [`LockObject`].
 
-use crate::controller::apply::{acknowledge, events, multi_key_commit, writes};
+use crate::controller::apply::{acknowledge, events, lock_meta, multi_key_commit, writes};
 use crate::controller::cache::shared;
 use crate::controller::context::{Context, Error, Fault};
 use crate::controller::lock_object::LockObject;
@@ -281,7 +281,7 @@ async fn apply<L: LockObject>(
     let protected = finalizer::protected(&lock);
     // Protected before anyone is written into it: a delete then only marks it.
     let lock = if finalizer::in_use(decision) && !facts.deleting && !protected {
-        finalizer::protect(ctx, lock).await?
+        lock_meta::protect(ctx, lock).await?
     } else {
         lock
     };

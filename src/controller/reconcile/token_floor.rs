@@ -23,7 +23,7 @@ use crate::controller::ledger_batch::Records;
 use crate::core::scope::Scope;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -250,14 +250,7 @@ async fn write_batch(ctx: &Context, scope: &Scope, batch: Records) -> Result<(),
             return Ok(());
         };
         cm.data = Some(data);
-        let verb = if exists { "update" } else { "create" };
-        ctx.metrics.api_write(verb, "configmaps");
-        let written = match exists {
-            // A compare-and-swap on the resourceVersion read.
-            true => api.replace(LEDGER, &PostParams::default(), &cm).await,
-            false => api.create(&PostParams::default(), &cm).await,
-        };
-        match written {
+        match writes::token_ledger(ctx, &api, &cm, exists).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             // Deleted since it was read: read again (and create it).
