@@ -157,7 +157,7 @@ async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
     let spec = lock.spec();
     Ok(Described {
         key: lock.name(),
-        kind: target.kind().into(),
+        kind: target.kind(),
         namespace: lock.namespace(),
         capacity: spec.capacity,
         order: spec.order.as_str().into(),
@@ -253,7 +253,7 @@ async fn events(target: &Target, lock: &str, names: &[String]) -> Result<Vec<Eve
         .map_err(|e| api_failure(target, "list events", e))?;
     let wanted: Vec<(&str, &str)> = names.iter().map(|n| locate(target, n)).collect();
     let about = |ns: Option<&str>, kind: Option<&str>, name: &str| {
-        let the_lock = name == lock && kind == Some(target.kind());
+        let the_lock = name == lock && kind == Some(target.kind().as_str());
         the_lock
             || wanted
                 .iter()

@@ -5,6 +5,7 @@
 
 use super::target::{Failure, Result, Target, Wait, api_failure};
 use crate::model::cluster_mutex::{ClusterMutex, unqualify};
+use crate::model::lock_kind::LockKind;
 use crate::model::mutex::{LockSpec, Mutex, MutexStatus};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::wait::await_condition;
@@ -20,45 +21,42 @@ pub enum Lock {
     Cluster(ClusterMutex),
 }
 
+/// `$body` with `$k` bound to the object, whichever kind it is: every accessor below reads it
+/// through `LockKind`, the one definition of a lock kind the engine uses too.
+macro_rules! each_kind {
+    ($lock:expr, $k:ident => $body:expr) => {
+        match $lock {
+            Lock::Mutex($k) => $body,
+            Lock::Cluster($k) => $body,
+        }
+    };
+}
+
 impl Lock {
     pub fn name(&self) -> String {
-        match self {
-            Lock::Mutex(m) => m.name_any(),
-            Lock::Cluster(c) => c.name_any(),
-        }
+        each_kind!(self, k => k.name_any())
     }
 
     /// The namespace of a Mutex; None for a ClusterMutex.
     pub fn namespace(&self) -> Option<String> {
-        match self {
-            Lock::Mutex(m) => m.namespace(),
-            Lock::Cluster(_) => None,
-        }
+        each_kind!(self, k => k.namespace())
     }
 
     pub fn spec(&self) -> &LockSpec {
-        match self {
-            Lock::Mutex(m) => &m.spec.lock,
-            Lock::Cluster(c) => &c.spec.lock,
-        }
+        each_kind!(self, k => k.lock_spec())
     }
 
     /// The status, empty while the controller has written none.
     pub fn status(&self) -> MutexStatus {
-        let status = match self {
-            Lock::Mutex(m) => m.status.as_ref(),
-            Lock::Cluster(c) => c.status.as_ref(),
-        };
-        status.cloned().unwrap_or_default()
+        each_kind!(self, k => k.lock_status())
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The object for `-o json|yaml`, without `metadata.managedFields`: kubectl
     /// hides them too, and they are noise to a script.
     pub fn object(&self) -> serde_json::Result<Value> {
-        let mut v = match self {
-            Lock::Mutex(m) => serde_json::to_value(m)?,
-            Lock::Cluster(c) => serde_json::to_value(c)?,
-        };
+        let mut v = each_kind!(self, k => serde_json::to_value(k))?;
         if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.remove("managedFields");
         }
@@ -66,10 +64,7 @@ impl Lock {
     }
 
     pub fn has_status(&self) -> bool {
-        match self {
-            Lock::Mutex(m) => m.status.is_some(),
-            Lock::Cluster(c) => c.status.is_some(),
-        }
+        each_kind!(self, k => k.lock_status().is_some())
     }
 }
 
@@ -115,19 +110,22 @@ impl Target {
         format!("{} {name}", self.kind())
     }
 
-    pub fn kind(&self) -> &'static str {
-        if self.cluster {
-            "ClusterMutex"
-        } else {
-            "Mutex"
+    pub fn kind(&self) -> String {
+        match self.cluster {
+            true => kind_name::<ClusterMutex>(),
+            false => kind_name::<Mutex>(),
         }
     }
 
     /// How kubectl names the lock, for the hints in messages.
     pub fn kubectl_ref(&self, name: &str) -> String {
         match self.cluster {
-            true => format!("clustermutex {name}"),
-            false => format!("mutex {name} -n {}", self.namespace),
+            true => format!("{} {name}", kind_name::<ClusterMutex>().to_lowercase()),
+            false => format!(
+                "{} {name} -n {}",
+                kind_name::<Mutex>().to_lowercase(),
+                self.namespace
+            ),
         }
     }
 
@@ -201,6 +199,11 @@ impl Target {
             ),
         })
     }
+}
+
+/// A kind's name, as the API and messages say it (`Mutex`, `ClusterMutex`).
+fn kind_name<K: LockKind>() -> String {
+    K::kind(&()).into_owned()
 }
 
 enum Watch {

@@ -2,7 +2,8 @@
 //! lock object. A Mutex is one key of one namespace; a ClusterMutex is
 //! shared by the namespaces an administrator allows. Everything else (the
 //! finalizer, the token floor, queue control, the pending-write memo, Events)
-//! is the engine's, so both kinds have it by construction.
+//! is the engine's, so both kinds have it by construction. What a kind is (its
+//! spec, status, plural and scope) is `LockKind`, shared with `tkn mutex`.
 
 use crate::controller::cache::index::Tag;
 use crate::controller::cache::told::Written;
@@ -11,31 +12,19 @@ use crate::core::model::RunView;
 use crate::core::observe::ObservedRun;
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
-use crate::model::mutex::{LockSpec, MutexStatus};
-use kube::{Api, Client, Resource};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+pub use crate::model::lock_kind::LockKind;
+use kube::{Api, Client};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Debug;
 use std::future::Future;
 
 /// Namespace labels read during one sync (only when a selector needs them).
 pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
 
 /// A lock object: how the engine reads, writes and names one.
-pub trait LockObject:
-    Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
-{
-    /// The resource, as metrics and RBAC name it.
-    const PLURAL: &'static str;
-
+pub trait LockObject: LockKind {
     /// This kind's API where an object of `scope` lives.
     fn api(client: &Client, scope: &Scope) -> Api<Self>;
     fn scope(&self) -> Scope;
-    /// The lock settings, for the decision core.
-    fn lock_spec(&self) -> &LockSpec;
-    fn lock_status(&self) -> Option<&MutexStatus>;
-    fn set_lock_status(&mut self, status: MutexStatus);
     /// The statuses of this kind we wrote and the cache may not show yet.
     fn written(ctx: &Context) -> &Written<Self>;
     /// The index tag under which the caches keep this lock's runs.

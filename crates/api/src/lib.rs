@@ -3,6 +3,7 @@
 //! here imports the core or the controller.
 
 pub mod cluster_mutex;
+pub mod lock_kind;
 pub mod mutex;
 pub mod requests;
 pub mod tekton;

@@ -13,31 +13,17 @@ use crate::core::observe::{ObservedRun, cluster_mutex_targets};
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::{DEFAULT_IDLE_DELETE_DAYS, LockSpec, Mutex, MutexStatus};
+use crate::model::mutex::{DEFAULT_IDLE_DELETE_DAYS, Mutex};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 impl LockObject for Mutex {
-    const PLURAL: &'static str = "mutexes";
-
     fn api(client: &Client, scope: &Scope) -> Api<Self> {
         Api::namespaced(client.clone(), scope.label())
     }
 
     fn scope(&self) -> Scope {
         Scope::Namespace(self.namespace().unwrap_or_default())
-    }
-
-    fn lock_spec(&self) -> &LockSpec {
-        &self.spec.lock
-    }
-
-    fn lock_status(&self) -> Option<&MutexStatus> {
-        self.status.as_ref()
-    }
-
-    fn set_lock_status(&mut self, status: MutexStatus) {
-        self.status = Some(status);
     }
 
     fn written(ctx: &Context) -> &Written<Self> {
@@ -95,26 +81,12 @@ impl LockObject for Mutex {
 }
 
 impl LockObject for ClusterMutex {
-    const PLURAL: &'static str = "clustermutexes";
-
     fn api(client: &Client, _: &Scope) -> Api<Self> {
         Api::all(client.clone())
     }
 
     fn scope(&self) -> Scope {
         Scope::Cluster
-    }
-
-    fn lock_spec(&self) -> &LockSpec {
-        &self.spec.lock
-    }
-
-    fn lock_status(&self) -> Option<&MutexStatus> {
-        self.status.as_ref()
-    }
-
-    fn set_lock_status(&mut self, status: MutexStatus) {
-        self.status = Some(status);
     }
 
     fn written(ctx: &Context) -> &Written<Self> {
