@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lint gates: formatting, clippy with warnings as errors, and shellcheck on hack/*.sh.
-# Runs all three and fails if any one finds something. hack/test.sh runs it first.
+# Lint gates: formatting, clippy and rustdoc with warnings as errors, shellcheck on hack/*.sh, and
+# crates/ free of I/O. Runs them all and fails if any one finds something. hack/test.sh runs it first.
 #
 #   hack/lint.sh
 set -euo pipefail
@@ -46,6 +46,8 @@ gate() { # gate NAME CMD...: run one gate, remember its failure, go on with the 
 gate "cargo fmt --all --check" cargo fmt --all --check
 gate "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets --quiet -- -D warnings
+gate "cargo doc --workspace --no-deps (warnings denied)" \
+  env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 gate "shellcheck hack/*.sh" shellcheck -x hack/*.sh
 # pure_crates [CRATE...]: the crates of crates/ hold no I/O, so no async runtime, HTTP stack or
 # kube client may be among their dependencies (their clippy.toml forbids reading the clock).

@@ -1,5 +1,5 @@
 //! The `tkn-mutex` command (a tkn plugin: `tkn mutex ...`): one module per
-//! command; [`output`] formats ages and tables; [`request`] writes a request
+//! command; `output` formats ages and tables; `request` writes a request
 //! and waits for the controller's acknowledgement.
 
 mod clear;

@@ -196,7 +196,7 @@ pub struct MutexStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub promoted: Vec<String>,
     /// Slots kept for runs that take several keys, until every one of their keys
-    /// keeps one (see `decide::multikey`). Each takes a slot like a holder.
+    /// keeps one (see `decide::multi_key`). Each takes a slot like a holder.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
     /// The uid of the lock object whose `lastToken` took in the token ledger's floor. A status

@@ -35,9 +35,9 @@ pub fn parse(value: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
-/// May a run use these names with this PipelineRun?
+/// May a run use these `release-after` names with this PipelineRun? (Not a request's `Verdict`.)
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum NamesCheck {
     Fine,
     /// The PipelineRun has not recorded its resolved pipeline yet.
     NotYet,
@@ -47,17 +47,17 @@ pub enum Verdict {
 
 /// A standalone run has no tasks to wait for, a name must be a task (or a
 /// finally task) of the pipeline, and the lock's own task would release at once.
-pub fn check(names: &[String], own_task: Option<&str>, parent: Option<&PipelineRun>) -> Verdict {
+pub fn check(names: &[String], own_task: Option<&str>, parent: Option<&PipelineRun>) -> NamesCheck {
     if names.is_empty() {
-        return Verdict::Fine;
+        return NamesCheck::Fine;
     }
     let Some(pr) = parent else {
-        return Verdict::Invalid(format!(
+        return NamesCheck::Invalid(format!(
             "param {PARAM:?} names tasks of the run's PipelineRun, but this run has none: drop the param"
         ));
     };
     let Some(spec) = pr.status.as_ref().and_then(|s| s.pipeline_spec.as_ref()) else {
-        return Verdict::NotYet;
+        return NamesCheck::NotYet;
     };
     let known: Vec<&str> = spec
         .tasks
@@ -66,7 +66,7 @@ pub fn check(names: &[String], own_task: Option<&str>, parent: Option<&PipelineR
         .map(|t| t.name.as_str())
         .collect();
     if let Some(own) = own_task.filter(|own| names.iter().any(|n| n == own)) {
-        return Verdict::Invalid(format!(
+        return NamesCheck::Invalid(format!(
             "param {PARAM:?} names {own:?}, the lock task itself: name the tasks the lock protects"
         ));
     }
@@ -76,9 +76,9 @@ pub fn check(names: &[String], own_task: Option<&str>, parent: Option<&PipelineR
         .filter(|n| !known.contains(n))
         .collect();
     if unknown.is_empty() {
-        return Verdict::Fine;
+        return NamesCheck::Fine;
     }
-    Verdict::Invalid(format!(
+    NamesCheck::Invalid(format!(
         "param {PARAM:?} names {} not in the pipeline: its tasks are {}",
         unknown.join(", "),
         known.join(", ")

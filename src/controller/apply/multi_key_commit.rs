@@ -1,5 +1,5 @@
 //! Runs of several keys, on the controller side (the protocol is in
-//! [`crate::core::decide::multikey`]): what a run's status says (its epoch, its tokens),
+//! `crate::core::decide::multi_key`): what a run's status says (its epoch, its tokens),
 //! the commit that tells it `Acquired` once every key keeps a slot for it, the
 //! revoke that gives slots back, a message that is the same from every key, and
 //! the intake check that its keys agree.

@@ -9,7 +9,7 @@ use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::NamespaceLabels;
 use crate::controller::reconcile::release_after_progress;
 use crate::core::observe::{Observe, ObservedRun};
-use crate::core::release_after::Verdict;
+use crate::core::release_after::NamesCheck;
 use crate::core::run_status::{self, Reason};
 use crate::model::cluster_mutex::{self, ClusterMutex, ClusterMutexSpec};
 use jiff::Timestamp;
@@ -80,9 +80,9 @@ async fn admission<K: Observe + Resource<DynamicType = ()>>(
     }
     Ok(
         match release_after_progress::check(ctx, o, obj, &cfg).await? {
-            Verdict::Fine => Admission::Admitted,
-            Verdict::NotYet => Admission::NotYet,
-            Verdict::Invalid(m) => invalid(m),
+            NamesCheck::Fine => Admission::Admitted,
+            NamesCheck::NotYet => Admission::NotYet,
+            NamesCheck::Invalid(m) => invalid(m),
         },
     )
 }

@@ -8,7 +8,7 @@ use crate::controller::context::Error;
 use crate::controller::reconcile::release_after_progress;
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
-use crate::core::release_after::Verdict;
+use crate::core::release_after::NamesCheck;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::controller::Action;
@@ -83,9 +83,9 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
     let problem = match o.config() {
         Err(message) => Some(message),
         Ok(cfg) => match release_after_progress::check(&ctx, &o, obj.as_ref(), &cfg).await? {
-            Verdict::NotYet => return Ok(release_after_progress::recheck(&ctx, obj.as_ref())),
-            Verdict::Invalid(message) => Some(message),
-            Verdict::Fine => match mutex_for(&ctx, &o, &cfg).await {
+            NamesCheck::NotYet => return Ok(release_after_progress::recheck(&ctx, obj.as_ref())),
+            NamesCheck::Invalid(message) => Some(message),
+            NamesCheck::Fine => match mutex_for(&ctx, &o, &cfg).await {
                 Err(e) if namespace_terminating(&e) => {
                     // Nothing can be created there any more, and the run goes with it.
                     debug!(run = %o.name, namespace = %o.namespace, "namespace is being deleted; run left alone");

@@ -8,7 +8,7 @@ use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
-use crate::core::release_after::{self, Verdict};
+use crate::core::release_after::{self, NamesCheck};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::labels::PIPELINE_TASK_LABEL;
 use crate::model::tekton::pipelinerun::{ChildReference, PipelineRun};
@@ -42,12 +42,12 @@ pub async fn check<K: Observe + Resource<DynamicType = ()>>(
     o: &ObservedRun<'_>,
     obj: &K,
     cfg: &RunConfig,
-) -> Result<Verdict, Error> {
+) -> Result<NamesCheck, Error> {
     if cfg.release_after.is_empty() {
-        return Ok(Verdict::Fine);
+        return Ok(NamesCheck::Fine);
     }
     let verdict = judge(ctx, o, obj, cfg).await?;
-    if verdict != Verdict::NotYet {
+    if verdict != NamesCheck::NotYet {
         ctx.backoff.succeeded(&recheck_key(obj));
     }
     Ok(verdict)
@@ -58,7 +58,7 @@ async fn judge<K: Observe>(
     o: &ObservedRun<'_>,
     obj: &K,
     cfg: &RunConfig,
-) -> Result<Verdict, Error> {
+) -> Result<NamesCheck, Error> {
     let own = own_task(obj);
     let Some((name, uid)) = &o.parent else {
         return Ok(release_after::check(&cfg.release_after, own, None));
@@ -77,7 +77,7 @@ async fn judge<K: Observe>(
             .map(std::sync::Arc::new),
     };
     let Some(pr) = pr else {
-        return Ok(Verdict::Fine);
+        return Ok(NamesCheck::Fine);
     };
     Ok(release_after::check(&cfg.release_after, own, Some(&pr)))
 }
@@ -90,8 +90,8 @@ pub fn enrols<K: Observe>(cfg: &RunConfig, obj: &K, parent: Option<Option<&Pipel
     match parent {
         Some(None) => true,
         Some(Some(pr)) if pr.is_done() => true,
-        Some(pr) => release_after::check(names, own_task(obj), pr) == Verdict::Fine,
-        None => release_after::check(names, own_task(obj), None) == Verdict::Fine,
+        Some(pr) => release_after::check(names, own_task(obj), pr) == NamesCheck::Fine,
+        None => release_after::check(names, own_task(obj), None) == NamesCheck::Fine,
     }
 }
 

@@ -1,4 +1,4 @@
-//! The `keys` param: several keys taken all together (see `decide::multikey`).
+//! The `keys` param: several keys taken all together (see `decide::multi_key`).
 
 use crate::key_name::validate as validate_key;
 use tekton_mutex_api::mutex::Order;

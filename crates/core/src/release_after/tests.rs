@@ -49,12 +49,12 @@ fn the_param_lists_task_names() {
 #[test]
 fn names_must_be_tasks_of_the_pipeline() {
     let p = resolved(json!({}));
-    let invalid = |v: Verdict| match v {
-        Verdict::Invalid(m) => m,
+    let invalid = |v: NamesCheck| match v {
+        NamesCheck::Invalid(m) => m,
         other => panic!("{other:?}"),
     };
     let fine = check(&names("deploy,report"), Some("lock"), Some(&p));
-    assert_eq!(fine, Verdict::Fine);
+    assert_eq!(fine, NamesCheck::Fine);
     let err = invalid(check(&names("deploy,deplyo"), Some("lock"), Some(&p)));
     assert!(err.contains("names deplyo not in the pipeline"), "{err}");
     assert!(
@@ -67,8 +67,8 @@ fn names_must_be_tasks_of_the_pipeline() {
     assert!(standalone.contains("this run has none"), "{standalone}");
     let unresolved = pr(json!({}));
     let not_yet = check(&names("deploy"), None, Some(&unresolved));
-    assert_eq!(not_yet, Verdict::NotYet);
-    assert_eq!(check(&[], None, None), Verdict::Fine);
+    assert_eq!(not_yet, NamesCheck::NotYet);
+    assert_eq!(check(&[], None, None), NamesCheck::Fine);
 }
 
 #[test]
