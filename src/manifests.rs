@@ -4,8 +4,7 @@
 //! `tekton-mutex manifests` prints them; hack/release.sh writes them to
 //! release.yaml (cluster-wide) and release-namespaced.yaml.
 
-use serde::Deserialize;
-use serde_yaml_ng::{Mapping, Value};
+use serde_json::{Map, Value};
 
 /// The generated CRD's file: written by `tekton-mutex crd`, checked by tests/crd_drift.rs.
 pub const CRD_FILE: &str = "300-crd.yaml";
@@ -61,7 +60,9 @@ pub enum Install {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the built-in manifests do not parse: {0}")]
-    Yaml(#[from] serde_yaml_ng::Error),
+    Yaml(#[from] serde_saphyr::Error),
+    #[error("the manifests do not serialize: {0}")]
+    Write(#[from] serde_saphyr::SerializeError),
     #[error("image {0:?} is not pinned by digest (expected NAME@sha256:...)")]
     NotPinned(String),
 }
@@ -83,8 +84,8 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
             true => crate::crd_yaml(),
             false => text.to_string(),
         };
-        for doc in serde_yaml_ng::Deserializer::from_str(&source) {
-            let mut obj = Value::deserialize(doc)?;
+        let docs: Vec<Value> = serde_saphyr::from_str_multiple(&source)?;
+        for mut obj in docs {
             if obj.is_null() {
                 continue;
             }
@@ -96,7 +97,7 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
                 obj["data"]["version"] = version.into();
             }
             out.push_str("---\n");
-            out.push_str(&serde_yaml_ng::to_string(&obj)?);
+            out.push_str(&serde_saphyr::to_string(&obj)?);
         }
     }
     Ok(out)
@@ -104,13 +105,13 @@ pub fn render(install: Install, image: &str, version: &str) -> Result<String, Er
 
 /// Adds the version label to an object's (or a pod template's) metadata.
 fn label(metadata: &mut Value, version: &str) {
-    let Some(meta) = metadata.as_mapping_mut() else {
+    let Some(meta) = metadata.as_object_mut() else {
         return;
     };
     let labels = meta
-        .entry("labels".into())
-        .or_insert_with(|| Value::Mapping(Mapping::new()));
-    if let Some(labels) = labels.as_mapping_mut() {
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(labels) = labels.as_object_mut() {
         labels.insert("app.kubernetes.io/version".into(), version.into());
         labels.insert("app.kubernetes.io/part-of".into(), "tekton-mutex".into());
     }
@@ -118,7 +119,7 @@ fn label(metadata: &mut Value, version: &str) {
 
 fn pin(template: &mut Value, image: &str, version: &str) {
     label(&mut template["metadata"], version);
-    if let Some(containers) = template["spec"]["containers"].as_sequence_mut() {
+    if let Some(containers) = template["spec"]["containers"].as_array_mut() {
         for c in containers {
             c["image"] = image.into();
         }
@@ -132,8 +133,9 @@ mod tests {
     const IMAGE: &str = "127.0.0.1:5000/tekton-mutex:1.2.3@sha256:0123";
 
     fn docs(text: &str) -> Vec<Value> {
-        serde_yaml_ng::Deserializer::from_str(text)
-            .map(|d| Value::deserialize(d).unwrap())
+        serde_saphyr::from_str_multiple::<Value, Vec<Value>>(text)
+            .unwrap()
+            .into_iter()
             .collect()
     }
 
@@ -263,22 +265,22 @@ mod tests {
             let objs = objects(install);
             let service = &find(&objs, "Service", "tekton-mutex")["spec"];
             let pod = &find(&objs, "Deployment", "tekton-mutex")["spec"]["template"];
-            let selector = service["selector"].as_mapping().unwrap();
+            let selector = service["selector"].as_object().unwrap();
             assert!(!selector.is_empty(), "{install:?}");
             for (k, v) in selector {
-                assert_eq!(&pod["metadata"]["labels"][k.as_str().unwrap()], v);
+                assert_eq!(&pod["metadata"]["labels"][k.as_str()], v);
             }
             let port = &service["ports"][0];
             assert_eq!(port["name"], "http-metrics", "{install:?}");
             let container = &pod["spec"]["containers"][0];
             let served = container["ports"]
-                .as_sequence()
+                .as_array()
                 .unwrap()
                 .iter()
                 .find(|p| p["name"] == port["targetPort"])
                 .expect("the targetPort names a port of the container");
             let args: Vec<&str> = container["args"]
-                .as_sequence()
+                .as_array()
                 .unwrap()
                 .iter()
                 .filter_map(Value::as_str)
@@ -294,7 +296,7 @@ mod tests {
     #[test]
     fn edit_and_view_take_in_the_locks() {
         let objs = objects(Install::Cluster);
-        let yaml = |s: &str| serde_yaml_ng::from_str::<Value>(s).unwrap();
+        let yaml = |s: &str| serde_saphyr::from_str::<Value>(s).unwrap();
         let label = "rbac.authorization.k8s.io/aggregate-to-";
         let edit = find(&objs, "ClusterRole", "tekton-mutex-aggregate-edit");
         assert_eq!(edit["metadata"]["labels"][&format!("{label}edit")], "true");

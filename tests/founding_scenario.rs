@@ -555,7 +555,7 @@ async fn queue_at_once(
         .collect();
     let creates = names.iter().map(|(v, name)| {
         let mut pr: serde_json::Value =
-            serde_yaml_ng::from_str(PENDING).expect("the example parses");
+            serde_saphyr::from_str(PENDING).expect("the example parses");
         pr["metadata"] = serde_json::json!({"name": name, "annotations": {
             "tekton-mutex.dev/key": env, "tekton-mutex.dev/sequence": v.to_string()}});
         // The example's ServiceAccount (examples/rbac.yaml) lives in namespace jx; here the

@@ -646,7 +646,7 @@ async fn viewer_kubeconfig(ns: &TestNamespace) -> Result<std::path::PathBuf> {
     }
     let path = repo_root().join(format!("target/test-logs/viewer-{}.kubeconfig", ns.name()));
     std::fs::create_dir_all(path.parent().unwrap())?;
-    std::fs::write(&path, serde_yaml_ng::to_string(&kc)?)?;
+    std::fs::write(&path, serde_saphyr::to_string(&kc)?)?;
     Ok(path)
 }
 

@@ -4,7 +4,6 @@
 //! image. Needs no cluster; builds crane from Go modules on first use (cached).
 
 use anyhow::{Context, Result, bail, ensure};
-use serde::Deserialize;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -71,11 +70,11 @@ impl Drop for Registry {
 
 fn images_in(release_yaml: &str) -> Result<Vec<String>> {
     let mut images = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(release_yaml) {
-        let obj = serde_yaml_ng::Value::deserialize(doc)?;
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(release_yaml)?;
+    for obj in docs {
         if obj["kind"] == "Deployment" {
             for c in obj["spec"]["template"]["spec"]["containers"]
-                .as_sequence()
+                .as_array()
                 .into_iter()
                 .flatten()
             {

@@ -20,7 +20,7 @@ pub fn formatted<T: Serialize>(value: &T, format: Format) -> Result<String> {
         Format::Json => serde_json::to_string_pretty(value)
             .map(|s| s + "\n")
             .map_err(|e| e.to_string()),
-        Format::Yaml => serde_yaml_ng::to_string(value).map_err(|e| e.to_string()),
+        Format::Yaml => serde_saphyr::to_string(value).map_err(|e| e.to_string()),
     };
     text.map_err(|e| Failure(format!("could not format the output: {e}")))
 }

@@ -166,8 +166,8 @@ pub async fn apply_yaml(
     yaml: &str,
 ) -> Result<Vec<DynamicObject>> {
     let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
-        let mut value = Value::deserialize(doc).context("parsing YAML")?;
+    let docs: Vec<Value> = serde_saphyr::from_str_multiple(yaml).context("parsing YAML")?;
+    for mut value in docs {
         if value.is_null() {
             continue;
         }
