@@ -125,7 +125,7 @@ async fn waiters_are_served_in_creation_order() -> Result<()> {
     ensure!(
         last.message.as_deref()
             == Some(&format!(
-                "waiting for {0}: queued (Mutex {0} lists the queue in order)",
+                "waiting for {0}: queued ({0}'s status lists the queue in order)",
                 ns.name()
             )),
         "waiting message: {last:?}"

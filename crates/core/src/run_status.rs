@@ -251,7 +251,7 @@ fn place(key: &str, next: bool, holders: &[String]) -> String {
     if next {
         format!("next in line, held by {}", holders_text(holders))
     } else {
-        format!("queued (Mutex {key} lists the queue in order)")
+        format!("queued ({key}'s status lists the queue in order)")
     }
 }
 
@@ -570,7 +570,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             p["status"]["conditions"][0]["message"],
-            "waiting for jx-staging: queued (Mutex jx-staging lists the queue in order)"
+            "waiting for jx-staging: queued (jx-staging's status lists the queue in order)"
         );
         assert_eq!(
             patch(
