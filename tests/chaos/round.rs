@@ -5,7 +5,7 @@ use super::checker::{self, Age, Deploy, EndSeen, RunFacts, Violation};
 use super::faults::{self, Replica};
 use super::manifest;
 use super::observe::{self, LockFinal, PrFinal, Watches, now_ms};
-use super::plan::{FaultKind, RoundPlan, Shape, Supersede};
+use super::plan::{FaultKind, RoundPlan, RunPlan, Shape, Supersede};
 use crate::support::controller::install_crd;
 use crate::support::{TestNamespace, apply_yaml, dynamic_api, repo_root, secs, wait_until};
 use anyhow::{Context, Result};
@@ -48,6 +48,11 @@ enum Op {
     DeleteReserved,
     DeleteMutex(usize),
     WipeMutex(usize),
+    /// A copy of run `.0`, Pending again if `.1`.
+    Copy(usize, bool),
+    Snapshot(usize),
+    /// Restore key `.0`'s snapshot, the controller down `.1` ms around it; then probe `.2`.
+    Restore(usize, u64, usize),
     DenyOn,
     DenyOff,
 }
@@ -81,6 +86,14 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
             FaultKind::SiblingReleaseAfter => {}
             FaultKind::MutexDelete => add(at, Op::DeleteMutex(f.key)),
             FaultKind::MutexWipe => add(at, Op::WipeMutex(f.key)),
+            FaultKind::RerunCopy => add(at, Op::Copy(f.run, false)),
+            FaultKind::RequeuedCopy => add(at, Op::Copy(f.run, true)),
+            // Pipeline shapes (plan::Shape::Matrix, Opposite), counted per run.
+            FaultKind::MatrixKeys | FaultKind::OppositeOrders => {}
+            FaultKind::MutexRestore => {
+                add(f.snapshot_ms(), Op::Snapshot(f.key));
+                add(at, Op::Restore(f.key, f.for_ms, f.run));
+            }
             FaultKind::AdmissionDeny => {
                 add(at, Op::DenyOn);
                 add(end, Op::DenyOff);
@@ -98,6 +111,17 @@ struct UserActs {
     deleted: BTreeSet<String>,
     lock_deleted: BTreeSet<String>,
     repointed: BTreeSet<String>,
+    /// Runs the campaign created beyond the plan's: copies and restore probes.
+    extra: Vec<Extra>,
+}
+
+/// A run created by a fault: a copy (the original's plan under its own name) or a probe.
+struct Extra {
+    run: RunPlan,
+    /// A copy of a run queued as a whole, started (not Pending): it runs unguarded.
+    unguarded_copy: bool,
+    /// The token annotation a copy was created with.
+    copied_token: Option<String>,
 }
 
 struct Stage<'a> {
@@ -111,6 +135,8 @@ struct Stage<'a> {
     denials: usize,
     acts: UserActs,
     timeline: Arc<StdMutex<Vec<Line>>>,
+    /// Mutex snapshots by key, for restores (None: there was none).
+    snapshots: BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>,
 }
 
 impl Stage<'_> {
@@ -182,7 +208,22 @@ impl Stage<'_> {
             | Op::DeleteRun(_)
             | Op::DeleteLockRun(_)
             | Op::Repoint(..)
-            | Op::DeleteReserved => self.act(op).await?,
+            | Op::DeleteReserved
+            | Op::Copy(..) => self.act(op).await?,
+            Op::Snapshot(k) => {
+                let r = faults::snapshot_mutex(&c, &ns, &key(*k)).await;
+                let text = match &r {
+                    Ok(Some(m)) => format!(
+                        "lastToken {}",
+                        m.status.as_ref().map_or(0, |s| s.last_token)
+                    ),
+                    Ok(None) => "none there".into(),
+                    Err(e) => format!("failed: {e:#}"),
+                };
+                self.snapshots.insert(*k, r.ok().flatten());
+                format!("user snapshots Mutex {} (a backup): {text}", key(*k))
+            }
+            Op::Restore(k, down, probe) => self.restore(*k, *down, *probe).await?,
             Op::DeleteMutex(k) => {
                 let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
                 format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
@@ -250,8 +291,96 @@ impl Stage<'_> {
                 }
                 format!("user deletes a reserved multi-key lock run: {r:?}")
             }
+            Op::Copy(i, pending) => {
+                let run = &self.plan.runs[(*i).min(self.plan.runs.len() - 1)];
+                let n = self.acts.extra.len() + 1;
+                let name = format!(
+                    "{}-{}{n}",
+                    run.name,
+                    if *pending { "again" } else { "rerun" }
+                );
+                let r = faults::copy_run(&c, &ns, &run.name, &name, *pending).await;
+                let text = match &r {
+                    Ok(copied) => format!(
+                        "{} ({}, token {:?})",
+                        if copied.pending { "Pending" } else { "started" },
+                        if copied.queued {
+                            "of a queued run"
+                        } else {
+                            "of a lock task's run"
+                        },
+                        copied.token
+                    ),
+                    Err(e) => format!("failed: {e:#}"),
+                };
+                if let Ok(copied) = r {
+                    let mut copy = run.clone();
+                    copy.name = name.clone();
+                    copy.at_ms = now_ms().saturating_sub(self.t0);
+                    self.acts.extra.push(Extra {
+                        run: copy,
+                        unguarded_copy: copied.queued && !copied.pending,
+                        copied_token: copied.token,
+                    });
+                }
+                let what = if *pending {
+                    "re-queued copy"
+                } else {
+                    "rerun copy"
+                };
+                format!("user makes a {what} of {} as {name}: {text}", run.name)
+            }
             _ => unreachable!("not a user's action: {op:?}"),
         })
+    }
+
+    /// A Velero-style restore of key `k`'s snapshot once the key is idle (bounded), with the
+    /// controller down `down` ms around it if `down` > 0; then the probe run `probe` on the key.
+    async fn restore(&mut self, k: usize, down: u64, probe: usize) -> Result<String> {
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        let key = self.plan.keys[k].name.clone();
+        let text = match self.snapshots.get(&k).cloned().flatten() {
+            None => "no snapshot: nothing restored".to_string(),
+            Some(snap) => {
+                if !faults::wait_idle(&c, &ns, &key, secs(120)).await {
+                    "still in use after 120 s: not restored".to_string()
+                } else {
+                    if down > 0 {
+                        for r in self.replicas.iter_mut() {
+                            if let Some(mut r) = r.take() {
+                                r.kill();
+                            }
+                        }
+                        self.note(format!("FAULT controller SIGKILL for the restore of {key}"));
+                    }
+                    let r = faults::restore_mutex(&c, &ns, &snap).await;
+                    if down > 0 {
+                        tokio::time::sleep(Duration::from_millis(down)).await; // the downtime
+                        self.start_replica(0)?;
+                    }
+                    let outcome = r.unwrap_or_else(|e| format!("failed: {e:#}"));
+                    let how = if down > 0 {
+                        format!(" (controller down {down} ms)")
+                    } else {
+                        String::new()
+                    };
+                    format!("{outcome}{how}")
+                }
+            }
+        };
+        let run = self.plan.probes[probe].clone();
+        let r = faults::create_run(&c, &ns, manifest::pipeline_run(self.plan, &run)).await;
+        let probe_text = format!("probe {}: {}", run.name, outcome(&r));
+        if r.is_ok() {
+            self.acts.extra.push(Extra {
+                run,
+                unguarded_copy: false,
+                copied_token: None,
+            });
+        }
+        Ok(format!(
+            "user restores Mutex {key} from its snapshot: {text}; {probe_text}"
+        ))
     }
 
     /// Key `k`, or the next one if `k` is run `i`'s own: where a re-point sends it.
@@ -272,7 +401,11 @@ impl Stage<'_> {
         for (at, kind, op) in ops(self.plan) {
             sleep_until(self.t0 + at).await;
             let text = self.apply(&op).await?;
-            if !matches!(op, Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff) {
+            let second_half = matches!(
+                op,
+                Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff | Op::Snapshot(_)
+            );
+            if !second_half {
                 *counts.entry(kind.name()).or_default() += 1;
             }
             self.note(format!("FAULT {text}"));
@@ -378,6 +511,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         denials: 0,
         acts: UserActs::default(),
         timeline: timeline.clone(),
+        snapshots: BTreeMap::new(),
     };
     stage.start_replica(0)?;
     let creations = spawn_creations(plan, client.clone(), ns.name(), t0, timeline.clone());
@@ -385,6 +519,20 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     let siblings = plan.runs.iter().filter(|r| r.shape == Shape::Sibling);
     if siblings.clone().count() > 0 {
         counts.insert(FaultKind::SiblingReleaseAfter.name(), siblings.count());
+    }
+    for (kind, shaped) in [
+        (
+            FaultKind::MatrixKeys,
+            (|s| matches!(s, Shape::Matrix(..))) as fn(Shape) -> bool,
+        ),
+        (FaultKind::OppositeOrders, |s| {
+            matches!(s, Shape::Opposite(..))
+        }),
+    ] {
+        let n = plan.runs.iter().filter(|r| shaped(r.shape)).count();
+        if n > 0 && !plan.unguarded {
+            counts.insert(kind.name(), n);
+        }
     }
     // Not a fault: the queued shape is part of the random mix, counted beside the faults.
     let queued = plan
@@ -405,6 +553,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     let end_ms = now_ms().saturating_sub(t0);
     let deploys = deploys(&seen, t0, end_ms);
     let facts = run_facts(plan, &prs, &locks, &stage.acts);
+    let created_runs = plan.runs.len() + stage.acts.extra.len();
     let capacity = plan
         .keys
         .iter()
@@ -431,7 +580,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     std::fs::write(stage.log_dir.join("timeline.txt"), text.join("\n") + "\n")?;
     Ok(RoundResult {
         seed: plan.seed,
-        runs: plan.runs.len(),
+        runs: created_runs,
         faults: counts,
         handovers: handovers(plan, &deploys, &prs, &timeline, t0),
         violations,
@@ -454,6 +603,7 @@ async fn wait_all_done(
     let expected: Vec<&str> = plan
         .runs
         .iter()
+        .chain(acts.extra.iter().map(|e| &e.run))
         .map(|r| r.name.as_str())
         .filter(|n| !acts.deleted.contains(*n))
         .collect();
@@ -533,13 +683,20 @@ fn run_facts(
     locks: &BTreeMap<String, LockFinal>,
     acts: &UserActs,
 ) -> Vec<RunFacts> {
+    let extra = acts
+        .extra
+        .iter()
+        .map(|e| (&e.run, e.unguarded_copy, e.copied_token.clone()));
     let mut facts: Vec<RunFacts> = plan
         .runs
         .iter()
-        .map(|r| {
+        .map(|r| (r, false, None))
+        .chain(extra)
+        .map(|(r, unguarded_copy, copied_token)| {
             let group = &plan.groups[r.group];
             let pr = prs.get(&r.name);
-            let lock = locks.get(&r.name);
+            // A copy started unguarded has its original's record: not its own.
+            let lock = locks.get(&r.name).filter(|_| !unguarded_copy);
             RunFacts {
                 group: group.name.clone(),
                 supersede_running: group.supersede == Supersede::Running && !plan.unguarded,
@@ -566,6 +723,11 @@ fn run_facts(
                 lock_status: lock.and_then(|l| l.status.clone()),
                 lock_reason: lock.and_then(|l| l.reason.clone()),
                 lock_message: lock.and_then(|l| l.message.clone()),
+                cross: r.shape.cross() && !plan.unguarded,
+                unguarded_copy,
+                copied_token,
+                token: pr.and_then(|p| p.token.clone()),
+                completion_s: pr.and_then(|p| p.completion_s),
             }
         })
         .collect();
