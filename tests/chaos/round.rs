@@ -50,7 +50,6 @@ enum Op {
     WipeMutex(usize),
     /// A copy of run `.0`, Pending again if `.1`.
     Copy(usize, bool),
-    Snapshot(usize),
     /// Restore key `.0`'s snapshot, the controller down `.1` ms around it; then probe `.2`.
     Restore(usize, u64, usize),
     DenyOn,
@@ -90,10 +89,8 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
             FaultKind::RequeuedCopy => add(at, Op::Copy(f.run, true)),
             // Pipeline shapes (plan::Shape::Matrix, Opposite), counted per run.
             FaultKind::MatrixKeys | FaultKind::OppositeOrders => {}
-            FaultKind::MutexRestore => {
-                add(f.snapshot_ms(), Op::Snapshot(f.key));
-                add(at, Op::Restore(f.key, f.for_ms, f.run));
-            }
+            // Its snapshot is taken on schedule by a task of its own (spawn_snapshots).
+            FaultKind::MutexRestore => add(at, Op::Restore(f.key, f.for_ms, f.run)),
             FaultKind::AdmissionDeny => {
                 add(at, Op::DenyOn);
                 add(end, Op::DenyOff);
@@ -135,8 +132,96 @@ struct Stage<'a> {
     denials: usize,
     acts: UserActs,
     timeline: Arc<StdMutex<Vec<Line>>>,
-    /// Mutex snapshots by key, for restores (None: there was none).
-    snapshots: BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>,
+    /// Mutex snapshots by key, for restores (None: there was none), taken on schedule by a
+    /// task of their own (a restore may hold up the schedule).
+    snapshots: Snapshots,
+    /// Restores with the controller up, each waiting for its key to be idle on its own; their
+    /// probes once done.
+    background: Vec<tokio::task::JoinHandle<Option<Extra>>>,
+}
+
+type Snapshots = Arc<StdMutex<BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>>>;
+
+/// Takes the restores' snapshots on schedule.
+fn spawn_snapshots(
+    plan: &RoundPlan,
+    client: Client,
+    ns: &str,
+    t0: u64,
+    timeline: Arc<StdMutex<Vec<Line>>>,
+    snapshots: Snapshots,
+) -> tokio::task::JoinHandle<()> {
+    let mut plan_: Vec<(u64, usize, String)> = plan
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::MutexRestore)
+        .map(|f| (f.snapshot_ms(), f.key, plan.keys[f.key].name.clone()))
+        .collect();
+    plan_.sort();
+    let ns = ns.to_string();
+    tokio::spawn(async move {
+        for (at, k, key) in plan_ {
+            sleep_until(t0 + at).await;
+            let r = faults::snapshot_mutex(&client, &ns, &key).await;
+            let text = match &r {
+                Ok(Some(m)) => format!(
+                    "lastToken {}",
+                    m.status.as_ref().map_or(0, |s| s.last_token)
+                ),
+                Ok(None) => "none there".into(),
+                Err(e) => format!("failed: {e:#}"),
+            };
+            snapshots
+                .lock()
+                .unwrap()
+                .entry(k)
+                .or_insert(r.ok().flatten());
+            let t = now_ms().saturating_sub(t0);
+            let line = format!("FAULT user snapshots Mutex {key} (a backup): {text}");
+            timeline.lock().unwrap().push((t, line));
+        }
+    })
+}
+
+/// A Velero-style restore of `key` with the controller up: once the key is idle (bounded), then
+/// the probe. Returns what happened, and the probe if it was created.
+async fn restore_with_probe(
+    client: Client,
+    ns: String,
+    key: String,
+    snapshot: Option<tekton_mutex::model::mutex::Mutex>,
+    probe: (RunPlan, serde_json::Value),
+    how: String,
+) -> (String, Option<Extra>) {
+    let text = match snapshot {
+        None => "no snapshot: nothing restored".to_string(),
+        Some(snap) if !faults::wait_idle(&client, &ns, &key, secs(120)).await => {
+            let _ = snap;
+            "still in use after 120 s: not restored".to_string()
+        }
+        Some(snap) => faults::restore_mutex(&client, &ns, &snap)
+            .await
+            .unwrap_or_else(|e| format!("failed: {e:#}")),
+    };
+    let (probe_text, extra) = create_probe(&client, &ns, probe).await;
+    let text = format!("user restores Mutex {key} from its snapshot{how}: {text}; {probe_text}");
+    (text, extra)
+}
+
+/// Creates a restore's probe run.
+async fn create_probe(
+    client: &Client,
+    ns: &str,
+    (run, body): (RunPlan, serde_json::Value),
+) -> (String, Option<Extra>) {
+    let r = faults::create_run(client, ns, body).await;
+    let text = format!("probe {}: {}", run.name, outcome(&r));
+    let extra = r.is_ok().then_some(Extra {
+        run,
+        unguarded_copy: false,
+        copied_token: None,
+    });
+    (text, extra)
 }
 
 impl Stage<'_> {
@@ -210,19 +295,6 @@ impl Stage<'_> {
             | Op::Repoint(..)
             | Op::DeleteReserved
             | Op::Copy(..) => self.act(op).await?,
-            Op::Snapshot(k) => {
-                let r = faults::snapshot_mutex(&c, &ns, &key(*k)).await;
-                let text = match &r {
-                    Ok(Some(m)) => format!(
-                        "lastToken {}",
-                        m.status.as_ref().map_or(0, |s| s.last_token)
-                    ),
-                    Ok(None) => "none there".into(),
-                    Err(e) => format!("failed: {e:#}"),
-                };
-                self.snapshots.insert(*k, r.ok().flatten());
-                format!("user snapshots Mutex {} (a backup): {text}", key(*k))
-            }
             Op::Restore(k, down, probe) => self.restore(*k, *down, *probe).await?,
             Op::DeleteMutex(k) => {
                 let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
@@ -334,53 +406,63 @@ impl Stage<'_> {
         })
     }
 
-    /// A Velero-style restore of key `k`'s snapshot once the key is idle (bounded), with the
-    /// controller down `down` ms around it if `down` > 0; then the probe run `probe` on the key.
+    /// A Velero-style restore of key `k`'s snapshot once the key is idle (bounded), then the
+    /// probe run `probe` on the key. With the controller up (`down` 0) it waits on its own, the
+    /// schedule goes on; else the controller is killed once the key is idle and restarted
+    /// `down` ms after the restore.
     async fn restore(&mut self, k: usize, down: u64, probe: usize) -> Result<String> {
         let (c, ns) = (self.client.clone(), self.ns.clone());
         let key = self.plan.keys[k].name.clone();
-        let text = match self.snapshots.get(&k).cloned().flatten() {
-            None => "no snapshot: nothing restored".to_string(),
-            Some(snap) => {
-                if !faults::wait_idle(&c, &ns, &key, secs(120)).await {
-                    "still in use after 120 s: not restored".to_string()
-                } else {
-                    if down > 0 {
-                        for r in self.replicas.iter_mut() {
-                            if let Some(mut r) = r.take() {
-                                r.kill();
-                            }
-                        }
-                        self.note(format!("FAULT controller SIGKILL for the restore of {key}"));
-                    }
-                    let r = faults::restore_mutex(&c, &ns, &snap).await;
-                    if down > 0 {
-                        tokio::time::sleep(Duration::from_millis(down)).await; // the downtime
-                        self.start_replica(0)?;
-                    }
-                    let outcome = r.unwrap_or_else(|e| format!("failed: {e:#}"));
-                    let how = if down > 0 {
-                        format!(" (controller down {down} ms)")
-                    } else {
-                        String::new()
-                    };
-                    format!("{outcome}{how}")
-                }
-            }
-        };
+        let snapshot = self.snapshots.lock().unwrap().get(&k).cloned().flatten();
         let run = self.plan.probes[probe].clone();
-        let r = faults::create_run(&c, &ns, manifest::pipeline_run(self.plan, &run)).await;
-        let probe_text = format!("probe {}: {}", run.name, outcome(&r));
-        if r.is_ok() {
-            self.acts.extra.push(Extra {
-                run,
-                unguarded_copy: false,
-                copied_token: None,
-            });
+        let body = manifest::pipeline_run(self.plan, &run);
+        if down == 0 {
+            let (timeline, t0) = (self.timeline.clone(), self.t0);
+            self.background.push(tokio::spawn(async move {
+                let (text, extra) =
+                    restore_with_probe(c, ns, key, snapshot, (run, body), String::new()).await;
+                let t = now_ms().saturating_sub(t0);
+                timeline.lock().unwrap().push((t, format!("FAULT {text}")));
+                extra
+            }));
+            return Ok(format!(
+                "restore of Mutex {} begins (once it is idle)",
+                self.plan.keys[k].name
+            ));
         }
-        Ok(format!(
-            "user restores Mutex {key} from its snapshot: {text}; {probe_text}"
-        ))
+        // Waits for the key to be idle with the controller up, then takes it down.
+        let Some(snap) = snapshot else {
+            let (probe_text, extra) = create_probe(&c, &ns, (run, body)).await;
+            self.acts.extra.extend(extra);
+            return Ok(format!(
+                "user restores Mutex {key}: no snapshot; {probe_text}"
+            ));
+        };
+        if !faults::wait_idle(&c, &ns, &key, secs(120)).await {
+            let (probe_text, extra) = create_probe(&c, &ns, (run, body)).await;
+            self.acts.extra.extend(extra);
+            return Ok(format!(
+                "user restores Mutex {key}: still in use after 120 s, not restored; {probe_text}"
+            ));
+        }
+        for r in self.replicas.iter_mut() {
+            if let Some(mut r) = r.take() {
+                r.kill();
+            }
+        }
+        self.note(format!("FAULT controller SIGKILL for the restore of {key}"));
+        let r = faults::restore_mutex(&c, &ns, &snap)
+            .await
+            .unwrap_or_else(|e| format!("failed: {e:#}"));
+        tokio::time::sleep(Duration::from_millis(down)).await; // the fault's downtime
+        self.start_replica(0)?;
+        let (probe_text, extra) = create_probe(&c, &ns, (run, body)).await;
+        let text = format!(
+            "user restores Mutex {key} from its snapshot (controller down {down} ms): {r}; \
+             {probe_text}"
+        );
+        self.acts.extra.extend(extra);
+        Ok(text)
     }
 
     /// Key `k`, or the next one if `k` is run `i`'s own: where a re-point sends it.
@@ -401,10 +483,8 @@ impl Stage<'_> {
         for (at, kind, op) in ops(self.plan) {
             sleep_until(self.t0 + at).await;
             let text = self.apply(&op).await?;
-            let second_half = matches!(
-                op,
-                Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff | Op::Snapshot(_)
-            );
+            let second_half =
+                matches!(op, Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff);
             if !second_half {
                 *counts.entry(kind.name()).or_default() += 1;
             }
@@ -416,6 +496,9 @@ impl Stage<'_> {
         if self.denials > 0 {
             faults::allow_cancels(&self.client, &self.ns).await?;
             self.denials = 0;
+        }
+        for task in std::mem::take(&mut self.background) {
+            self.acts.extra.extend(task.await?);
         }
         Ok(counts)
     }
@@ -511,9 +594,18 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         denials: 0,
         acts: UserActs::default(),
         timeline: timeline.clone(),
-        snapshots: BTreeMap::new(),
+        snapshots: Snapshots::default(),
+        background: vec![],
     };
     stage.start_replica(0)?;
+    let snapshots = spawn_snapshots(
+        plan,
+        client.clone(),
+        ns.name(),
+        t0,
+        timeline.clone(),
+        stage.snapshots.clone(),
+    );
     let creations = spawn_creations(plan, client.clone(), ns.name(), t0, timeline.clone());
     let mut counts = stage.inject().await?;
     let siblings = plan.runs.iter().filter(|r| r.shape == Shape::Sibling);
@@ -544,6 +636,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         counts.insert("queued-pipelineruns", queued);
     }
     creations.await??;
+    snapshots.await?;
     let stuck = wait_all_done(plan, &client, ns.name(), t0, &stage.acts).await?;
     settle(&client, ns.name(), &watches).await;
     let prs = observe::pipeline_runs(&client, ns.name()).await?;
@@ -553,6 +646,15 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     let end_ms = now_ms().saturating_sub(t0);
     let deploys = deploys(&seen, t0, end_ms);
     let facts = run_facts(plan, &prs, &locks, &stage.acts);
+    // Not a fault: cycles across keys the controller broke (their youngest run's wait ended
+    // with reason Deadlock), counted beside the faults.
+    let deadlocks = facts
+        .iter()
+        .filter(|f| f.lock_reason.as_deref() == Some("Deadlock"))
+        .count();
+    if deadlocks > 0 {
+        counts.insert("deadlocks-broken", deadlocks);
+    }
     let created_runs = plan.runs.len() + stage.acts.extra.len();
     let capacity = plan
         .keys
