@@ -308,7 +308,17 @@ impl RoundPlan {
                 .unwrap_or(0);
             work + wait
         });
-        let downtime: u64 = self.faults.iter().map(|f| f.for_ms).sum();
+        // A restore may wait up to 120 s for its key to be idle and 60 s for its deletion
+        // before its probe is created.
+        const RESTORE_WAIT_MS: u64 = 180_000;
+        let downtime: u64 = self
+            .faults
+            .iter()
+            .map(|f| match f.kind {
+                FaultKind::MutexRestore => f.for_ms + RESTORE_WAIT_MS,
+                _ => f.for_ms,
+            })
+            .sum();
         let last_created = self.all_runs().map(|r| r.at_ms).max().unwrap_or(0);
         last_created + per_key.max().unwrap_or(0) + downtime + MARGIN_MS
     }
@@ -754,6 +764,56 @@ mod tests {
             }
         }
         assert_eq!(down.len(), 2, "restores with the controller up and down");
+    }
+
+    /// hack/chaos.sh --ci's seeds (CI_SEEDS, CI_RUNS) draw every kind of fault between them:
+    /// a CI run meets each of them at least once.
+    #[test]
+    fn the_ci_seeds_draw_every_kind() {
+        let script =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/chaos.sh")).unwrap();
+        let default = |var: &str| {
+            let line = script
+                .lines()
+                .find(|l| l.starts_with(&format!("{var}=")))
+                .unwrap_or_else(|| panic!("{var} in hack/chaos.sh"));
+            let (_, rest) = line.split_once(":-").unwrap();
+            rest.trim_end_matches('}').to_string()
+        };
+        let runs = default("CI_RUNS");
+        let (min, max) = runs.split_once('-').unwrap();
+        let knobs = Knobs {
+            min_runs: min.parse().unwrap(),
+            max_runs: max.parse().unwrap(),
+            ..knobs()
+        };
+        let drawn: BTreeSet<FaultKind> = default("CI_SEEDS")
+            .split(',')
+            .flat_map(|s| draw(s.parse().unwrap(), &knobs).faults)
+            .map(|f| f.kind)
+            .collect();
+        let missing: Vec<_> = ALL_FAULTS.iter().filter(|k| !drawn.contains(k)).collect();
+        assert!(missing.is_empty(), "the CI seeds never draw {missing:?}");
+    }
+
+    /// Prints the kinds a few seeds draw (for picking CI seeds): `cargo test --test chaos
+    /// kinds_of_seeds -- --ignored --nocapture` with CHAOS_SEEDS and CHAOS_RUNS.
+    #[test]
+    #[ignore = "a tool, not a test"]
+    fn kinds_of_seeds() {
+        let seeds = std::env::var("CHAOS_SEEDS").unwrap_or("101,202,303".into());
+        let runs = std::env::var("CHAOS_RUNS").unwrap_or("20-24".into());
+        let (min, max) = runs.split_once('-').unwrap();
+        let knobs = Knobs {
+            min_runs: min.parse().unwrap(),
+            max_runs: max.parse().unwrap(),
+            ..knobs()
+        };
+        for seed in seeds.split(',') {
+            let p = draw(seed.parse().unwrap(), &knobs);
+            let kinds: Vec<_> = p.faults.iter().map(|f| f.kind.name()).collect();
+            println!("{seed}: {} runs, {kinds:?}", p.runs.len());
+        }
     }
 
     #[test]
