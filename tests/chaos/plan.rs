@@ -350,9 +350,14 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
     let mut faults = draw_faults(&mut rng, &runs, keys.len(), knobs);
     draw_shapes(&mut rng, &mut runs, &groups, &mut faults, keys.len());
     if faults.iter().any(|f| f.kind == FaultKind::MatrixKeys) {
-        // The matrix shape's keys, k1 and k2, queue in different orders.
-        keys[MATRIX_KEYS.0].order = Some("oldest-first");
-        keys[MATRIX_KEYS.1].order = Some("newest-first");
+        // The matrix shape's keys, k1 and k2, queue in different orders (every order said).
+        for (i, k) in keys.iter_mut().enumerate() {
+            k.order = Some(if i == MATRIX_KEYS.1 {
+                "newest-first"
+            } else {
+                "oldest-first"
+            });
+        }
     }
     let probes = draw_probes(&mut faults, &mut groups, &keys);
     RoundPlan {
@@ -510,9 +515,21 @@ fn draw_shapes(
     faults: &mut [FaultPlan],
     keys: usize,
 ) {
+    // With the matrix shape, k2 queues newest first: `keys` refuses keys of different order,
+    // so a multi-key run takes k1 and k3, and a run of k2 stays as it is.
+    let mixed = faults.iter().any(|f| f.kind == FaultKind::MatrixKeys);
     let multi_key = |run: &mut RunPlan, rng: &mut TestRng| {
         let own = groups[run.group].key;
-        run.shape = Shape::MultiKey((own + rng.random_range(1..keys)) % keys);
+        let other = if !mixed {
+            (own + rng.random_range(1..keys)) % keys
+        } else if own == MATRIX_KEYS.1 {
+            return;
+        } else {
+            (0..keys)
+                .find(|&k| k != own && k != MATRIX_KEYS.1)
+                .unwrap_or(own)
+        };
+        run.shape = Shape::MultiKey(other);
         run.wait = true; // `keys` refuses `wait: "false"`
     };
     if faults.iter().any(|f| f.kind == FaultKind::DeleteReserved) {
@@ -692,6 +709,16 @@ mod tests {
             }
             let has = |k| p.faults.iter().any(|f| f.kind == k);
             let shaped = |m: fn(&Shape) -> bool| p.runs.iter().any(|r| m(&r.shape));
+            for r in &p.runs {
+                if let Shape::MultiKey(other) = r.shape {
+                    let own = p.groups[r.group].key;
+                    assert_ne!(own, other);
+                    assert_eq!(
+                        p.keys[own].order, p.keys[other].order,
+                        "`keys` of one order"
+                    );
+                }
+            }
             if has(FaultKind::MatrixKeys) {
                 assert!(shaped(|s| matches!(s, Shape::Matrix(..))));
             } else {
