@@ -117,6 +117,8 @@ pub struct RunFacts {
     pub token: Option<String>,
     /// When it ended (seconds), if it did.
     pub completion_s: Option<i64>,
+    /// Queued as a whole (created Pending with the lock's annotations), copies included.
+    pub queued: bool,
 }
 
 impl RunFacts {
@@ -158,6 +160,22 @@ pub struct Round<'a> {
     pub runs: &'a [RunFacts],
     /// Runs still not done at the liveness bound.
     pub stuck: &'a [String],
+    /// When a user wiped a Mutex's status (key, ms since the round started).
+    pub wipes: &'a [(String, u64)],
+}
+
+/// A run queued as a whole that may have been granted before a wipe of its key and whose deploy
+/// starts this long after it (its pod starting) may still have held the key at the wipe.
+pub const WIPE_GRACE_MS: u64 = 10_000;
+
+/// Whether deploy `d`, of a run queued as a whole, may have been holding its key when a user
+/// wiped the key's status: README Limits, such a hold is lost (the status is its one record its
+/// author cannot write), so its section is not the key's any more.
+pub fn lost_to_a_wipe(d: &Deploy, queued: bool, wipes: &[(String, u64)]) -> bool {
+    queued
+        && wipes
+            .iter()
+            .any(|(k, t)| *k == d.key && d.start_ms <= t + WIPE_GRACE_MS && d.end_ms >= *t)
 }
 
 pub fn check(round: &Round) -> Vec<Violation> {
@@ -168,15 +186,25 @@ pub fn check(round: &Round) -> Vec<Violation> {
         .filter(|r| r.unguarded_copy)
         .map(|r| r.name.as_str())
         .collect();
+    let queued: BTreeSet<&str> = round
+        .runs
+        .iter()
+        .filter(|r| r.queued)
+        .map(|r| r.name.as_str())
+        .collect();
     for (key, &capacity) in round.capacity {
-        let deploys: Vec<&Deploy> = round
+        let guarded: Vec<&Deploy> = round
             .deploys
             .iter()
             .filter(|d| &d.key == key && !unguarded.contains(d.pr.as_str()))
             .collect();
-        out.extend(promise(key, capacity, &deploys, round.runs));
+        let (lost, held): (Vec<&Deploy>, Vec<&Deploy>) = guarded
+            .iter()
+            .partition(|d| lost_to_a_wipe(d, queued.contains(d.pr.as_str()), round.wipes));
+        out.extend(promise(key, capacity, &held, round.runs));
+        out.extend(lost_tokens(key, &lost, &guarded));
         if capacity > 1 {
-            out.extend(token_order(key, &deploys, round.runs));
+            out.extend(token_order(key, &guarded, round.runs));
         }
     }
     out.extend(liveness(round.runs, round.stuck));
@@ -211,6 +239,28 @@ pub fn token_order(key: &str, deploys: &[&Deploy], runs: &[RunFacts]) -> Vec<Vio
                 detail: format!(
                     "{}: token {} although {} had token {} and ended before {} was created",
                     later.pr, later.token, earlier.pr, earlier.token, later.pr
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// A hold lost to a wipe is no section, but its token was handed out: no other PipelineRun may
+/// get it again (the Guarantees' fencing, which a wipe does not lift).
+pub fn lost_tokens(key: &str, lost: &[&Deploy], all: &[&Deploy]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for l in lost {
+        let twin = all.iter().find(|d| d.pr != l.pr && d.token == l.token);
+        if let Some(d) = twin {
+            out.push(Violation {
+                invariant: Invariant::Fencing,
+                key: key.into(),
+                at_ms: d.start_ms.max(l.start_ms),
+                detail: format!(
+                    "{}: token {} also {}'s, whose hold a wipe of {key} lost (README Limits) \
+                     but whose token was handed out",
+                    d.pr, d.token, l.pr
                 ),
             });
         }
@@ -435,6 +485,7 @@ mod tests {
             deploys,
             runs,
             stuck: &[],
+            wipes: &[],
         })
     }
 
@@ -522,6 +573,7 @@ mod tests {
             deploys: &[],
             runs: &runs,
             stuck: &["b".into()],
+            wipes: &[],
         });
         assert_eq!(invariants(&v), [Invariant::Liveness]);
         assert!(v[0].detail.contains("waits behind a which ended"));
@@ -590,6 +642,7 @@ mod tests {
                 deploys: &[],
                 runs,
                 stuck: &[],
+                wipes: &[],
             })
         };
         assert!(round(&[run("old", 1), victim.clone()]).is_empty());
@@ -661,6 +714,48 @@ mod tests {
             deploy("c", 6, 12_000, 13_000),
         ];
         assert!(check_one(2, &higher, &runs).is_empty());
+    }
+
+    /// README Limits: a queued PipelineRun's hold is lost when its lock's status is wiped, so
+    /// another run may deploy beside it; not a lock task's, and its token is never handed out
+    /// again.
+    #[test]
+    fn a_queued_hold_lost_to_a_wipe_is_no_section_but_keeps_its_token() {
+        let cap = BTreeMap::from([("k1".to_string(), 1)]);
+        let wipes = [("k1".to_string(), 1_500)];
+        let round = |deploys: &[Deploy], runs: &[RunFacts]| {
+            check(&Round {
+                capacity: &cap,
+                deploys,
+                runs,
+                stuck: &[],
+                wipes: &wipes,
+            })
+        };
+        let mut q = run("q", 1);
+        q.queued = true;
+        q.supersede_on = false;
+        let mut b = run("b", 2);
+        b.supersede_on = false;
+        let beside = [deploy("q", 1, 1_000, 3_000), deploy("b", 2, 2_000, 4_000)];
+        assert!(round(&beside, &[q.clone(), b.clone()]).is_empty());
+        let again = [deploy("q", 1, 1_000, 3_000), deploy("b", 1, 2_000, 4_000)];
+        assert_eq!(
+            invariants(&round(&again, &[q.clone(), b.clone()])),
+            [Invariant::Fencing]
+        );
+        let mut lock_task = q.clone();
+        lock_task.queued = false;
+        assert_eq!(
+            invariants(&round(&beside, &[lock_task, b.clone()])),
+            [Invariant::Exclusion]
+        );
+        // Started after the wipe and its grace: granted after it, a section like any other.
+        let later = [
+            deploy("q", 1, 12_000, 13_000),
+            deploy("b", 2, 12_500, 14_000),
+        ];
+        assert_eq!(invariants(&round(&later, &[q, b])), [Invariant::Exclusion]);
     }
 
     #[test]

@@ -110,6 +110,8 @@ struct UserActs {
     repointed: BTreeSet<String>,
     /// Runs the campaign created beyond the plan's: copies and restore probes.
     extra: Vec<Extra>,
+    /// Mutex status wipes: key, ms since the round started.
+    wipes: Vec<(String, u64)>,
 }
 
 /// A run created by a fault: a copy (the original's plan under its own name) or a probe.
@@ -302,6 +304,10 @@ impl Stage<'_> {
             }
             Op::WipeMutex(k) => {
                 let r = faults::wipe_mutex_status(&c, &ns, &key(*k)).await;
+                if r.is_ok() {
+                    let t = now_ms().saturating_sub(self.t0);
+                    self.acts.wipes.push((key(*k), t));
+                }
                 format!("user wipes Mutex {} status: {}", key(*k), outcome(&r))
             }
             Op::DenyOn => {
@@ -666,6 +672,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         deploys: &deploys,
         runs: &facts,
         stuck: &stuck,
+        wipes: &stage.acts.wipes,
     });
     let mut timeline = std::mem::take(&mut *timeline.lock().unwrap());
     let planned = ops(plan)
@@ -830,6 +837,7 @@ fn run_facts(
                 copied_token,
                 token: pr.and_then(|p| p.token.clone()),
                 completion_s: pr.and_then(|p| p.completion_s),
+                queued: r.shape == Shape::Queued && !plan.unguarded,
             }
         })
         .collect();
