@@ -16,6 +16,8 @@ pub enum Invariant {
     StaleDeploy,
     Liveness,
     Reasons,
+    /// A copy started unguarded (a Dashboard "Rerun" of a queued PipelineRun) was granted.
+    Copy,
 }
 
 impl fmt::Display for Invariant {
@@ -26,6 +28,7 @@ impl fmt::Display for Invariant {
             Invariant::StaleDeploy => "no-stale-deploy",
             Invariant::Liveness => "liveness",
             Invariant::Reasons => "reasons",
+            Invariant::Copy => "unguarded-copy",
         })
     }
 }
@@ -103,6 +106,19 @@ pub struct RunFacts {
     pub lock_status: Option<String>,
     pub lock_reason: Option<String>,
     pub lock_message: Option<String>,
+    /// It takes keys in separate lock runs (a matrix, opposite orders): `Deadlock` may end it.
+    pub cross: bool,
+    /// A copy of a run queued as a whole, created not Pending: it runs unguarded (the lock
+    /// tells it so), its deploys are no sections, and it must never be granted.
+    pub unguarded_copy: bool,
+    /// For a copy: the `tekton-mutex.dev/token` annotation it was created with.
+    pub copied_token: Option<String>,
+    /// Its `tekton-mutex.dev/token` annotation at the end.
+    pub token: Option<String>,
+    /// When it ended (seconds), if it did.
+    pub completion_s: Option<i64>,
+    /// Queued as a whole (created Pending with the lock's annotations), copies included.
+    pub queued: bool,
 }
 
 impl RunFacts {
@@ -144,17 +160,129 @@ pub struct Round<'a> {
     pub runs: &'a [RunFacts],
     /// Runs still not done at the liveness bound.
     pub stuck: &'a [String],
+    /// When a user wiped a Mutex's status (key, ms since the round started).
+    pub wipes: &'a [(String, u64)],
+}
+
+/// A run queued as a whole that may have been granted before a wipe of its key and whose deploy
+/// starts this long after it (its pod starting) may still have held the key at the wipe.
+pub const WIPE_GRACE_MS: u64 = 10_000;
+
+/// Whether deploy `d`, of a run queued as a whole, may have been holding its key when a user
+/// wiped the key's status: README Limits, such a hold is lost (the status is its one record its
+/// author cannot write), so its section is not the key's any more.
+pub fn lost_to_a_wipe(d: &Deploy, queued: bool, wipes: &[(String, u64)]) -> bool {
+    queued
+        && wipes
+            .iter()
+            .any(|(k, t)| *k == d.key && d.start_ms <= t + WIPE_GRACE_MS && d.end_ms >= *t)
 }
 
 pub fn check(round: &Round) -> Vec<Violation> {
     let mut out = Vec::new();
+    let unguarded: BTreeSet<&str> = round
+        .runs
+        .iter()
+        .filter(|r| r.unguarded_copy)
+        .map(|r| r.name.as_str())
+        .collect();
+    let queued: BTreeSet<&str> = round
+        .runs
+        .iter()
+        .filter(|r| r.queued)
+        .map(|r| r.name.as_str())
+        .collect();
     for (key, &capacity) in round.capacity {
-        let deploys: Vec<&Deploy> = round.deploys.iter().filter(|d| &d.key == key).collect();
-        out.extend(promise(key, capacity, &deploys, round.runs));
+        let guarded: Vec<&Deploy> = round
+            .deploys
+            .iter()
+            .filter(|d| &d.key == key && !unguarded.contains(d.pr.as_str()))
+            .collect();
+        let (lost, held): (Vec<&Deploy>, Vec<&Deploy>) = guarded
+            .iter()
+            .partition(|d| lost_to_a_wipe(d, queued.contains(d.pr.as_str()), round.wipes));
+        out.extend(promise(key, capacity, &held, round.runs));
+        out.extend(lost_tokens(key, &lost, &guarded));
+        if capacity > 1 {
+            out.extend(token_order(key, &guarded, round.runs));
+        }
     }
     out.extend(liveness(round.runs, round.stuck));
     out.extend(reasons(round.runs));
+    out.extend(copies(round.runs));
     out
+}
+
+/// Tokens handed out after a run ended are above its token, whatever the capacity (capacity 1
+/// is the promise's fencing rule already): a deploy of a PipelineRun created after another's
+/// ended (to the second, both known) must carry a higher token. A Mutex deleted and restored
+/// from an old copy with its status must not hand out tokens again.
+pub fn token_order(key: &str, deploys: &[&Deploy], runs: &[RunFacts]) -> Vec<Violation> {
+    let facts: BTreeMap<&str, &RunFacts> = runs.iter().map(|r| (r.name.as_str(), r)).collect();
+    let created = |d: &Deploy| {
+        facts
+            .get(d.pr.as_str())
+            .and_then(|r| Some(r.age.as_ref()?.created_s))
+    };
+    let ended = |d: &Deploy| facts.get(d.pr.as_str()).and_then(|r| r.completion_s);
+    let mut out = Vec::new();
+    for later in deploys.iter().filter(|d| d.token > 0) {
+        let Some(born) = created(later) else { continue };
+        let above = deploys
+            .iter()
+            .filter(|d| d.pr != later.pr && d.token >= later.token);
+        if let Some(earlier) = above.clone().find(|d| ended(d).is_some_and(|e| e < born)) {
+            out.push(Violation {
+                invariant: Invariant::Fencing,
+                key: key.into(),
+                at_ms: later.start_ms,
+                detail: format!(
+                    "{}: token {} although {} had token {} and ended before {} was created",
+                    later.pr, later.token, earlier.pr, earlier.token, later.pr
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// A hold lost to a wipe is no section, but its token was handed out: no other PipelineRun may
+/// get it again (the Guarantees' fencing, which a wipe does not lift).
+pub fn lost_tokens(key: &str, lost: &[&Deploy], all: &[&Deploy]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for l in lost {
+        let twin = all.iter().find(|d| d.pr != l.pr && d.token == l.token);
+        if let Some(d) = twin {
+            out.push(Violation {
+                invariant: Invariant::Fencing,
+                key: key.into(),
+                at_ms: d.start_ms.max(l.start_ms),
+                detail: format!(
+                    "{}: token {} also {}'s, whose hold a wipe of {key} lost (README Limits) \
+                     but whose token was handed out",
+                    d.pr, d.token, l.pr
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// A copy started unguarded is never granted: its token annotation stays the one it was
+/// created with (none, or its original's).
+pub fn copies(runs: &[RunFacts]) -> Vec<Violation> {
+    runs.iter()
+        .filter(|r| r.unguarded_copy && r.token.is_some() && r.token != r.copied_token)
+        .map(|r| Violation {
+            invariant: Invariant::Copy,
+            key: r.key.clone(),
+            at_ms: u64::MAX,
+            detail: format!(
+                "{}, a copy started unguarded, shows token {:?} (created with {:?})",
+                r.name, r.token, r.copied_token
+            ),
+        })
+        .collect()
 }
 
 /// Exclusion, fencing and no stale deploy: the key's deploys, as sections, replayed through the
@@ -258,6 +386,7 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
         let lock = r.lock_reason.as_deref();
         match lock {
             Some("InvalidParams") if r.repointed => {}
+            Some("Deadlock") if r.cross => {}
             Some(x) if x != "Waiting" && !LOCK_REASONS.contains(&x) => {
                 v(format!("lock run ended with undocumented reason {x}"))
             }
@@ -299,6 +428,7 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
         let failed = r.reason.as_deref() == Some("Failed");
         let failure_explained = explained
             || r.repointed
+            || (r.cross && lock == Some("Deadlock"))
             || matches!(lock, Some("CustomRunTimedOut"))
             || r.has_pipeline_timeout;
         if failed && !failure_explained {
@@ -355,6 +485,7 @@ mod tests {
             deploys,
             runs,
             stuck: &[],
+            wipes: &[],
         })
     }
 
@@ -442,6 +573,7 @@ mod tests {
             deploys: &[],
             runs: &runs,
             stuck: &["b".into()],
+            wipes: &[],
         });
         assert_eq!(invariants(&v), [Invariant::Liveness]);
         assert!(v[0].detail.contains("waits behind a which ended"));
@@ -491,6 +623,139 @@ mod tests {
         left_waiting.lock_reason = Some("Waiting".into());
         let v = reasons(&[left_waiting]);
         assert!(v.iter().any(|v| v.detail.contains("lock run still")));
+    }
+
+    /// Issue 37: the youngest PipelineRun of a cycle across keys fails with reason `Deadlock`:
+    /// documented for a run that takes keys in separate lock runs, not for any other.
+    #[test]
+    fn a_deadlock_victim_is_explained_only_where_keys_are_taken_apart() {
+        let mut victim = run("young", 2);
+        victim.reason = Some("Failed".into());
+        victim.lock_status = Some("False".into());
+        victim.lock_reason = Some("Deadlock".into());
+        victim.lock_message = Some("Deadlock: young waits for k2 held by old".into());
+        victim.cross = true;
+        let cap = BTreeMap::from([("k1".to_string(), 1)]);
+        let round = |runs: &[RunFacts]| {
+            check(&Round {
+                capacity: &cap,
+                deploys: &[],
+                runs,
+                stuck: &[],
+                wipes: &[],
+            })
+        };
+        assert!(round(&[run("old", 1), victim.clone()]).is_empty());
+        victim.cross = false;
+        let v = round(&[run("old", 1), victim]);
+        assert_eq!(invariants(&v), [Invariant::Reasons, Invariant::Reasons]);
+    }
+
+    fn copy_of(original: &RunFacts, name: &str, unguarded: bool) -> RunFacts {
+        let mut c = original.clone();
+        c.name = name.into();
+        c.unguarded_copy = unguarded;
+        c.copied_token = Some("1".into());
+        c.token = Some("1".into());
+        c
+    }
+
+    /// Issue 37: a copy is its own member. One queued Pending again is a section like any other
+    /// (never granted beside its original beyond capacity, never with a repeated token); one
+    /// started unguarded deploys with its original's token, is no section, and is never granted.
+    #[test]
+    fn copies_are_their_own_members() {
+        let a = run("a", 1);
+        let again = copy_of(&a, "a-again", false);
+        let overlap = [deploy("a", 1, 0, 1000), deploy("a-again", 2, 500, 1500)];
+        let v = check_one(1, &overlap, &[a.clone(), again.clone()]);
+        assert_eq!(invariants(&v), [Invariant::Exclusion]);
+        let same_token = [deploy("a", 1, 0, 1000), deploy("a-again", 1, 1000, 1500)];
+        let v = check_one(1, &same_token, &[a.clone(), again.clone()]);
+        assert_eq!(invariants(&v), [Invariant::Fencing]);
+        let after = [deploy("a", 1, 0, 1000), deploy("a-again", 2, 1000, 1500)];
+        assert!(check_one(1, &after, &[a.clone(), again]).is_empty());
+
+        let mut rerun = copy_of(&a, "a-rerun", true);
+        let unguarded = [deploy("a", 1, 0, 1000), deploy("a-rerun", 1, 500, 1500)];
+        assert!(check_one(1, &unguarded, &[a.clone(), rerun.clone()]).is_empty());
+        rerun.token = Some("2".into());
+        let v = check_one(1, &unguarded, &[a, rerun]);
+        assert_eq!(invariants(&v), [Invariant::Copy]);
+    }
+
+    /// Issue 37: tokens handed out after a run ended are above its token at any capacity (a
+    /// Mutex restored from an old copy with its status must not hand them out again).
+    #[test]
+    fn a_token_below_an_ended_runs_is_caught_at_capacity_two() {
+        let timed = |name: &str, created_s: i64, completion_s: i64| {
+            let mut r = run(name, 1);
+            r.supersede_on = false;
+            r.age.as_mut().unwrap().created_s = created_s;
+            r.completion_s = Some(completion_s);
+            r
+        };
+        let runs = [timed("a", 0, 5), timed("b", 0, 6), timed("c", 10, 20)];
+        let lower = [
+            deploy("a", 4, 0, 1000),
+            deploy("b", 5, 0, 1000),
+            deploy("c", 3, 12_000, 13_000),
+        ];
+        let v = check_one(2, &lower, &runs);
+        assert_eq!(invariants(&v), [Invariant::Fencing]);
+        assert!(v[0].detail.contains("c: token 3"), "{v:?}");
+        // Created before the others ended: either order.
+        let mut overlapping = runs.clone();
+        overlapping[2].age.as_mut().unwrap().created_s = 5;
+        assert!(check_one(2, &lower, &overlapping).is_empty());
+        let higher = [
+            deploy("a", 4, 0, 1000),
+            deploy("b", 5, 0, 1000),
+            deploy("c", 6, 12_000, 13_000),
+        ];
+        assert!(check_one(2, &higher, &runs).is_empty());
+    }
+
+    /// README Limits: a queued PipelineRun's hold is lost when its lock's status is wiped, so
+    /// another run may deploy beside it; not a lock task's, and its token is never handed out
+    /// again.
+    #[test]
+    fn a_queued_hold_lost_to_a_wipe_is_no_section_but_keeps_its_token() {
+        let cap = BTreeMap::from([("k1".to_string(), 1)]);
+        let wipes = [("k1".to_string(), 1_500)];
+        let round = |deploys: &[Deploy], runs: &[RunFacts]| {
+            check(&Round {
+                capacity: &cap,
+                deploys,
+                runs,
+                stuck: &[],
+                wipes: &wipes,
+            })
+        };
+        let mut q = run("q", 1);
+        q.queued = true;
+        q.supersede_on = false;
+        let mut b = run("b", 2);
+        b.supersede_on = false;
+        let beside = [deploy("q", 1, 1_000, 3_000), deploy("b", 2, 2_000, 4_000)];
+        assert!(round(&beside, &[q.clone(), b.clone()]).is_empty());
+        let again = [deploy("q", 1, 1_000, 3_000), deploy("b", 1, 2_000, 4_000)];
+        assert_eq!(
+            invariants(&round(&again, &[q.clone(), b.clone()])),
+            [Invariant::Fencing]
+        );
+        let mut lock_task = q.clone();
+        lock_task.queued = false;
+        assert_eq!(
+            invariants(&round(&beside, &[lock_task, b.clone()])),
+            [Invariant::Exclusion]
+        );
+        // Started after the wipe and its grace: granted after it, a section like any other.
+        let later = [
+            deploy("q", 1, 12_000, 13_000),
+            deploy("b", 2, 12_500, 14_000),
+        ];
+        assert_eq!(invariants(&round(&later, &[q, b])), [Invariant::Exclusion]);
     }
 
     #[test]

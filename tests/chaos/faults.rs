@@ -317,3 +317,162 @@ pub async fn delete_reserved_lock_run(
         Err(e) => Err(e.into()),
     }
 }
+
+/// A copy of PipelineRun `of` as Tekton Dashboard's "Rerun" makes it (issue 37): every
+/// annotation kept (the lock's record and token too), the labels but Tekton's own, the spec
+/// without `status`, under a new name; created Pending again if `pending` (as the README says
+/// to queue a run) and the original is queued as a whole (a lock task's run would stay Pending).
+pub struct Copied {
+    /// The original is queued as a whole (it has `tekton-mutex.dev/key`).
+    pub queued: bool,
+    /// Created Pending.
+    pub pending: bool,
+    /// The `tekton-mutex.dev/token` annotation it was created with.
+    pub token: Option<String>,
+}
+
+pub async fn copy_run(
+    client: &Client,
+    ns: &str,
+    of: &str,
+    name: &str,
+    pending: bool,
+) -> Result<Copied> {
+    let api = prs(client, ns).await?;
+    let original = api.get(of).await?;
+    let annotations = original.annotations().clone();
+    let queued = annotations.contains_key("tekton-mutex.dev/key");
+    let pending = pending && queued;
+    let labels: std::collections::BTreeMap<_, _> = original
+        .labels()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("tekton.dev/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut spec = original.data["spec"].clone();
+    let fields = spec.as_object_mut().context("spec is an object")?;
+    fields.remove("status");
+    if pending {
+        fields.insert("status".into(), json!("PipelineRunPending"));
+    }
+    let copy = json!({
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": spec,
+    });
+    let copy: DynamicObject = serde_json::from_value(copy)?;
+    api.create(&kube::api::PostParams::default(), &copy).await?;
+    Ok(Copied {
+        queued,
+        pending,
+        token: annotations.get("tekton-mutex.dev/token").cloned(),
+    })
+}
+
+/// Creates a PipelineRun (a restore's probe).
+pub async fn create_run(client: &Client, ns: &str, body: serde_json::Value) -> Result<()> {
+    let pr: DynamicObject = serde_json::from_value(body)?;
+    prs(client, ns)
+        .await?
+        .create(&kube::api::PostParams::default(), &pr)
+        .await?;
+    Ok(())
+}
+
+/// Mutex `key` as it is now (None: there is none), for a restore later.
+pub async fn snapshot_mutex(client: &Client, ns: &str, key: &str) -> Result<Option<Mutex>> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    Ok(api.get_opt(key).await?)
+}
+
+/// Waits up to `within` for Mutex `key` to be idle (no holder, waiter or reservation, no
+/// finalizer, not being deleted) or absent; false if it never was.
+pub async fn wait_idle(client: &Client, ns: &str, key: &str, within: Duration) -> bool {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    wait_until(&format!("Mutex {key} to be idle"), within, || {
+        let api = api.clone();
+        async move {
+            let Ok(m) = api.get_opt(key).await else {
+                return Ok(None); // the API server is away: ask again
+            };
+            let idle = m.is_none_or(|m| {
+                let st = m.status.unwrap_or_default();
+                m.metadata.deletion_timestamp.is_none()
+                    && m.metadata.finalizers.unwrap_or_default().is_empty()
+                    && st.holders.is_empty()
+                    && st.queue.is_empty()
+                    && st.reservations.is_empty()
+            });
+            Ok(idle.then_some(()))
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// A restore of Mutex `snapshot` as Velero does it with status included: the object is
+/// deleted (waited for, bounded), created again from the snapshot (spec, labels, annotations),
+/// then its old status is written through the status subresource. An object that exists by
+/// then is left alone, as Velero's default policy does. Returns what happened.
+pub async fn restore_mutex(client: &Client, ns: &str, snapshot: &Mutex) -> Result<String> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    let key = snapshot.name_any();
+    match api.delete(&key, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let gone = wait_until(&format!("Mutex {key} to be gone"), secs(60), || {
+        let api = api.clone();
+        let key = key.clone();
+        async move { Ok(matches!(api.get_opt(&key).await, Ok(None)).then_some(())) }
+    })
+    .await;
+    if gone.is_err() {
+        return Ok("deleted, but still there after 60 s (in use again): not restored".into());
+    }
+    let mut restored = Mutex::new(&key, snapshot.spec.clone());
+    restored.metadata.labels = snapshot.metadata.labels.clone();
+    restored.metadata.annotations = snapshot.metadata.annotations.clone();
+    let created = match api
+        .create(&kube::api::PostParams::default(), &restored)
+        .await
+    {
+        Ok(m) => m,
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            return Ok("re-created meanwhile (by the controller): left alone".into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let Some(status) = snapshot.status.clone() else {
+        return Ok("re-created from a snapshot with no status".into());
+    };
+    let mut current = created;
+    for attempt in 0..3 {
+        current.status = Some(status.clone());
+        match api
+            .replace_status(&key, &kube::api::PostParams::default(), &current)
+            .await
+        {
+            Ok(_) => {
+                return Ok(format!(
+                    "re-created with its old status (lastToken {}, {} holders, {} waiting)",
+                    status.last_token,
+                    status.holders.len(),
+                    status.queue.len()
+                ));
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 2 => {
+                current = api.get(&key).await?;
+            }
+            Err(kube::Error::Api(e)) => {
+                return Ok(format!(
+                    "re-created; its old status (lastToken {}) refused: {} ({})",
+                    status.last_token, e.message, e.code
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok("re-created; its old status never written (conflicts)".into())
+}

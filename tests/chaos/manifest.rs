@@ -19,11 +19,26 @@ TOKEN='$(params.token)'
 case "$TOKEN" in
   "{"*) TOKEN=$(echo "$TOKEN" | sed -n "s/.*\"$KEY\":\([0-9]*\).*/\1/p") ;;
 esac
-# A PipelineRun queued as a whole: the token is its annotation (retried while the API server restarts).
+# A PipelineRun queued as a whole: the token is its annotation (retried while the API server
+# restarts). A copy started unguarded (not Pending) is told so (`tekton-mutex.dev/error`) and may
+# have no token: it marks 0.
 i=0
 while [ "$TOKEN" = queued ] && [ "$i" -lt 200 ]; do
-  t=$(kubectl -n "$NS" get pipelinerun "$PR" -o jsonpath='{.metadata.annotations.tekton-mutex\.dev/token}' 2>/dev/null) && [ -n "$t" ] && TOKEN=$t
+  t=$(kubectl -n "$NS" get pipelinerun "$PR" -o jsonpath='{.metadata.annotations.tekton-mutex\.dev/token}/{.metadata.annotations.tekton-mutex\.dev/error}' 2>/dev/null) || t=/
+  case "$t" in
+    /) ;;
+    /*) TOKEN=0 ;;
+    *) TOKEN=${t%%/*} ;;
+  esac
   i=$((i+1)); [ "$TOKEN" = queued ] && sleep 0.3
+done
+# A matrixed lock task: this key's token is the result of the lock run whose key is this one.
+i=0
+while [ "$TOKEN" = matrix ] && [ "$i" -lt 200 ]; do
+  t=$(kubectl -n "$NS" get customruns -l "tekton.dev/pipelineRun=$PR,tekton.dev/pipelineTask=lock" -o jsonpath='{range .items[*]}{.spec.params[?(@.name=="key")].value}={.status.results[?(@.name=="token")].value}{" "}{end}' 2>/dev/null) || t=""
+  t=$(echo " $t" | sed -n "s/.* $KEY=\([0-9][0-9]*\) .*/\1/p")
+  [ -n "$t" ] && TOKEN=$t
+  i=$((i+1)); [ "$TOKEN" = matrix ] && sleep 0.3
 done
 mark() {
   now=$(date +%s%3N)
@@ -65,15 +80,19 @@ fn lock_params(plan: &RoundPlan, run: &RunPlan) -> Vec<Value> {
         .into_iter()
         .map(|k| plan.keys[k].name.as_str())
         .collect();
-    let mut params = vec![
-        match run.shape {
-            Shape::MultiKey(_) => param("keys", keys.join(",")),
-            Shape::Plain | Shape::Sibling | Shape::Queued => param("key", keys[0]),
-        },
+    let mut params = match run.shape {
+        Shape::MultiKey(_) => vec![param("keys", keys.join(","))],
+        // The matrix gives each lock run its key.
+        Shape::Matrix(..) => vec![],
+        Shape::Plain | Shape::Sibling | Shape::Queued | Shape::Opposite(..) => {
+            vec![param("key", keys[0])]
+        }
+    };
+    params.extend([
         param("group", &group.name),
         param("supersede", group.supersede.as_str()),
         param("cancel-mode", run.cancel_mode),
-    ];
+    ]);
     if let Some(s) = run.sequence {
         params.push(param("sequence", s.to_string()));
     }
@@ -87,7 +106,7 @@ fn lock_params(plan: &RoundPlan, run: &RunPlan) -> Vec<Value> {
 }
 
 fn lock_task(name: &str, mut params: Vec<Value>, run: &RunPlan) -> Value {
-    if name != LOCK {
+    if name == EARLY_LOCK {
         params.push(param("release-after", QUICK));
     }
     let mut lock = json!({
@@ -106,9 +125,14 @@ fn lock_task(name: &str, mut params: Vec<Value>, run: &RunPlan) -> Value {
 
 /// The token param of a queued run's deploy: the step reads the real one from the annotation.
 const QUEUED_TOKEN: &str = "queued";
+/// The token param of a matrixed lock task's deploy: the step reads its key's lock run result
+/// (a matrixed custom task's results are not one string).
+const MATRIX_TOKEN: &str = "matrix";
 
 /// The lock task every deploy is guarded by; its lock run is the one the checker reads.
 pub const LOCK: &str = "lock";
+/// The opposite-orders shape's second lock task (on its second key), after the first.
+pub const SECOND_LOCK: &str = "lock-2";
 /// The sibling shape's second lock task, and the quick task its `release-after` names.
 const EARLY_LOCK: &str = "lock-early";
 const QUICK: &str = "quick";
@@ -133,6 +157,8 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
         (true, _) => "0",
         (false, Shape::MultiKey(_)) => "$(tasks.lock.results.tokens)",
         (false, Shape::Queued) => QUEUED_TOKEN,
+        (false, Shape::Matrix(..)) => MATRIX_TOKEN,
+        (false, Shape::Opposite(..)) if i > 0 => "$(tasks.lock-2.results.token)",
         (false, _) => "$(tasks.lock.results.token)",
     };
     let names = [
@@ -159,7 +185,8 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
     if !plan.unguarded {
         let after = match run.shape {
             Shape::Sibling => json!([LOCK, QUICK]),
-            Shape::Plain | Shape::MultiKey(_) => json!([LOCK]),
+            Shape::Plain | Shape::MultiKey(_) | Shape::Matrix(..) => json!([LOCK]),
+            Shape::Opposite(..) => json!([LOCK, SECOND_LOCK]),
             Shape::Queued => json!([]),
         };
         deploy["runAfter"] = after;
@@ -181,6 +208,20 @@ pub fn pipeline_run(plan: &RoundPlan, run: &RunPlan) -> Value {
         if run.shape == Shape::Sibling {
             tasks.push(lock_task(EARLY_LOCK, lock_params(plan, run), run));
             tasks.push(quick_task());
+        }
+        match run.shape {
+            Shape::Matrix(a, b) => {
+                let keys = [&plan.keys[a].name, &plan.keys[b].name];
+                tasks[0]["matrix"] = json!({"params": [{"name": "key", "value": keys}]});
+            }
+            Shape::Opposite(_, second) => {
+                let mut params = lock_params(plan, run);
+                params[0] = param("key", &plan.keys[second].name);
+                let mut lock = lock_task(SECOND_LOCK, params, run);
+                lock["runAfter"] = json!([LOCK]);
+                tasks.push(lock);
+            }
+            _ => {}
         }
     }
     for (i, key) in plan.keys_of(run).into_iter().enumerate() {
@@ -230,11 +271,15 @@ pub fn mutexes(plan: &RoundPlan) -> Vec<Value> {
     plan.keys
         .iter()
         .map(|k| {
+            let mut spec = json!({"capacity": k.capacity});
+            if let Some(order) = k.order {
+                spec["order"] = json!(order);
+            }
             json!({
                 "apiVersion": "tekton-mutex.dev/v1alpha1",
                 "kind": "Mutex",
                 "metadata": {"name": k.name},
-                "spec": {"capacity": k.capacity},
+                "spec": spec,
             })
         })
         .collect()

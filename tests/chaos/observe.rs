@@ -2,7 +2,7 @@
 //! steps' marks (ConfigMaps), the removal of TaskRun pods, and at the end every PipelineRun and
 //! lock run.
 
-use super::manifest::{LOCK, MARK_LABEL};
+use super::manifest::{LOCK, MARK_LABEL, SECOND_LOCK};
 use anyhow::Result;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -116,6 +116,8 @@ pub struct PrFinal {
     pub spec_status: Option<String>,
     /// The controller's `tekton-mutex.dev/superseded-by` annotation, if any.
     pub superseded_by: Option<String>,
+    /// Its `tekton-mutex.dev/token` annotation (a queued run's grant, or a copy's copied one).
+    pub token: Option<String>,
     pub created_s: i64,
     pub completion_s: Option<i64>,
 }
@@ -156,6 +158,7 @@ pub async fn pipeline_runs(client: &Client, ns: &str) -> Result<BTreeMap<String,
                     .annotations()
                     .get("tekton-mutex.dev/superseded-by")
                     .cloned(),
+                token: pr.annotations().get("tekton-mutex.dev/token").cloned(),
                 created_s: pr
                     .metadata
                     .creation_timestamp
@@ -192,22 +195,39 @@ pub async fn lock_runs(client: &Client, ns: &str) -> Result<BTreeMap<String, Loc
 async fn lock_tasks(client: &Client, ns: &str) -> Result<BTreeMap<String, LockFinal>> {
     let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
     let list = api.list(&ListParams::default()).await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|cr| {
-            let pr = cr.labels().get("tekton.dev/pipelineRun")?.clone();
-            let task = cr.labels().get("tekton.dev/pipelineTask");
-            if task.is_some_and(|t| t != LOCK) {
-                return None; // a sibling lock task's run
+    let mut out: BTreeMap<String, LockFinal> = BTreeMap::new();
+    for cr in list.items {
+        let Some(pr) = cr.labels().get("tekton.dev/pipelineRun").cloned() else {
+            continue;
+        };
+        let task = cr.labels().get("tekton.dev/pipelineTask");
+        if task.is_some_and(|t| t != LOCK && t != SECOND_LOCK) {
+            continue; // a sibling lock task's run
+        }
+        let cond = cr.status.as_ref().and_then(|s| s.succeeded().cloned());
+        let fin = LockFinal {
+            status: cond.as_ref().map(|c| c.status.clone()),
+            reason: cond.as_ref().and_then(|c| c.reason.clone()),
+            message: cond.and_then(|c| c.message),
+        };
+        // Several lock runs of one PipelineRun (a matrix, or opposite orders): the one that
+        // tells most (still open, then failed, then cancelled, then succeeded: a deadlock's
+        // victim fails one and Tekton cancels the other).
+        match out.get(&pr) {
+            Some(seen) if telling(seen) >= telling(&fin) => {}
+            _ => {
+                out.insert(pr, fin);
             }
-            let cond = cr.status.as_ref().and_then(|s| s.succeeded().cloned());
-            let fin = LockFinal {
-                status: cond.as_ref().map(|c| c.status.clone()),
-                reason: cond.as_ref().and_then(|c| c.reason.clone()),
-                message: cond.and_then(|c| c.message),
-            };
-            Some((pr, fin))
-        })
-        .collect())
+        }
+    }
+    Ok(out)
+}
+
+fn telling(l: &LockFinal) -> u8 {
+    match (l.status.as_deref(), l.reason.as_deref()) {
+        (Some("True"), _) => 0,
+        (Some("False"), Some("CustomRunCancelled")) => 1,
+        (Some("False"), _) => 2,
+        _ => 3,
+    }
 }

@@ -36,6 +36,8 @@ pub const CANCEL_MODES: [&str; 3] = ["Cancelled", "CancelledRunFinally", "Stoppe
 pub struct KeyPlan {
     pub name: String,
     pub capacity: usize,
+    /// `spec.order`, when the round sets one (the matrix shape needs keys of different order).
+    pub order: Option<&'static str>,
 }
 
 /// A group belongs to one key and has one supersede mode for the round.
@@ -79,6 +81,20 @@ pub enum Shape {
     /// No lock task: the PipelineRun is created Pending with the key annotation, and the lock
     /// queues it as a whole (issue 26); its deploy reads the token from its annotation.
     Queued,
+    /// A lock task matrixed over two keys of different `order` (issue 37): two lock runs of one
+    /// PipelineRun that each decide alone, so PipelineRuns may deadlock across the keys.
+    Matrix(usize, usize),
+    /// Two lock tasks, the first key's, then the second's (issue 37): runs taking the same two
+    /// keys in opposite orders may deadlock.
+    Opposite(usize, usize),
+}
+
+impl Shape {
+    /// A shape whose PipelineRun takes keys in separate lock runs: the controller may end its
+    /// wait with reason `Deadlock` (the youngest of a cycle).
+    pub fn cross(self) -> bool {
+        matches!(self, Shape::Matrix(..) | Shape::Opposite(..))
+    }
 }
 
 /// Every kind of fault, named as `--faults` takes them.
@@ -98,9 +114,14 @@ pub enum FaultKind {
     SiblingReleaseAfter,
     Repoint,
     DeleteReserved,
+    RerunCopy,
+    RequeuedCopy,
+    MatrixKeys,
+    OppositeOrders,
+    MutexRestore,
 }
 
-pub const ALL_FAULTS: [FaultKind; 14] = [
+pub const ALL_FAULTS: [FaultKind; 19] = [
     FaultKind::ControllerKill,
     FaultKind::ControllerReplica,
     FaultKind::ControllerPause,
@@ -115,6 +136,11 @@ pub const ALL_FAULTS: [FaultKind; 14] = [
     FaultKind::SiblingReleaseAfter,
     FaultKind::Repoint,
     FaultKind::DeleteReserved,
+    FaultKind::RerunCopy,
+    FaultKind::RequeuedCopy,
+    FaultKind::MatrixKeys,
+    FaultKind::OppositeOrders,
+    FaultKind::MutexRestore,
 ];
 
 impl FaultKind {
@@ -134,6 +160,11 @@ impl FaultKind {
             FaultKind::SiblingReleaseAfter => "sibling-release-after",
             FaultKind::Repoint => "repoint",
             FaultKind::DeleteReserved => "delete-reserved",
+            FaultKind::RerunCopy => "rerun-copy",
+            FaultKind::RequeuedCopy => "requeued-copy",
+            FaultKind::MatrixKeys => "matrix-keys",
+            FaultKind::OppositeOrders => "opposite-orders",
+            FaultKind::MutexRestore => "mutex-restore",
         }
     }
 
@@ -148,8 +179,12 @@ impl FaultKind {
             | FaultKind::UserDeleteLockRun
             | FaultKind::SiblingReleaseAfter
             | FaultKind::Repoint
-            | FaultKind::DeleteReserved => "users",
-            FaultKind::MutexDelete | FaultKind::MutexWipe => "mutex",
+            | FaultKind::DeleteReserved
+            | FaultKind::RerunCopy
+            | FaultKind::RequeuedCopy
+            | FaultKind::MatrixKeys
+            | FaultKind::OppositeOrders => "users",
+            FaultKind::MutexDelete | FaultKind::MutexWipe | FaultKind::MutexRestore => "mutex",
             FaultKind::AdmissionDeny => "admission",
         }
     }
@@ -183,9 +218,11 @@ pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
 pub struct FaultPlan {
     pub at_ms: u64,
     pub kind: FaultKind,
-    /// How long it lasts (downtime, pause, second replica, denial), where that applies.
+    /// How long it lasts (downtime, pause, second replica, denial), where that applies; for a
+    /// Mutex restore, how long the controller is down around it (0: restored under its eyes).
     pub for_ms: u64,
-    /// The run it targets (index into `runs`), for user faults.
+    /// The run it targets (index into `runs`), for user faults; for a Mutex restore, its probe
+    /// (index into `probes`).
     pub run: usize,
     /// The key it targets, for Mutex faults.
     pub key: usize,
@@ -209,6 +246,21 @@ pub struct RoundPlan {
     pub groups: Vec<GroupPlan>,
     pub runs: Vec<RunPlan>,
     pub faults: Vec<FaultPlan>,
+    /// One run per Mutex restore, created once the restore is done (its own group, supersede
+    /// none): the key hands out a token after the restore, which the checker orders.
+    pub probes: Vec<RunPlan>,
+}
+
+impl FaultPlan {
+    /// A Mutex restore's snapshot of the lock object, early in the round.
+    pub fn snapshot_ms(&self) -> u64 {
+        self.at_ms / 3
+    }
+
+    /// A copy of a run (a Dashboard "Rerun" or the same copy queued Pending again).
+    pub fn copies(&self) -> bool {
+        matches!(self.kind, FaultKind::RerunCopy | FaultKind::RequeuedCopy)
+    }
 }
 
 impl RoundPlan {
@@ -221,8 +273,20 @@ impl RoundPlan {
         let own = self.groups[run.group].key;
         match run.shape {
             Shape::MultiKey(other) => vec![own, other],
+            Shape::Matrix(a, b) | Shape::Opposite(a, b) => vec![a, b],
             Shape::Plain | Shape::Sibling | Shape::Queued => vec![own],
         }
+    }
+
+    /// Every run the round may create: the planned ones, then for each copy fault its original
+    /// again (a copy takes what it takes), then the restores' probes.
+    fn all_runs(&self) -> impl Iterator<Item = &RunPlan> + Clone {
+        let copies = self
+            .faults
+            .iter()
+            .filter(|f| f.copies())
+            .filter_map(|f| self.runs.get(f.run));
+        self.runs.iter().chain(copies).chain(&self.probes)
     }
 
     /// How long every run may take at most before it counts as stuck: per key, the deploys
@@ -233,7 +297,7 @@ impl RoundPlan {
         const PER_RUN_OVERHEAD_MS: u64 = 6_000;
         const MARGIN_MS: u64 = 90_000;
         let per_key = (0..self.keys.len()).map(|k| {
-            let runs = self.runs.iter().filter(|r| self.keys_of(r).contains(&k));
+            let runs = self.all_runs().filter(|r| self.keys_of(r).contains(&k));
             let work: u64 = runs
                 .clone()
                 .map(|r| r.deploy_ms + r.term_extra_ms + PER_RUN_OVERHEAD_MS)
@@ -244,8 +308,18 @@ impl RoundPlan {
                 .unwrap_or(0);
             work + wait
         });
-        let downtime: u64 = self.faults.iter().map(|f| f.for_ms).sum();
-        let last_created = self.runs.iter().map(|r| r.at_ms).max().unwrap_or(0);
+        // A restore may wait up to 120 s for its key to be idle and 60 s for its deletion
+        // before its probe is created.
+        const RESTORE_WAIT_MS: u64 = 180_000;
+        let downtime: u64 = self
+            .faults
+            .iter()
+            .map(|f| match f.kind {
+                FaultKind::MutexRestore => f.for_ms + RESTORE_WAIT_MS,
+                _ => f.for_ms,
+            })
+            .sum();
+        let last_created = self.all_runs().map(|r| r.at_ms).max().unwrap_or(0);
         last_created + per_key.max().unwrap_or(0) + downtime + MARGIN_MS
     }
 }
@@ -253,14 +327,15 @@ impl RoundPlan {
 /// Draws a round.
 pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
     let mut rng = rng(seed);
-    let keys: Vec<KeyPlan> = (1..=3)
+    let mut keys: Vec<KeyPlan> = (1..=3)
         .map(|i| KeyPlan {
             name: format!("k{i}"),
             capacity: if rng.random_bool(0.25) { 2 } else { 1 },
+            order: None,
         })
         .collect();
     let supersedes = [Supersede::Pending, Supersede::None, Supersede::Running];
-    let groups: Vec<GroupPlan> = (0..rng.random_range(4..=6usize))
+    let mut groups: Vec<GroupPlan> = (0..rng.random_range(4..=6usize))
         .map(|i| GroupPlan {
             name: format!("g{}", i + 1),
             key: if i < keys.len() {
@@ -272,8 +347,19 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
         })
         .collect();
     let mut runs = draw_runs(&mut rng, &groups, knobs);
-    let faults = draw_faults(&mut rng, &runs, keys.len(), knobs);
-    draw_shapes(&mut rng, &mut runs, &groups, &faults, keys.len());
+    let mut faults = draw_faults(&mut rng, &runs, keys.len(), knobs);
+    draw_shapes(&mut rng, &mut runs, &groups, &mut faults, keys.len());
+    if faults.iter().any(|f| f.kind == FaultKind::MatrixKeys) {
+        // The matrix shape's keys, k1 and k2, queue in different orders (every order said).
+        for (i, k) in keys.iter_mut().enumerate() {
+            k.order = Some(if i == MATRIX_KEYS.1 {
+                "newest-first"
+            } else {
+                "oldest-first"
+            });
+        }
+    }
+    let probes = draw_probes(&mut faults, &mut groups, &keys);
     RoundPlan {
         seed,
         unguarded: knobs.unguarded,
@@ -281,7 +367,50 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
         groups,
         runs,
         faults,
+        probes,
     }
+}
+
+/// The keys of the matrix shape (of different order) and of the opposite-orders shape.
+pub const MATRIX_KEYS: (usize, usize) = (0, 1);
+pub const OPPOSITE_KEYS: (usize, usize) = (0, 2);
+
+/// A probe per Mutex restore: a plain run of a group of its own (supersede none) on the
+/// restored key, created once the restore is done.
+fn draw_probes(
+    faults: &mut [FaultPlan],
+    groups: &mut Vec<GroupPlan>,
+    keys: &[KeyPlan],
+) -> Vec<RunPlan> {
+    let mut probes = vec![];
+    for f in faults
+        .iter_mut()
+        .filter(|f| f.kind == FaultKind::MutexRestore)
+    {
+        let i = probes.len();
+        groups.push(GroupPlan {
+            name: format!("restore{}", i + 1),
+            key: f.key,
+            supersede: Supersede::None,
+        });
+        probes.push(RunPlan {
+            name: format!("p{i:02}-restore{}-{}", i + 1, keys[f.key].name),
+            group: groups.len() - 1,
+            at_ms: f.at_ms,
+            sequence: None,
+            priority: 0,
+            wait: true,
+            cancel_mode: CANCEL_MODES[0],
+            lock_timeout_s: None,
+            retries: 0,
+            pipeline_timeout_s: None,
+            deploy_ms: 1_000,
+            term_extra_ms: 0,
+            shape: Shape::Plain,
+        });
+        f.run = i;
+    }
+    probes
 }
 
 fn draw_runs(rng: &mut TestRng, groups: &[GroupPlan], knobs: &Knobs) -> Vec<RunPlan> {
@@ -356,6 +485,8 @@ fn draw_faults(rng: &mut TestRng, runs: &[RunPlan], keys: usize, knobs: &Knobs) 
                 FaultKind::ControllerPause => rng.random_range(3_000..=10_000),
                 FaultKind::ApiserverRestart | FaultKind::EtcdRestart => rng.random_range(0..=3_000),
                 FaultKind::AdmissionDeny => rng.random_range(5_000..=20_000),
+                // Half the restores happen while the controller is down.
+                FaultKind::MutexRestore if rng.random_bool(0.5) => rng.random_range(1_000..=6_000),
                 _ => 0,
             };
             // A user acts on a run that exists by then.
@@ -381,12 +512,24 @@ fn draw_shapes(
     rng: &mut TestRng,
     runs: &mut [RunPlan],
     groups: &[GroupPlan],
-    faults: &[FaultPlan],
+    faults: &mut [FaultPlan],
     keys: usize,
 ) {
+    // With the matrix shape, k2 queues newest first: `keys` refuses keys of different order,
+    // so a multi-key run takes k1 and k3, and a run of k2 stays as it is.
+    let mixed = faults.iter().any(|f| f.kind == FaultKind::MatrixKeys);
     let multi_key = |run: &mut RunPlan, rng: &mut TestRng| {
         let own = groups[run.group].key;
-        run.shape = Shape::MultiKey((own + rng.random_range(1..keys)) % keys);
+        let other = if !mixed {
+            (own + rng.random_range(1..keys)) % keys
+        } else if own == MATRIX_KEYS.1 {
+            return;
+        } else {
+            (0..keys)
+                .find(|&k| k != own && k != MATRIX_KEYS.1)
+                .unwrap_or(own)
+        };
+        run.shape = Shape::MultiKey(other);
         run.wait = true; // `keys` refuses `wait: "false"`
     };
     if faults.iter().any(|f| f.kind == FaultKind::DeleteReserved) {
@@ -396,14 +539,75 @@ fn draw_shapes(
             }
         }
     }
-    for f in faults {
+    for f in faults.iter() {
         match f.kind {
             FaultKind::SiblingReleaseAfter => runs[f.run].shape = Shape::Sibling,
             FaultKind::DeleteReserved => multi_key(&mut runs[f.run], rng),
             _ => {}
         }
     }
+    draw_cross(rng, runs, groups, faults);
     draw_queued(rng, runs, faults);
+    draw_copied(rng, runs, faults);
+}
+
+/// The cross-key shapes: a `matrix-keys` or `opposite-orders` fault gives its run the shape, and
+/// about one plain run in five takes it too, so that cycles can form. They wait (no `wait:
+/// "false"`, no retries), like the runs they deadlock with.
+fn draw_cross(rng: &mut TestRng, runs: &mut [RunPlan], groups: &[GroupPlan], faults: &[FaultPlan]) {
+    let opposite = |run: &RunPlan, rng: &mut TestRng| {
+        let (a, b) = OPPOSITE_KEYS;
+        let own = groups[run.group].key;
+        if own == b || (own != a && rng.random_bool(0.5)) {
+            Shape::Opposite(b, a)
+        } else {
+            Shape::Opposite(a, b)
+        }
+    };
+    for kind in [FaultKind::MatrixKeys, FaultKind::OppositeOrders] {
+        let aimed: Vec<usize> = faults
+            .iter()
+            .filter(|f| f.kind == kind)
+            .map(|f| f.run)
+            .collect();
+        if aimed.is_empty() {
+            continue;
+        }
+        for (i, run) in runs.iter_mut().enumerate() {
+            let take = aimed.contains(&i) || (run.shape == Shape::Plain && rng.random_bool(0.2));
+            if !take || run.shape.cross() {
+                continue;
+            }
+            run.shape = match kind {
+                FaultKind::MatrixKeys => Shape::Matrix(MATRIX_KEYS.0, MATRIX_KEYS.1),
+                _ => opposite(run, rng),
+            };
+            run.wait = true;
+            run.retries = 0;
+        }
+    }
+}
+
+/// A copy fault copies a run queued as a whole: a `requeued-copy` always (queued Pending again,
+/// only a run queued as a whole can be), a `rerun-copy` mostly (else a lock task's run, whose copy
+/// is a new member with a lock task of its own). The run it aims at is made queued if plain,
+/// else the fault aims at the latest queued run created by then, if any.
+fn draw_copied(rng: &mut TestRng, runs: &mut [RunPlan], faults: &mut [FaultPlan]) {
+    for f in faults.iter_mut().filter(|f| f.copies()) {
+        if f.kind == FaultKind::RerunCopy && rng.random_bool(0.3) {
+            continue;
+        }
+        let run = &mut runs[f.run];
+        if run.shape == Shape::Plain {
+            run.shape = Shape::Queued;
+            run.wait = true;
+            run.retries = 0;
+        } else if run.shape != Shape::Queued
+            && let Some(q) = (0..f.run).rev().find(|&i| runs[i].shape == Shape::Queued)
+        {
+            f.run = q;
+        }
+    }
 }
 
 /// About one run in six is queued as a whole, of those that wait and that no fault on a lock
@@ -476,6 +680,167 @@ mod tests {
         assert!(runs().any(|r| r.shape == Shape::Sibling));
         assert!(runs().any(|r| matches!(r.shape, Shape::MultiKey(_)) && r.wait));
         assert!(runs().any(|r| r.shape == Shape::Queued && r.wait && r.retries == 0));
+        assert!(runs().any(|r| matches!(r.shape, Shape::Matrix(..))));
+        assert!(runs().any(|r| matches!(r.shape, Shape::Opposite(..))));
+    }
+
+    /// Issue 37: the cross-key shapes. A matrix is over two keys of different order; opposite
+    /// orders take the same two keys both ways; both wait, with no retries.
+    #[test]
+    fn cross_key_runs_take_two_keys_of_different_order_or_both_ways() {
+        let plans: Vec<_> = (0..50).map(|s| draw(s, &knobs())).collect();
+        let mut directions = BTreeSet::new();
+        for p in &plans {
+            for r in p.runs.iter().filter(|r| r.shape.cross()) {
+                assert!(r.wait && r.retries == 0, "{r:?}");
+                let keys = p.keys_of(r);
+                assert_eq!(keys.len(), 2);
+                assert_ne!(keys[0], keys[1]);
+                match r.shape {
+                    Shape::Matrix(a, b) => {
+                        assert_ne!(p.keys[a].order, p.keys[b].order, "{:?}", p.keys);
+                        assert!(p.keys[a].order.is_some() && p.keys[b].order.is_some());
+                    }
+                    Shape::Opposite(a, b) => {
+                        directions.insert((a, b));
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            let has = |k| p.faults.iter().any(|f| f.kind == k);
+            let shaped = |m: fn(&Shape) -> bool| p.runs.iter().any(|r| m(&r.shape));
+            for r in &p.runs {
+                if let Shape::MultiKey(other) = r.shape {
+                    let own = p.groups[r.group].key;
+                    assert_ne!(own, other);
+                    assert_eq!(
+                        p.keys[own].order, p.keys[other].order,
+                        "`keys` of one order"
+                    );
+                }
+            }
+            if has(FaultKind::MatrixKeys) {
+                assert!(shaped(|s| matches!(s, Shape::Matrix(..))));
+            } else {
+                assert!(!shaped(|s| matches!(s, Shape::Matrix(..))));
+                assert!(p.keys.iter().all(|k| k.order.is_none()));
+            }
+            assert_eq!(
+                has(FaultKind::OppositeOrders),
+                shaped(|s| matches!(s, Shape::Opposite(..)))
+            );
+        }
+        assert_eq!(directions.len(), 2, "both orders of the same two keys");
+    }
+
+    /// Issue 37: copies aim at a run that exists by then; a re-queued copy at a run queued as a
+    /// whole when there is one; a Dashboard rerun also at a lock task's run.
+    #[test]
+    fn copies_aim_at_created_runs_mostly_queued_ones() {
+        let plans: Vec<_> = (0..80).map(|s| draw(s, &knobs())).collect();
+        let copies = || {
+            plans
+                .iter()
+                .flat_map(|p| p.faults.iter().filter(|f| f.copies()).map(move |f| (p, f)))
+        };
+        for (p, f) in copies() {
+            let run = &p.runs[f.run];
+            assert!(run.at_ms <= f.at_ms.max(p.runs[0].at_ms), "{f:?} {run:?}");
+        }
+        let queued = |kind| {
+            copies()
+                .filter(|(_, f)| f.kind == kind)
+                .map(|(p, f)| p.runs[f.run].shape == Shape::Queued)
+                .collect::<Vec<_>>()
+        };
+        let requeued = queued(FaultKind::RequeuedCopy);
+        assert!(!requeued.is_empty());
+        assert!(requeued.iter().filter(|q| **q).count() * 10 >= requeued.len() * 9);
+        let reruns = queued(FaultKind::RerunCopy);
+        assert!(reruns.contains(&true) && reruns.contains(&false));
+        // A copy's work counts in the liveness bound.
+        let p = copies().map(|(p, _)| p).next().unwrap();
+        let mut without = p.clone();
+        without.faults.retain(|f| !f.copies());
+        assert!(p.liveness_bound_ms() > without.liveness_bound_ms());
+    }
+
+    /// Issue 37: a restore snapshots the Mutex early and restores it later, half of the time
+    /// with the controller down; each has a probe run on its key, in a group of its own
+    /// (supersede none), created once the restore is done.
+    #[test]
+    fn restores_snapshot_early_and_probe_the_key_afterwards() {
+        let plans: Vec<_> = (0..60).map(|s| draw(s, &knobs())).collect();
+        let mut down = BTreeSet::new();
+        for p in &plans {
+            let restores: Vec<_> = p
+                .faults
+                .iter()
+                .filter(|f| f.kind == FaultKind::MutexRestore)
+                .collect();
+            assert_eq!(restores.len(), p.probes.len());
+            for (i, f) in restores.iter().enumerate() {
+                assert!(f.snapshot_ms() < f.at_ms && f.snapshot_ms() >= 1_000);
+                assert_eq!(f.run, i);
+                let probe = &p.probes[i];
+                let group = &p.groups[probe.group];
+                assert_eq!((group.key, group.supersede), (f.key, Supersede::None));
+                assert!(p.runs.iter().all(|r| r.group != probe.group));
+                assert!(probe.wait && probe.shape == Shape::Plain);
+                down.insert(f.for_ms > 0);
+            }
+        }
+        assert_eq!(down.len(), 2, "restores with the controller up and down");
+    }
+
+    /// hack/chaos.sh --ci's seeds (CI_SEEDS, CI_RUNS) draw every kind of fault between them:
+    /// a CI run meets each of them at least once.
+    #[test]
+    fn the_ci_seeds_draw_every_kind() {
+        let script =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/chaos.sh")).unwrap();
+        let default = |var: &str| {
+            let line = script
+                .lines()
+                .find(|l| l.starts_with(&format!("{var}=")))
+                .unwrap_or_else(|| panic!("{var} in hack/chaos.sh"));
+            let (_, rest) = line.split_once(":-").unwrap();
+            rest.trim_end_matches('}').to_string()
+        };
+        let runs = default("CI_RUNS");
+        let (min, max) = runs.split_once('-').unwrap();
+        let knobs = Knobs {
+            min_runs: min.parse().unwrap(),
+            max_runs: max.parse().unwrap(),
+            ..knobs()
+        };
+        let drawn: BTreeSet<FaultKind> = default("CI_SEEDS")
+            .split(',')
+            .flat_map(|s| draw(s.parse().unwrap(), &knobs).faults)
+            .map(|f| f.kind)
+            .collect();
+        let missing: Vec<_> = ALL_FAULTS.iter().filter(|k| !drawn.contains(k)).collect();
+        assert!(missing.is_empty(), "the CI seeds never draw {missing:?}");
+    }
+
+    /// Prints the kinds a few seeds draw (for picking CI seeds): `cargo test --test chaos
+    /// kinds_of_seeds -- --ignored --nocapture` with CHAOS_SEEDS and CHAOS_RUNS.
+    #[test]
+    #[ignore = "a tool, not a test"]
+    fn kinds_of_seeds() {
+        let seeds = std::env::var("CHAOS_SEEDS").unwrap_or("101,202,303".into());
+        let runs = std::env::var("CHAOS_RUNS").unwrap_or("20-24".into());
+        let (min, max) = runs.split_once('-').unwrap();
+        let knobs = Knobs {
+            min_runs: min.parse().unwrap(),
+            max_runs: max.parse().unwrap(),
+            ..knobs()
+        };
+        for seed in seeds.split(',') {
+            let p = draw(seed.parse().unwrap(), &knobs);
+            let kinds: Vec<_> = p.faults.iter().map(|f| f.kind.name()).collect();
+            println!("{seed}: {} runs, {kinds:?}", p.runs.len());
+        }
     }
 
     #[test]
@@ -484,6 +849,18 @@ mod tests {
         assert!(f.contains(&FaultKind::ControllerPause) && f.contains(&FaultKind::EtcdRestart));
         assert!(!f.contains(&FaultKind::ApiserverRestart));
         assert_eq!(parse_faults("all").unwrap().len(), ALL_FAULTS.len());
+        let mutex = parse_faults("mutex").unwrap();
+        assert!(mutex.contains(&FaultKind::MutexRestore));
+        let users = parse_faults("users").unwrap();
+        for k in [
+            FaultKind::RerunCopy,
+            FaultKind::RequeuedCopy,
+            FaultKind::MatrixKeys,
+            FaultKind::OppositeOrders,
+        ] {
+            assert!(users.contains(&k));
+            assert_eq!(parse_faults(k.name()).unwrap(), BTreeSet::from([k]));
+        }
         assert!(parse_faults("none").unwrap().is_empty());
         assert!(
             parse_faults("kubelet")

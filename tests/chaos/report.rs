@@ -11,7 +11,7 @@ pub fn excerpt(timeline: &[Line], v: &Violation) -> Vec<String> {
     let names: Vec<&str> = v
         .detail
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .filter(|w| w.starts_with('c') && w.contains('-') && w.len() > 4)
+        .filter(|w| (w.starts_with('c') || w.starts_with('p')) && w.contains('-') && w.len() > 4)
         .collect();
     let near = |t: u64| {
         if v.at_ms == u64::MAX {

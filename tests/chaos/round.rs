@@ -5,7 +5,7 @@ use super::checker::{self, Age, Deploy, EndSeen, RunFacts, Violation};
 use super::faults::{self, Replica};
 use super::manifest;
 use super::observe::{self, LockFinal, PrFinal, Watches, now_ms};
-use super::plan::{FaultKind, RoundPlan, Shape, Supersede};
+use super::plan::{FaultKind, RoundPlan, RunPlan, Shape, Supersede};
 use crate::support::controller::install_crd;
 use crate::support::{TestNamespace, apply_yaml, dynamic_api, repo_root, secs, wait_until};
 use anyhow::{Context, Result};
@@ -48,6 +48,10 @@ enum Op {
     DeleteReserved,
     DeleteMutex(usize),
     WipeMutex(usize),
+    /// A copy of run `.0`, Pending again if `.1`.
+    Copy(usize, bool),
+    /// Restore key `.0`'s snapshot, the controller down `.1` ms around it; then probe `.2`.
+    Restore(usize, u64, usize),
     DenyOn,
     DenyOff,
 }
@@ -81,6 +85,12 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
             FaultKind::SiblingReleaseAfter => {}
             FaultKind::MutexDelete => add(at, Op::DeleteMutex(f.key)),
             FaultKind::MutexWipe => add(at, Op::WipeMutex(f.key)),
+            FaultKind::RerunCopy => add(at, Op::Copy(f.run, false)),
+            FaultKind::RequeuedCopy => add(at, Op::Copy(f.run, true)),
+            // Pipeline shapes (plan::Shape::Matrix, Opposite), counted per run.
+            FaultKind::MatrixKeys | FaultKind::OppositeOrders => {}
+            // Its snapshot is taken on schedule by a task of its own (spawn_snapshots).
+            FaultKind::MutexRestore => add(at, Op::Restore(f.key, f.for_ms, f.run)),
             FaultKind::AdmissionDeny => {
                 add(at, Op::DenyOn);
                 add(end, Op::DenyOff);
@@ -98,6 +108,19 @@ struct UserActs {
     deleted: BTreeSet<String>,
     lock_deleted: BTreeSet<String>,
     repointed: BTreeSet<String>,
+    /// Runs the campaign created beyond the plan's: copies and restore probes.
+    extra: Vec<Extra>,
+    /// Mutex status wipes: key, ms since the round started.
+    wipes: Vec<(String, u64)>,
+}
+
+/// A run created by a fault: a copy (the original's plan under its own name) or a probe.
+struct Extra {
+    run: RunPlan,
+    /// A copy of a run queued as a whole, started (not Pending): it runs unguarded.
+    unguarded_copy: bool,
+    /// The token annotation a copy was created with.
+    copied_token: Option<String>,
 }
 
 struct Stage<'a> {
@@ -111,6 +134,96 @@ struct Stage<'a> {
     denials: usize,
     acts: UserActs,
     timeline: Arc<StdMutex<Vec<Line>>>,
+    /// Mutex snapshots by key, for restores (None: there was none), taken on schedule by a
+    /// task of their own (a restore may hold up the schedule).
+    snapshots: Snapshots,
+    /// Restores with the controller up, each waiting for its key to be idle on its own; their
+    /// probes once done.
+    background: Vec<tokio::task::JoinHandle<Option<Extra>>>,
+}
+
+type Snapshots = Arc<StdMutex<BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>>>;
+
+/// Takes the restores' snapshots on schedule.
+fn spawn_snapshots(
+    plan: &RoundPlan,
+    client: Client,
+    ns: &str,
+    t0: u64,
+    timeline: Arc<StdMutex<Vec<Line>>>,
+    snapshots: Snapshots,
+) -> tokio::task::JoinHandle<()> {
+    let mut plan_: Vec<(u64, usize, String)> = plan
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::MutexRestore)
+        .map(|f| (f.snapshot_ms(), f.key, plan.keys[f.key].name.clone()))
+        .collect();
+    plan_.sort();
+    let ns = ns.to_string();
+    tokio::spawn(async move {
+        for (at, k, key) in plan_ {
+            sleep_until(t0 + at).await;
+            let r = faults::snapshot_mutex(&client, &ns, &key).await;
+            let text = match &r {
+                Ok(Some(m)) => format!(
+                    "lastToken {}",
+                    m.status.as_ref().map_or(0, |s| s.last_token)
+                ),
+                Ok(None) => "none there".into(),
+                Err(e) => format!("failed: {e:#}"),
+            };
+            snapshots
+                .lock()
+                .unwrap()
+                .entry(k)
+                .or_insert(r.ok().flatten());
+            let t = now_ms().saturating_sub(t0);
+            let line = format!("FAULT user snapshots Mutex {key} (a backup): {text}");
+            timeline.lock().unwrap().push((t, line));
+        }
+    })
+}
+
+/// A Velero-style restore of `key` with the controller up: once the key is idle (bounded), then
+/// the probe. Returns what happened, and the probe if it was created.
+async fn restore_with_probe(
+    client: Client,
+    ns: String,
+    key: String,
+    snapshot: Option<tekton_mutex::model::mutex::Mutex>,
+    probe: (RunPlan, serde_json::Value),
+    how: String,
+) -> (String, Option<Extra>) {
+    let text = match snapshot {
+        None => "no snapshot: nothing restored".to_string(),
+        Some(snap) if !faults::wait_idle(&client, &ns, &key, secs(120)).await => {
+            let _ = snap;
+            "still in use after 120 s: not restored".to_string()
+        }
+        Some(snap) => faults::restore_mutex(&client, &ns, &snap)
+            .await
+            .unwrap_or_else(|e| format!("failed: {e:#}")),
+    };
+    let (probe_text, extra) = create_probe(&client, &ns, probe).await;
+    let text = format!("user restores Mutex {key} from its snapshot{how}: {text}; {probe_text}");
+    (text, extra)
+}
+
+/// Creates a restore's probe run.
+async fn create_probe(
+    client: &Client,
+    ns: &str,
+    (run, body): (RunPlan, serde_json::Value),
+) -> (String, Option<Extra>) {
+    let r = faults::create_run(client, ns, body).await;
+    let text = format!("probe {}: {}", run.name, outcome(&r));
+    let extra = r.is_ok().then_some(Extra {
+        run,
+        unguarded_copy: false,
+        copied_token: None,
+    });
+    (text, extra)
 }
 
 impl Stage<'_> {
@@ -182,13 +295,19 @@ impl Stage<'_> {
             | Op::DeleteRun(_)
             | Op::DeleteLockRun(_)
             | Op::Repoint(..)
-            | Op::DeleteReserved => self.act(op).await?,
+            | Op::DeleteReserved
+            | Op::Copy(..) => self.act(op).await?,
+            Op::Restore(k, down, probe) => self.restore(*k, *down, *probe).await?,
             Op::DeleteMutex(k) => {
                 let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
                 format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
             }
             Op::WipeMutex(k) => {
                 let r = faults::wipe_mutex_status(&c, &ns, &key(*k)).await;
+                if r.is_ok() {
+                    let t = now_ms().saturating_sub(self.t0);
+                    self.acts.wipes.push((key(*k), t));
+                }
                 format!("user wipes Mutex {} status: {}", key(*k), outcome(&r))
             }
             Op::DenyOn => {
@@ -250,8 +369,106 @@ impl Stage<'_> {
                 }
                 format!("user deletes a reserved multi-key lock run: {r:?}")
             }
+            Op::Copy(i, pending) => {
+                let run = &self.plan.runs[(*i).min(self.plan.runs.len() - 1)];
+                let n = self.acts.extra.len() + 1;
+                let name = format!(
+                    "{}-{}{n}",
+                    run.name,
+                    if *pending { "again" } else { "rerun" }
+                );
+                let r = faults::copy_run(&c, &ns, &run.name, &name, *pending).await;
+                let text = match &r {
+                    Ok(copied) => format!(
+                        "{} ({}, token {:?})",
+                        if copied.pending { "Pending" } else { "started" },
+                        if copied.queued {
+                            "of a queued run"
+                        } else {
+                            "of a lock task's run"
+                        },
+                        copied.token
+                    ),
+                    Err(e) => format!("failed: {e:#}"),
+                };
+                if let Ok(copied) = r {
+                    let mut copy = run.clone();
+                    copy.name = name.clone();
+                    copy.at_ms = now_ms().saturating_sub(self.t0);
+                    self.acts.extra.push(Extra {
+                        run: copy,
+                        unguarded_copy: copied.queued && !copied.pending,
+                        copied_token: copied.token,
+                    });
+                }
+                let what = if *pending {
+                    "re-queued copy"
+                } else {
+                    "rerun copy"
+                };
+                format!("user makes a {what} of {} as {name}: {text}", run.name)
+            }
             _ => unreachable!("not a user's action: {op:?}"),
         })
+    }
+
+    /// A Velero-style restore of key `k`'s snapshot once the key is idle (bounded), then the
+    /// probe run `probe` on the key. With the controller up (`down` 0) it waits on its own, the
+    /// schedule goes on; else the controller is killed once the key is idle and restarted
+    /// `down` ms after the restore.
+    async fn restore(&mut self, k: usize, down: u64, probe: usize) -> Result<String> {
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        let key = self.plan.keys[k].name.clone();
+        let snapshot = self.snapshots.lock().unwrap().get(&k).cloned().flatten();
+        let run = self.plan.probes[probe].clone();
+        let body = manifest::pipeline_run(self.plan, &run);
+        if down == 0 {
+            let (timeline, t0) = (self.timeline.clone(), self.t0);
+            self.background.push(tokio::spawn(async move {
+                let (text, extra) =
+                    restore_with_probe(c, ns, key, snapshot, (run, body), String::new()).await;
+                let t = now_ms().saturating_sub(t0);
+                timeline.lock().unwrap().push((t, format!("FAULT {text}")));
+                extra
+            }));
+            return Ok(format!(
+                "restore of Mutex {} begins (once it is idle)",
+                self.plan.keys[k].name
+            ));
+        }
+        // Waits for the key to be idle with the controller up, then takes it down.
+        let Some(snap) = snapshot else {
+            let (probe_text, extra) = create_probe(&c, &ns, (run, body)).await;
+            self.acts.extra.extend(extra);
+            return Ok(format!(
+                "user restores Mutex {key}: no snapshot; {probe_text}"
+            ));
+        };
+        if !faults::wait_idle(&c, &ns, &key, secs(120)).await {
+            let (probe_text, extra) = create_probe(&c, &ns, (run, body)).await;
+            self.acts.extra.extend(extra);
+            return Ok(format!(
+                "user restores Mutex {key}: still in use after 120 s, not restored; {probe_text}"
+            ));
+        }
+        for r in self.replicas.iter_mut() {
+            if let Some(mut r) = r.take() {
+                r.kill();
+            }
+        }
+        self.note(format!("FAULT controller SIGKILL for the restore of {key}"));
+        let r = faults::restore_mutex(&c, &ns, &snap)
+            .await
+            .unwrap_or_else(|e| format!("failed: {e:#}"));
+        tokio::time::sleep(Duration::from_millis(down)).await; // the fault's downtime
+        self.start_replica(0)?;
+        let (probe_text, extra) = create_probe(&c, &ns, (run, body)).await;
+        let text = format!(
+            "user restores Mutex {key} from its snapshot (controller down {down} ms): {r}; \
+             {probe_text}"
+        );
+        self.acts.extra.extend(extra);
+        Ok(text)
     }
 
     /// Key `k`, or the next one if `k` is run `i`'s own: where a re-point sends it.
@@ -272,7 +489,9 @@ impl Stage<'_> {
         for (at, kind, op) in ops(self.plan) {
             sleep_until(self.t0 + at).await;
             let text = self.apply(&op).await?;
-            if !matches!(op, Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff) {
+            let second_half =
+                matches!(op, Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff);
+            if !second_half {
                 *counts.entry(kind.name()).or_default() += 1;
             }
             self.note(format!("FAULT {text}"));
@@ -283,6 +502,9 @@ impl Stage<'_> {
         if self.denials > 0 {
             faults::allow_cancels(&self.client, &self.ns).await?;
             self.denials = 0;
+        }
+        for task in std::mem::take(&mut self.background) {
+            self.acts.extra.extend(task.await?);
         }
         Ok(counts)
     }
@@ -378,13 +600,37 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         denials: 0,
         acts: UserActs::default(),
         timeline: timeline.clone(),
+        snapshots: Snapshots::default(),
+        background: vec![],
     };
     stage.start_replica(0)?;
+    let snapshots = spawn_snapshots(
+        plan,
+        client.clone(),
+        ns.name(),
+        t0,
+        timeline.clone(),
+        stage.snapshots.clone(),
+    );
     let creations = spawn_creations(plan, client.clone(), ns.name(), t0, timeline.clone());
     let mut counts = stage.inject().await?;
     let siblings = plan.runs.iter().filter(|r| r.shape == Shape::Sibling);
     if siblings.clone().count() > 0 {
         counts.insert(FaultKind::SiblingReleaseAfter.name(), siblings.count());
+    }
+    for (kind, shaped) in [
+        (
+            FaultKind::MatrixKeys,
+            (|s| matches!(s, Shape::Matrix(..))) as fn(Shape) -> bool,
+        ),
+        (FaultKind::OppositeOrders, |s| {
+            matches!(s, Shape::Opposite(..))
+        }),
+    ] {
+        let n = plan.runs.iter().filter(|r| shaped(r.shape)).count();
+        if n > 0 && !plan.unguarded {
+            counts.insert(kind.name(), n);
+        }
     }
     // Not a fault: the queued shape is part of the random mix, counted beside the faults.
     let queued = plan
@@ -396,6 +642,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         counts.insert("queued-pipelineruns", queued);
     }
     creations.await??;
+    snapshots.await?;
     let stuck = wait_all_done(plan, &client, ns.name(), t0, &stage.acts).await?;
     settle(&client, ns.name(), &watches).await;
     let prs = observe::pipeline_runs(&client, ns.name()).await?;
@@ -405,6 +652,16 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     let end_ms = now_ms().saturating_sub(t0);
     let deploys = deploys(&seen, t0, end_ms);
     let facts = run_facts(plan, &prs, &locks, &stage.acts);
+    // Not a fault: cycles across keys the controller broke (their youngest run's wait ended
+    // with reason Deadlock), counted beside the faults.
+    let deadlocks = facts
+        .iter()
+        .filter(|f| f.lock_reason.as_deref() == Some("Deadlock"))
+        .count();
+    if deadlocks > 0 {
+        counts.insert("deadlocks-broken", deadlocks);
+    }
+    let created_runs = plan.runs.len() + stage.acts.extra.len();
     let capacity = plan
         .keys
         .iter()
@@ -415,6 +672,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         deploys: &deploys,
         runs: &facts,
         stuck: &stuck,
+        wipes: &stage.acts.wipes,
     });
     let mut timeline = std::mem::take(&mut *timeline.lock().unwrap());
     let planned = ops(plan)
@@ -431,7 +689,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     std::fs::write(stage.log_dir.join("timeline.txt"), text.join("\n") + "\n")?;
     Ok(RoundResult {
         seed: plan.seed,
-        runs: plan.runs.len(),
+        runs: created_runs,
         faults: counts,
         handovers: handovers(plan, &deploys, &prs, &timeline, t0),
         violations,
@@ -454,6 +712,7 @@ async fn wait_all_done(
     let expected: Vec<&str> = plan
         .runs
         .iter()
+        .chain(acts.extra.iter().map(|e| &e.run))
         .map(|r| r.name.as_str())
         .filter(|n| !acts.deleted.contains(*n))
         .collect();
@@ -533,13 +792,20 @@ fn run_facts(
     locks: &BTreeMap<String, LockFinal>,
     acts: &UserActs,
 ) -> Vec<RunFacts> {
+    let extra = acts
+        .extra
+        .iter()
+        .map(|e| (&e.run, e.unguarded_copy, e.copied_token.clone()));
     let mut facts: Vec<RunFacts> = plan
         .runs
         .iter()
-        .map(|r| {
+        .map(|r| (r, false, None))
+        .chain(extra)
+        .map(|(r, unguarded_copy, copied_token)| {
             let group = &plan.groups[r.group];
             let pr = prs.get(&r.name);
-            let lock = locks.get(&r.name);
+            // A copy started unguarded has its original's record: not its own.
+            let lock = locks.get(&r.name).filter(|_| !unguarded_copy);
             RunFacts {
                 group: group.name.clone(),
                 supersede_running: group.supersede == Supersede::Running && !plan.unguarded,
@@ -566,6 +832,12 @@ fn run_facts(
                 lock_status: lock.and_then(|l| l.status.clone()),
                 lock_reason: lock.and_then(|l| l.reason.clone()),
                 lock_message: lock.and_then(|l| l.message.clone()),
+                cross: r.shape.cross() && !plan.unguarded,
+                unguarded_copy,
+                copied_token,
+                token: pr.and_then(|p| p.token.clone()),
+                completion_s: pr.and_then(|p| p.completion_s),
+                queued: r.shape == Shape::Queued && !plan.unguarded,
             }
         })
         .collect();

@@ -89,15 +89,42 @@ impl StatusWriter {
         if let Some(m) = message {
             status["message"] = json!(m);
         }
-        self.api
-            .patch_status(
-                &self.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await
-            .with_context(|| format!("patching status of pod {} to {phase}", self.name))?;
-        Ok(())
+        // Retried while the API server is away (a restart), as a kubelet's status manager
+        // retries: given up at once, a pod whose steps ended stayed Running for ever.
+        let patch = Patch::Merge(json!({"status": status}));
+        let deadline = std::time::Instant::now() + STATUS_RETRY;
+        let mut pause = Duration::from_millis(200);
+        loop {
+            match self
+                .api
+                .patch_status(&self.name, &PatchParams::default(), &patch)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if transient(&e) && std::time::Instant::now() < deadline => {
+                    warn!(pod = %self.name, phase, "status write failed, retrying: {e}");
+                    tokio::time::sleep(pause).await; // backoff between attempts
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("patching status of pod {} to {phase}", self.name)
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// How long a pod status write is retried while the API server cannot take it.
+const STATUS_RETRY: Duration = Duration::from_secs(180);
+
+/// An error that a later attempt may not get: the API server unreachable, unavailable or
+/// throttling (not a refusal such as a pod that is gone).
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
     }
 }
 
