@@ -3,11 +3,11 @@
 //! tests"). No controller runs on the host: the two replicas of release.yaml run as pods on
 //! containerd, from the image hack/release.sh pushed to the cluster's loopback registry.
 //!
-//! - `real_kubelet::the_release_installs_fails_over_and_uninstalls`: `kubectl apply -f
-//!   release.yaml`, both replicas ready, the founding scenario (hack/demo.sh) against them, the
-//!   leader pod deleted twice (gracefully, then forced) while a key is held and waited for: the
-//!   other replica hands over, with no double grant; then the README's uninstall, and nothing
-//!   stays stuck.
+//! - `real_kubelet::the_release_installs_fails_over_and_uninstalls`: `kubectl apply` of
+//!   release.yaml, both replicas ready, the founding scenario (hack/demo.sh) against them, the
+//!   leader failed three times while a key is held and waited for (its pod deleted, its pod
+//!   force-deleted, its process killed): the waiter is granted, with no double grant; then the
+//!   README's uninstall, and nothing stays stuck.
 //! - `real_kubelet::an_upgrade_keeps_every_lock`: the release of an earlier commit
 //!   (`TEKTON_MUTEX_UPGRADE_FROM`, default 487de83) installed, keys held and waited for, the new
 //!   release.yaml applied over it: every held key stays held, the waiters are granted in order
@@ -19,6 +19,7 @@
 //! 127.0.0.1; two replicas then share one network namespace, so each serves its probes on a port
 //! of its own (`--http-addr 127.0.0.1:0`) and the kubelet's probes, which cannot tell them apart,
 //! are replaced by this test reading each replica's port from its log and asking its /readyz.
+//! release.yaml itself is applied unchanged, through a kustomize overlay that adds the patch.
 //!
 //! hack/test.sh runs these in its real-kubelet lane only: the pod-runner lane skips
 //! `real_kubelet::`, and they fail at once, saying so, on a cluster of the other lane.
@@ -190,9 +191,8 @@ mod real_kubelet {
     /// each serves /healthz, /readyz and /metrics on a free loopback port instead of 8080, and
     /// the declared port (the scheduler would refuse the second replica for host port 8080) and
     /// the kubelet's probes (which cannot reach a port that differs per pod) go; the test asks
-    /// each replica's /readyz itself ([`wait_replicas`]). A strategic-merge patch of the
-    /// applied Deployment, as a user's customisation would be: `kubectl apply` of a later
-    /// release.yaml keeps it.
+    /// each replica's /readyz itself ([`wait_replicas`]). A strategic-merge patch, applied
+    /// with release.yaml through a kustomize overlay ([`apply_release`]).
     pub(super) fn testbed_patch(apiserver_port: &str) -> Value {
         json!({"spec": {"template": {"spec": {
             "hostNetwork": true,
@@ -323,32 +323,46 @@ mod real_kubelet {
         Ok(serde_json::from_str(&kubectl(&all)?)?)
     }
 
-    /// README "Install": `kubectl apply -f release.yaml`, then the test bed's patch.
-    fn install(r: &Release) -> Result<()> {
+    /// README "Install" and "Upgrade": `kubectl apply` of release.yaml, unchanged, through a
+    /// kustomize overlay that adds the test bed's patch (`kubectl apply -k`), the way a user
+    /// keeps a customisation across upgrades. (A `kubectl patch` of the live Deployment does
+    /// not survive: `kubectl apply` of the next release.yaml resets every field release.yaml
+    /// sets, here the args, the port and the probes; docs/kubelets.md.)
+    fn apply_release(r: &Release) -> Result<()> {
+        let overlay = repo_root().join("target/install-overlay").join(&r.version);
+        let _ = std::fs::remove_dir_all(&overlay);
+        std::fs::create_dir_all(&overlay)?;
+        std::fs::copy(&r.yaml, overlay.join("release.yaml"))?;
+        let mut patch = testbed_patch(&cluster_file("apiserver.port")?);
+        patch["apiVersion"] = json!("apps/v1");
+        patch["kind"] = json!("Deployment");
+        patch["metadata"] = json!({"name": DEPLOYMENT, "namespace": NS});
+        std::fs::write(
+            overlay.join("testbed-patch.json"),
+            serde_json::to_string_pretty(&patch)?,
+        )?;
+        let kustomization = "# The release as users get it, plus what the test bed lacks (docs/kubelets.md).\n\
+                             resources: [release.yaml]\n\
+                             patches: [{path: testbed-patch.json}]\n";
+        std::fs::write(overlay.join("kustomization.yaml"), kustomization)?;
         eprintln!(
-            "installing {} ({}): kubectl apply -f {}",
+            "applying {} ({}): kubectl apply -k {}\n{kustomization}testbed-patch.json: {}",
             r.version,
             r.image,
-            r.yaml.display()
+            overlay.display(),
+            patch
         );
-        kubectl(&["apply", "-f", r.yaml.to_str().unwrap()])?;
-        patch_testbed()
-    }
-
-    fn patch_testbed() -> Result<()> {
-        let patch = testbed_patch(&cluster_file("apiserver.port")?).to_string();
-        eprintln!("the test bed's patch (docs/kubelets.md): {patch}");
-        kubectl(&[
-            "-n",
-            NS,
-            "patch",
-            "deployment",
-            DEPLOYMENT,
-            "--type",
-            "strategic",
-            "-p",
-            &patch,
-        ])?;
+        kubectl(&["apply", "-k", overlay.to_str().context("overlay path")?])?;
+        // Only the patch differs from release.yaml.
+        let rendered = kubectl(&["kustomize", overlay.to_str().unwrap()])?;
+        let deployment = rendered
+            .split("\n---\n")
+            .find(|d| d.contains("kind: Deployment"))
+            .context("no Deployment in the overlay")?;
+        ensure!(
+            deployment.contains(&r.image) && deployment.contains("hostNetwork: true"),
+            "the overlay's Deployment: {deployment}"
+        );
         Ok(())
     }
 
@@ -628,29 +642,79 @@ mod real_kubelet {
         Ok(())
     }
 
-    /// Deletes the leader's pod (`forced`: `--grace-period=0 --force`, as a node loss; else
-    /// gracefully, as a drain) while `holder` holds and `next` waits, lets `holder` finish, and
-    /// measures the time from the deletion to `next`'s grant. The grant must come from another
-    /// replica: the Lease names it when `next` is granted.
+    /// How the leader goes.
+    #[derive(Clone, Copy, Debug)]
+    enum Failure {
+        /// `kubectl delete pod`: SIGTERM and the grace period, as a drain or a rollout.
+        Deleted,
+        /// `kubectl delete pod --grace-period=0 --force`, as for a pod on a lost node.
+        ForceDeleted,
+        /// SIGKILL to the controller's process in the pod: a crash. It releases nothing; the
+        /// other replica waits for the Lease to expire (15 s), and the kubelet restarts it.
+        Killed,
+    }
+
+    /// The host pid of the controller process of pod `pod` (uid `uid`): the process named
+    /// tekton-mutex in the pod's cgroup (`.../pod<uid>/...`, cgroupfs).
+    fn controller_pid(pod: &str) -> Result<u32> {
+        let uid = kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])?;
+        let needle = format!("pod{}/", uid.trim());
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc")? {
+            let Ok(pid) = e?.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if comm.trim() == "tekton-mutex" && cgroup.contains(&needle) {
+                found.push(pid);
+            }
+        }
+        ensure!(
+            found.len() == 1,
+            "pod {pod}: controller processes {found:?} in cgroup {needle}"
+        );
+        Ok(found[0])
+    }
+
+    /// Fails the leader (`how`) while `holder` holds and `next` waits, lets `holder` finish,
+    /// and measures the time from the failure to `next`'s grant. The grant must come from the
+    /// other replica: the Lease names it when `next` is granted, and its /readyz answers.
     async fn fail_over(
         ns: &TestNamespace,
         image: &str,
-        forced: bool,
+        how: Failure,
         holder: &str,
         next: &str,
     ) -> Result<Duration> {
         let replicas = wait_replicas(image, 2).await?;
         let leader = leader_among(&replicas).await?;
-        let how = if forced { "forced" } else { "graceful" };
-        eprintln!(
-            "deleting the leader's pod {leader} ({how}) while {holder} holds and {next} waits"
-        );
+        eprintln!("failing the leader {leader} ({how:?}) while {holder} holds and {next} waits");
         let t0 = Instant::now();
-        let mut args = vec!["-n", NS, "delete", "pod", leader.as_str(), "--wait=false"];
-        if forced {
-            args.extend(["--grace-period=0", "--force"]);
+        match how {
+            Failure::Deleted | Failure::ForceDeleted => {
+                let mut args = vec!["-n", NS, "delete", "pod", leader.as_str(), "--wait=false"];
+                if matches!(how, Failure::ForceDeleted) {
+                    args.extend(["--grace-period=0", "--force"]);
+                }
+                kubectl(&args)?;
+            }
+            Failure::Killed => {
+                let pid = controller_pid(&leader)?;
+                let status = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status()?;
+                ensure!(status.success(), "kill -KILL {pid}: {status}");
+            }
         }
-        kubectl(&args)?;
         release(ns, holder).await?;
         let lease_moved: std::sync::Mutex<Option<Duration>> = std::sync::Mutex::new(None);
         wait_until(
@@ -677,14 +741,24 @@ mod real_kubelet {
         .await?;
         let granted = t0.elapsed();
         let holder_now = lease_holder()?;
+        // After a kill, the kubelet restarts the container in the same pod, under the same
+        // identity: it may win the expired Lease back. After a deletion, the other must lead.
         let Some(taker) = replicas
             .iter()
-            .find(|r| r.pod == holder_now && r.pod != leader)
+            .find(|r| r.pod == holder_now && (r.pod != leader || matches!(how, Failure::Killed)))
         else {
             anyhow::bail!(
                 "{next} was granted while the Lease names {holder_now:?}, not the other replica \
-                 (the deleted leader was {leader})"
+                 (the failed leader was {leader})"
             );
+        };
+        let taker = match replicas.iter().find(|r| r.pod == taker.pod) {
+            Some(r) if r.pod == leader => wait_replicas(image, 2)
+                .await?
+                .into_iter()
+                .find(|r| r.pod == leader)
+                .context("the restarted leader")?,
+            _ => taker.clone(),
         };
         ensure!(
             http_status(&taker.addr, "/readyz")? == 200,
@@ -692,10 +766,19 @@ mod real_kubelet {
             taker.pod,
             taker.addr
         );
+        let lease = match *lease_moved.lock().unwrap() {
+            Some(t) => format!(
+                "the Lease taken by {holder_now} {:.1} s after",
+                t.as_secs_f64()
+            ),
+            None => format!(
+                "the Lease kept by {holder_now}, its container restarted by the kubelet, under \
+                 the same pod name"
+            ),
+        };
         eprintln!(
-            "MEASUREMENT failover ({how}): Lease taken by {holder_now} {:.1} s after the deletion \
-             of {leader}; {next} granted {:.1} s after it",
-            lease_moved.lock().unwrap().unwrap_or(granted).as_secs_f64(),
+            "MEASUREMENT failover ({how:?}) of {leader}: {lease}; {next} granted {:.1} s after \
+             the failure",
             granted.as_secs_f64()
         );
         Ok(granted)
@@ -708,7 +791,7 @@ mod real_kubelet {
         require_real_kubelet()?;
         no_install_left().await?;
         let new = new_release().await?;
-        install(new)?;
+        apply_release(new)?;
         let t_install = Instant::now();
         let replicas = wait_replicas(&new.image, 2).await?;
         let leader = leader_among(&replicas).await?;
@@ -736,7 +819,7 @@ mod real_kubelet {
             t_demo.elapsed().as_secs_f64()
         );
 
-        // Failover: a key held and waited for, the leader's pod deleted, twice.
+        // Failover: a key held and waited for, the leader failed three ways in turn.
         let ns = TestNamespace::create("install-failover").await?;
         let timeline = Timeline::start(ns.client(), ns.name());
         ns.apply(&pipeline(
@@ -751,26 +834,31 @@ mod real_kubelet {
         let t_a = token_of(&ns, "a").await?;
         queue(&ns, "b", "p").await?;
         queue(&ns, "c", "p").await?;
-        let graceful = fail_over(&ns, &new.image, false, "a", "b").await?;
-        let forced = fail_over(&ns, &new.image, true, "b", "c").await?;
-        release(&ns, "c").await?;
-        for pr in ["a", "b", "c"] {
+        queue(&ns, "d", "p").await?;
+        let graceful = fail_over(&ns, &new.image, Failure::Deleted, "a", "b").await?;
+        let forced = fail_over(&ns, &new.image, Failure::ForceDeleted, "b", "c").await?;
+        let killed = fail_over(&ns, &new.image, Failure::Killed, "c", "d").await?;
+        release(&ns, "d").await?;
+        for pr in ["a", "b", "c", "d"] {
             succeeded(&ns, pr).await?;
         }
         let (t_b, t_c) = (token_of(&ns, "b").await?, token_of(&ns, "c").await?);
+        let t_d = token_of(&ns, "d").await?;
         let grants = check_grants(&timeline, 1, |_| Some("failover".into()))?;
         let order: Vec<(&str, i64)> = grants["failover"]
             .iter()
             .map(|g| (g.pipeline_run.as_str(), g.token))
             .collect();
         ensure!(
-            order == [("a", t_a), ("b", t_b), ("c", t_c)],
+            order == [("a", t_a), ("b", t_b), ("c", t_c), ("d", t_d)],
             "grants seen by the watch: {order:?}"
         );
         eprintln!(
-            "MEASUREMENT failover grants (watch): {order:?}; graceful {:.1} s, forced {:.1} s",
+            "MEASUREMENT failover grants (watch): {order:?}; next grant after a deletion {:.1} s, \
+             a forced deletion {:.1} s, a kill {:.1} s",
             graceful.as_secs_f64(),
-            forced.as_secs_f64()
+            forced.as_secs_f64(),
+            killed.as_secs_f64()
         );
         drop(timeline);
 
@@ -849,7 +937,7 @@ mod real_kubelet {
             .unwrap_or_else(|| DEFAULT_UPGRADE_FROM.into());
         let old = old_release(&from)?;
         let new = new_release().await?;
-        install(&old)?;
+        apply_release(&old)?;
         let old_replicas = wait_replicas(&old.image, 2).await?;
         leader_among(&old_replicas).await?;
 
@@ -935,11 +1023,10 @@ mod real_kubelet {
         ];
         check_still_held(&held)?;
 
-        // The upgrade: the new release.yaml over the old one (README "Upgrade"); the test
-        // bed's patch is not applied again: kubectl apply keeps it.
+        // The upgrade: the new release.yaml over the old one (README "Upgrade"), through the
+        // same overlay.
         let t_apply = Instant::now();
-        eprintln!("upgrading: kubectl apply -f {}", new.yaml.display());
-        kubectl(&["apply", "-f", new.yaml.to_str().unwrap()])?;
+        apply_release(new)?;
         wait_until("the rollout of the new release", secs(300), || async {
             check_still_held(&held)?;
             let d = kubectl_json(&["-n", NS, "get", "deployment", DEPLOYMENT])?;
