@@ -721,16 +721,16 @@ mod real_kubelet {
                 let leader = leader.clone();
                 async move {
                     let h = lease_holder().unwrap_or_default();
-                    let mut moved = lease_moved.lock().unwrap();
-                    if moved.is_none() && !h.is_empty() && h != leader {
-                        *moved = Some(t0.elapsed());
+                    {
+                        let mut moved = lease_moved.lock().unwrap();
+                        if moved.is_none() && !h.is_empty() && h != leader {
+                            *moved = Some(t0.elapsed());
+                        }
                     }
-                    drop(moved);
-                    Ok(matches!(
-                        wait_reason(ns, &lock_run(next), "Acquired", Duration::ZERO).await,
-                        Ok(_)
-                    )
-                    .then_some(()))
+                    Ok(wait_reason(ns, &lock_run(next), "Acquired", Duration::ZERO)
+                        .await
+                        .is_ok()
+                        .then_some(()))
                 }
             },
         )
@@ -877,7 +877,10 @@ mod real_kubelet {
     }
 
     /// A lock object's holders (PipelineRun, token) and queue, from `kubectl get`.
-    fn lock_state(what: &str, ns: Option<&str>) -> Result<(Vec<(String, i64)>, Vec<String>, i64)> {
+    /// Holders (PipelineRun, token), the queue's PipelineRuns, and lastToken.
+    type LockState = (Vec<(String, i64)>, Vec<String>, i64);
+
+    fn lock_state(what: &str, ns: Option<&str>) -> Result<LockState> {
         let mut args = vec!["get", what];
         if let Some(ns) = ns {
             args.extend(["-n", ns]);
