@@ -14,6 +14,9 @@
 #   DEMO_ROUNDS=N     run each scenario N times (default 1); the first round is shown in full
 #   DEMO_WINDOW=S     the deploy's race window in seconds, between apply and prune (default 6)
 #   DEMO_DOWN=1       take the local cluster down at the end (default: leave it up to look around)
+#   DEMO_CONTROLLER=in-cluster   start no controller: use the release installed in the cluster
+#                     (Deployment tekton-mutex/tekton-mutex, as tests/install.rs installs it);
+#                     its CRDs are the release's, so config/300-crd.yaml is not applied either
 #   TEKTON_MUTEX_CLUSTER_DIR   where the cluster lives (default .cluster, as hack/cluster.sh)
 #
 # Exits 0 only when every guarded and queued round left the environment intact at the newest version.
@@ -31,6 +34,12 @@ ENV_NS=jx-staging         # the environment they promote to (and the Mutex key)
 VERSIONS=(77 78 79 80 81) # the five builds of the report
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "DEMO_ROUNDS must be a positive integer, got '$ROUNDS'"
 [[ $WINDOW =~ ^[0-9]+$ ]] || die "DEMO_WINDOW must be a whole number of seconds, got '$WINDOW'"
+IN_CLUSTER=0
+case ${DEMO_CONTROLLER:-} in
+  "") ;;
+  in-cluster) IN_CLUSTER=1 ;;
+  *) die "DEMO_CONTROLLER must be empty or in-cluster, got '$DEMO_CONTROLLER'" ;;
+esac
 
 require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
 require_tool python3 "python3 (apt-get install python3)"
@@ -85,8 +94,12 @@ KUBECTL=$(component_bin kubectl)
 TKN=$(component_bin tkn)
 k() { "$KUBECTL" "$@"; }
 
-log "demo: installing the Mutex CRD (config/300-crd.yaml) and the example pipelines into namespace $PIPELINES_NS"
-k apply -f "$REPO_ROOT/config/300-crd.yaml" >/dev/null
+if (( IN_CLUSTER )); then
+  log "demo: installing the example pipelines into namespace $PIPELINES_NS (the CRDs are the installed release's)"
+else
+  log "demo: installing the Mutex CRD (config/300-crd.yaml) and the example pipelines into namespace $PIPELINES_NS"
+  k apply -f "$REPO_ROOT/config/300-crd.yaml" >/dev/null
+fi
 k wait --for=condition=Established crd/mutexes.tekton-mutex.dev --timeout=60s >/dev/null
 for ns in "$PIPELINES_NS" "$ENV_NS"; do
   k get namespace "$ns" >/dev/null 2>&1 || k create namespace "$ns" >/dev/null
@@ -113,14 +126,24 @@ reset_namespaces() {
 }
 reset_namespaces
 
-CONTROLLER_LOG=$CLUSTER_DIR/logs/tekton-mutex-demo.log
-log "demo: starting the controller: $CONTROLLER_BIN run --namespace $PIPELINES_NS (log: $CONTROLLER_LOG)"
-RUST_LOG=${RUST_LOG:-info,kube=warn} NO_COLOR=1 setsid "$CONTROLLER_BIN" run --namespace "$PIPELINES_NS" \
-  >"$CONTROLLER_LOG" 2>&1 </dev/null &
-CONTROLLER_PID=$!
-wait_for "the controller to start" 30 grep -q "starting tekton-mutex" "$CONTROLLER_LOG" ||
-  { tail -n 20 "$CONTROLLER_LOG" >&2; die "the controller did not start"; }
-kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -n 20 "$CONTROLLER_LOG" >&2; die "the controller exited"; }
+if (( IN_CLUSTER )); then
+  # The release's Deployment: no controller of ours. It serves every namespace, jx included.
+  CONTROLLER_LOG="kubectl -n tekton-mutex logs deployment/tekton-mutex (the in-cluster controller)"
+  k -n tekton-mutex get deployment tekton-mutex >/dev/null 2>&1 ||
+    die "DEMO_CONTROLLER=in-cluster, but there is no Deployment tekton-mutex/tekton-mutex: install a release first"
+  [[ $(k -n tekton-mutex get deployment tekton-mutex -o jsonpath='{.status.readyReplicas}') -ge 1 ]] ||
+    die "DEMO_CONTROLLER=in-cluster, but no replica of Deployment tekton-mutex/tekton-mutex is ready"
+  log "demo: using the controller installed in the cluster (Deployment tekton-mutex/tekton-mutex, lease holder $(k -n tekton-mutex get lease tekton-mutex -o jsonpath='{.spec.holderIdentity}' 2>/dev/null))"
+else
+  CONTROLLER_LOG=$CLUSTER_DIR/logs/tekton-mutex-demo.log
+  log "demo: starting the controller: $CONTROLLER_BIN run --namespace $PIPELINES_NS (log: $CONTROLLER_LOG)"
+  RUST_LOG=${RUST_LOG:-info,kube=warn} NO_COLOR=1 setsid "$CONTROLLER_BIN" run --namespace "$PIPELINES_NS" \
+    >"$CONTROLLER_LOG" 2>&1 </dev/null &
+  CONTROLLER_PID=$!
+  wait_for "the controller to start" 30 grep -q "starting tekton-mutex" "$CONTROLLER_LOG" ||
+    { tail -n 20 "$CONTROLLER_LOG" >&2; die "the controller did not start"; }
+  kill -0 "$CONTROLLER_PID" 2>/dev/null || { tail -n 20 "$CONTROLLER_LOG" >&2; die "the controller exited"; }
+fi
 
 # ------------------------------------------------------------------ one round of a scenario
 

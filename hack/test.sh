@@ -78,7 +78,10 @@ for arg in "$@"; do
   fi
 done
 # The model checker's own tests run in release, from hack/verify.sh (in debug they take minutes).
-cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored "${test_args[@]}" || { status=$?; failed "cargo test --workspace"; }
+# tests/install.rs's real_kubelet:: tests run the release as pods: only on the real kubelet (below).
+skip=()
+[[ ${TEKTON_MUTEX_KUBELET:-} == real ]] || skip=(--skip real_kubelet::)
+cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored ${skip[@]+"${skip[@]}"} "${test_args[@]}" || { status=$?; failed "cargo test --workspace"; }
 phase "cargo test --workspace"
 # A short fault campaign (fixed seeds); docs/testing.md. Its output is kept, and its end repeated
 # in the summary if it fails: the report says which round and invariant.
@@ -97,7 +100,8 @@ if (( full_run )); then
 fi
 # The real-kubelet lane (docs/kubelets.md): containerd, runc and a kubelet instead of the
 # pod-runner, for what depends on pod lifecycle: the founding scenario (hack/demo.sh), the holders
-# that drain, and Tekton's own examples. Skip it with TEKTON_MUTEX_SKIP_REAL_KUBELET=1.
+# that drain, Tekton's own examples, and the release installed, failed over, upgraded and
+# uninstalled as pods (tests/install.rs). Skip it with TEKTON_MUTEX_SKIP_REAL_KUBELET=1.
 if (( full_run )) && [[ -z ${TEKTON_MUTEX_SKIP_REAL_KUBELET:-} && ${TEKTON_MUTEX_KUBELET:-} != real ]]; then
   "$here/cluster.sh" down
   export TEKTON_MUTEX_KUBELET=real
@@ -113,6 +117,16 @@ if (( full_run )) && [[ -z ${TEKTON_MUTEX_SKIP_REAL_KUBELET:-} && ${TEKTON_MUTEX
   phase "real kubelet: demo again on the same cluster"
   EXAMPLES_MIN=38 "$here/tekton-examples.sh" || { status=$?; failed "real kubelet: Tekton's examples"; }
   phase "real kubelet: Tekton's examples"
+  # Issue 38: release.yaml as users apply it, its two replicas as pods (no controller on the host):
+  # the founding scenario, leader failover, the README's uninstall; then an upgrade from the
+  # release of TEKTON_MUTEX_UPGRADE_FROM (default 487de83) with locks held. One at a time: each
+  # installs and uninstalls the cluster-wide release.
+  cargo test --test install -- --include-ignored --exact real_kubelet::the_release_installs_fails_over_and_uninstalls ||
+    { status=$?; failed "real kubelet: install, failover, uninstall"; }
+  phase "real kubelet: install, failover, uninstall (tests/install.rs)"
+  cargo test --test install -- --include-ignored --exact real_kubelet::an_upgrade_keeps_every_lock ||
+    { status=$?; failed "real kubelet: upgrade with locks held"; }
+  phase "real kubelet: upgrade with locks held (tests/install.rs)"
 fi
 if (( status != 0 )); then
   if (( chaos_status != 0 )); then

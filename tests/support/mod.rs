@@ -484,6 +484,35 @@ pub fn run_tool(name: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Takes out of `cmd`'s environment what cargo sets for a test binary (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_*`, ...), for a test that starts a script which runs cargo (hack/release.sh,
+/// hack/demo.sh). Build scripts such as ring's rerun when these change, so a cargo build started
+/// from a test would otherwise compile ring and everything above it again, and the next build from
+/// a shell once more.
+pub fn without_cargo_test_env(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        let set_by_cargo_test = k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_BIN_EXE_")
+            || matches!(
+                k.as_str(),
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+            );
+        if set_by_cargo_test {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd
+}
+
 /// Runs the built `tkn`.
 pub fn tkn(args: &[&str]) -> Result<String> {
     run_tool("tkn", args)
