@@ -3,7 +3,7 @@
 # model whose step function is the real decision core (verify/), explored exhaustively at the
 # bounds of each configuration; then the real reconcilers under Sieve's three rules (crashes after
 # every write, stale caches, unobserved watch events) in process, against a fake API server
-# (src/controller/sieve/, `cargo test --lib sieve`, a debug build). Prints a summary: one
+# (src/controller/tests/sieve/, `cargo test --lib sieve`, a debug build). Prints a summary: one
 # `<N> states` line per configuration, `<crashed>/<total> write points crashed` and the plans run;
 # exits 0 when no property is violated.
 #
