@@ -60,6 +60,12 @@ impl Replica {
         Ok(())
     }
 
+    /// Whether it exited by itself (as a controller that cannot reach the API server at start
+    /// does: a Deployment would start it again).
+    pub fn exited(&mut self) -> bool {
+        !self.paused && matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// SIGKILL, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -233,6 +233,11 @@ impl Stage<'_> {
     }
 
     fn start_replica(&mut self, slot: usize) -> Result<()> {
+        // A replica that exited by itself is started again, as its Deployment would.
+        if self.replicas[slot].as_mut().is_some_and(|r| r.exited()) {
+            self.replicas[slot] = None;
+            self.note(format!("replica {slot} had exited: started again"));
+        }
         if self.plan.unguarded || self.replicas[slot].is_some() {
             return Ok(());
         }
