@@ -375,7 +375,22 @@ async fn a_namespace_removed_from_a_cluster_mutex_is_not_granted() -> Result<()>
     let only_a = json!({"spec": {"namespaces": [a.name()]}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&only_a))
         .await?;
-    let ended = wait_reason(&b, &lock_run("b1"), "CustomRunCancelled", slow()).await?;
+    // Two writers may end the wait, whichever comes first: the lock (`CustomRunCancelled`, its
+    // waiter revoked) or admission (`Forbidden`, the run no longer allowed). Both refuse the
+    // grant and name the namespace and the field; neither is ever `Acquired`.
+    let ended = wait_until("b1's wait to end, refused", slow(), || async {
+        let c = condition_of(&b, &lock_run("b1")).await?;
+        let reason = c
+            .as_ref()
+            .and_then(|c| c.reason.clone())
+            .unwrap_or_default();
+        ensure!(
+            reason != "Acquired",
+            "b1 was granted after its namespace was removed"
+        );
+        Ok(c.filter(|_| reason == "CustomRunCancelled" || reason == "Forbidden"))
+    })
+    .await?;
     let m = ended.message.unwrap_or_default();
     ensure!(m.contains(b.name()) && m.contains("spec.namespaces"), "{m}");
     let st = api.get(&name).await?.status.unwrap_or_default();
