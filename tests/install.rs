@@ -738,24 +738,19 @@ mod real_kubelet {
         let granted = t0.elapsed();
         let holder_now = lease_holder()?;
         // After a kill, the kubelet restarts the container in the same pod, under the same
-        // identity: it may win the expired Lease back. After a deletion, the other must lead.
-        let Some(taker) = replicas
-            .iter()
-            .find(|r| r.pod == holder_now && (r.pod != leader || matches!(how, Failure::Killed)))
-        else {
-            anyhow::bail!(
-                "{next} was granted while the Lease names {holder_now:?}, not the other replica \
-                 (the failed leader was {leader})"
-            );
-        };
-        let taker = match replicas.iter().find(|r| r.pod == taker.pod) {
-            Some(r) if r.pod == leader => wait_replicas(image, 2)
-                .await?
-                .into_iter()
-                .find(|r| r.pod == leader)
-                .context("the restarted leader")?,
-            _ => taker.clone(),
-        };
+        // identity: it may win the expired Lease back. After a deletion, any other replica
+        // may lead, the Deployment's replacement for the failed pod included.
+        ensure!(
+            holder_now != leader || matches!(how, Failure::Killed),
+            "{next} was granted while the Lease still names the deleted leader {leader}"
+        );
+        let taker = wait_replicas(image, 2)
+            .await?
+            .into_iter()
+            .find(|r| r.pod == holder_now)
+            .with_context(|| {
+                format!("{next} was granted while the Lease names {holder_now:?}, not a replica")
+            })?;
         ensure!(
             http_status(&taker.addr, "/readyz")? == 200,
             "{} leads, but its /readyz ({}) is not 200",
