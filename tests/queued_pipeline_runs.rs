@@ -653,3 +653,39 @@ async fn queued_runs_of_one_remote_pipeline_supersede_each_other() -> Result<()>
     ensure!(by == "build-62", "superseded by {by:?}");
     Ok(())
 }
+
+/// A queued PipelineRun's grant is recorded only in the lock's status (its own annotations are
+/// its author's to write). A wiped status loses that hold (README Limits), but never its
+/// token: the token is in the ledger before the grant, and the next run is granted above it
+/// (chaos seed 206601710 handed q1's token out again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_wiped_status_never_hands_a_queued_runs_token_out_again() -> Result<()> {
+    let (ns, _c) = setup("queued-wipe").await?;
+    let lock = [(KEY, "env"), ("tekton-mutex.dev/supersede", "none")];
+    ns.apply(&queued_run("q1", "gated", &lock, json!({})))
+        .await?;
+    let t1 = wait_granted(&ns, "q1").await?;
+    let mut wiped: serde_json::Value =
+        serde_json::from_str(&ns.kubectl(&["get", "mutex", "env", "-o", "json"])?)?;
+    wiped
+        .as_object_mut()
+        .context("a Mutex object")?
+        .remove("status");
+    let file = repo_root().join(format!("target/{}-wiped.json", ns.name()));
+    std::fs::write(&file, wiped.to_string())?;
+    let replaced = ns.kubectl(&["replace", "--subresource=status", "-f", &file.to_string_lossy()]);
+    std::fs::remove_file(&file)?;
+    replaced?;
+    ns.apply(&queued_run("q2", "gated", &lock, json!({})))
+        .await?;
+    let t2 = wait_granted(&ns, "q2").await?;
+    ensure!(t2 > t1, "q2 was granted token {t2}, not above q1's {t1}");
+    let (_, last) = lock_state(&ns, "env").await?;
+    ensure!(last == t2, "lastToken {last}, q2 has {t2}");
+    for pr in ["q1", "q2"] {
+        release(&ns, pr).await?;
+        succeeds(&ns, pr).await?;
+    }
+    Ok(())
+}

@@ -264,6 +264,27 @@ fn same_lock_state(next: &MutexStatus, current: &MutexStatus) -> bool {
     *next == stamped
 }
 
+/// Must the token this decision raises `lastToken` to be in the ledger before the lock state is
+/// written? Yes when nothing else would show it after a loss of the status:
+/// - the lock is unprotected and stays idle, so it may be deleted at any time;
+/// - it grants a queued PipelineRun, whose grant only the lock's status records (the run's own
+///   annotations are its author's to write, so they are not believed): a wiped or restored
+///   status would hand that token out again. A lock run shows its token in its own status.
+fn ledger_first(
+    current: &MutexStatus,
+    decision: &Decision,
+    facts: MutexFacts,
+    protected: bool,
+) -> bool {
+    let raised = decision.status.last_token > current.last_token.max(facts.token_floor);
+    let grants_a_queued_run = decision
+        .outcomes
+        .iter()
+        .any(|(run, o)| run.kind == RunKind::PipelineRun && matches!(o, Outcome::Acquired { .. }));
+    let unprotected_idle = !protected && !finalizer::in_use(decision);
+    raised && (unprotected_idle || grants_a_queued_run)
+}
+
 /// Write the decision: the lock state first (its compare-and-swap failing ends
 /// the sync), then the new holders, then cancels, then the other runs. A failed
 /// write of a run or a cancel is reported and does not stop the others; the
@@ -285,9 +306,7 @@ async fn apply<L: LockObject>(
     } else {
         lock
     };
-    // An unprotected lock may go at any time: a token it hands out is recorded first.
-    let raised = decision.status.last_token > current.last_token.max(facts.token_floor);
-    if !protected && !finalizer::in_use(decision) && raised {
+    if ledger_first(current, decision, facts, protected) {
         let token = decision.status.last_token;
         let what = format!("record the last token ({token}) in the token ledger");
         let stuck = "its lock state is not written until then";
