@@ -674,7 +674,12 @@ async fn a_wiped_status_never_hands_a_queued_runs_token_out_again() -> Result<()
         .remove("status");
     let file = repo_root().join(format!("target/{}-wiped.json", ns.name()));
     std::fs::write(&file, wiped.to_string())?;
-    let replaced = ns.kubectl(&["replace", "--subresource=status", "-f", &file.to_string_lossy()]);
+    let replaced = ns.kubectl(&[
+        "replace",
+        "--subresource=status",
+        "-f",
+        &file.to_string_lossy(),
+    ]);
     std::fs::remove_file(&file)?;
     replaced?;
     ns.apply(&queued_run("q2", "gated", &lock, json!({})))
