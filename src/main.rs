@@ -137,7 +137,11 @@ async fn main() {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,kube=warn".into());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only on a terminal: `kubectl logs` and log collectors get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour);
     match format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs

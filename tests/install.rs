@@ -369,6 +369,7 @@ mod real_kubelet {
         addr: String,
     }
 
+    /// Releases before the log check wrote colour codes to every log (the upgrade's old one).
     fn strip_ansi(s: &str) -> String {
         let mut out = String::with_capacity(s.len());
         let mut chars = s.chars().peekable();
@@ -786,6 +787,13 @@ mod real_kubelet {
         let t_install = Instant::now();
         let replicas = wait_replicas(&new.image, 2).await?;
         let leader = leader_among(&replicas).await?;
+        // `kubectl logs` is no terminal: the text has no colour codes in it.
+        let log = kubectl(&["-n", NS, "logs", &leader, "-c", "controller"])?;
+        ensure!(
+            !log.contains('\u{1b}'),
+            "the controller's log carries terminal colour codes: {:?}",
+            log.lines().next()
+        );
         eprintln!(
             "MEASUREMENT install: both replicas ready {:.0} s after kubectl apply; leader {leader}",
             t_install.elapsed().as_secs_f64()
