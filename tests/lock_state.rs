@@ -232,6 +232,58 @@ async fn wiped_status_case(kind: Kind) -> Result<()> {
     Ok(())
 }
 
+/// Chaos seed 85783656: a run's token was shown by its lock run alone once it let go; that
+/// lock run went with its PipelineRun (as Tekton's pruning deletes old runs) while others
+/// waited, so the key never went idle and the ledger had nothing for it; then the status was
+/// wiped, and the next grant handed the same token out again. Every token is now in the ledger
+/// before the lock status that hands it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_wiped_status_never_reuses_the_token_of_a_pruned_run() -> Result<()> {
+    let ns = TestNamespace::create("wipe-pruned").await?;
+    let _shared = locks::shared().await;
+    let _c = ControllerProcess::start(ns.name()).await?;
+    holder_a_and_waiter_b(&ns).await?;
+    let a = token_of(&ns, "a").await?;
+    let frozen = |on: bool| {
+        let patch = serde_json::json!({"spec": {"frozen": on}}).to_string();
+        ns.kubectl(&["patch", "mutex", KEY, "--type=merge", "-p", &patch])
+    };
+    // Frozen, b keeps waiting once a lets go: the key is never idle.
+    frozen(true)?;
+    release(&ns, "a").await?;
+    succeeded(&ns, "a").await?;
+    ns.kubectl(&["delete", "pipelinerun", "a", "--wait=false"])?;
+    wait_until("a's hold and its lock run to be gone", slow(), || async {
+        let status = ns.api::<Mutex>().get(KEY).await?.status.unwrap_or_default();
+        let run = ns.api::<CustomRun>().get_opt(&lock_run("a")).await?;
+        Ok((status.holders.is_empty() && run.is_none()).then_some(()))
+    })
+    .await?;
+    let mut wiped: serde_json::Value =
+        serde_json::from_str(&ns.kubectl(&["get", "mutex", KEY, "-o", "json"])?)?;
+    wiped
+        .as_object_mut()
+        .context("a Mutex object")?
+        .remove("status");
+    let file = repo_root().join(format!("target/{}-wiped.json", ns.name()));
+    std::fs::write(&file, wiped.to_string())?;
+    let replaced = ns.kubectl(&[
+        "replace",
+        "--subresource=status",
+        "-f",
+        &file.to_string_lossy(),
+    ]);
+    std::fs::remove_file(&file)?;
+    replaced?;
+    frozen(false)?;
+    wait_reason(&ns, &lock_run("b"), "Acquired", slow()).await?;
+    let b = token_of(&ns, "b").await?;
+    ensure!(b > a, "b was granted token {b}, not above a's {a}");
+    release(&ns, "b").await?;
+    succeeded(&ns, "b").await
+}
+
 /// Standalone lock run `name` of key `KEY`.
 fn standalone(name: &str) -> Result<CustomRun> {
     Ok(serde_json::from_value(serde_json::json!({

@@ -429,15 +429,10 @@ async fn clear_lets_a_queued_pipeline_run_go_without_starting_it() -> Result<()>
         support::cli::tkn_mutex(&["clear", "env", "--reason", "bad release", "-n", ns.name()])?;
     ensure!(out.ok(), "{out:?}");
     ends_cancelled(&ns, "q").await?;
+    // The clear's cancel of the PipelineRun may land before the lock tells it why.
+    let reason = wait_annotation(&ns, "q", "tekton-mutex.dev/cancel-reason", slow()).await?;
+    ensure!(reason == "Cleared", "cancel reason {reason:?}");
     let pr = pipeline_run_object(&ns, "q").await?;
-    let reason = pr
-        .annotations()
-        .get("tekton-mutex.dev/cancel-reason")
-        .cloned();
-    ensure!(
-        reason.as_deref() == Some("Cleared"),
-        "cancel reason {reason:?}"
-    );
     let children = pr
         .data
         .pointer("/status/childReferences")

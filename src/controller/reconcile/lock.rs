@@ -264,25 +264,15 @@ fn same_lock_state(next: &MutexStatus, current: &MutexStatus) -> bool {
     *next == stamped
 }
 
-/// Must the token this decision raises `lastToken` to be in the ledger before the lock state is
-/// written? Yes when nothing else would show it after a loss of the status:
-/// - the lock is unprotected and stays idle, so it may be deleted at any time;
-/// - it grants a queued PipelineRun, whose grant only the lock's status records (the run's own
-///   annotations are its author's to write, so they are not believed): a wiped or restored
-///   status would hand that token out again. A lock run shows its token in its own status.
-fn ledger_first(
-    current: &MutexStatus,
-    decision: &Decision,
-    facts: MutexFacts,
-    protected: bool,
-) -> bool {
-    let raised = decision.status.last_token > current.last_token.max(facts.token_floor);
-    let grants_a_queued_run = decision
-        .outcomes
-        .iter()
-        .any(|(run, o)| run.kind == RunKind::PipelineRun && matches!(o, Outcome::Acquired { .. }));
-    let unprotected_idle = !protected && !finalizer::in_use(decision);
-    raised && (unprotected_idle || grants_a_queued_run)
+/// Does this decision hand out a token above every one the ledger may hold? Then the token goes
+/// into the ledger before the lock state that hands it out. The lock's status is not the only
+/// record that may be lost: it can be wiped or restored from an older copy, and the runs it is
+/// rebuilt from may be gone by then (a pruned PipelineRun takes its lock run's token with it; a
+/// queued PipelineRun's own annotations are its author's to write, so they are not believed).
+/// An idle lock may be deleted at any time. With the token in the ledger first, the floor read
+/// after any of these is above every token handed out (chaos seeds 206601710 and 85783656).
+fn raises_the_token(current: &MutexStatus, decision: &Decision, facts: MutexFacts) -> bool {
+    decision.status.last_token > current.last_token.max(facts.token_floor)
 }
 
 /// Write the decision: the lock state first (its compare-and-swap failing ends
@@ -306,7 +296,7 @@ async fn apply<L: LockObject>(
     } else {
         lock
     };
-    if ledger_first(current, decision, facts, protected) {
+    if raises_the_token(current, decision, facts) {
         let token = decision.status.last_token;
         let what = format!("record the last token ({token}) in the token ledger");
         let stuck = "its lock state is not written until then";

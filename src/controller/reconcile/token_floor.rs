@@ -1,9 +1,11 @@
 //! Tokens continue across a lock object's deletion, across restarts, and after every run that
 //! showed them is gone. A lock object keeps its `lastToken` in its status, but an idle one may be
 //! deleted (GitOps prune, `kubectl delete`, a namespace's cleanup) without the controller, since
-//! the finalizer is on only while the lock is in use (finalizer.rs). So before the finalizer comes
-//! off, the controller records the object's `lastToken` in a ledger in the API server, and a new
-//! object of the name (one with no status yet) starts above it.
+//! the finalizer is on only while the lock is in use (finalizer.rs), and a status can be wiped or
+//! restored from an older copy after the runs that showed its tokens are gone. So the controller
+//! records each token in a ledger in the API server before the lock state that hands it out
+//! (lock.rs), again before the finalizer comes off, and a new object of the name (or a status
+//! that does not name this object in `ledgerReadFor`) starts above it.
 //!
 //! The ledger is one ConfigMap, [`LEDGER`], per namespace that has Mutexes (entry `mutex.NAME`),
 //! and one for ClusterMutexes (entry `clustermutex.NAME`) in namespace `kube-system`
