@@ -170,34 +170,19 @@ async fn wiped_status_case(kind: Kind) -> Result<()> {
             "json",
         ])?)?)
     };
-    let replace_status = |v: &serde_json::Value| -> Result<String> {
-        let file = repo_root().join(format!("target/{}-status.json", ns.name()));
-        std::fs::write(&file, v.to_string())?;
-        let out = ns.kubectl(&[
-            "replace",
-            "--subresource=status",
-            "-f",
-            file.to_str().unwrap(),
-        ]);
-        std::fs::remove_file(&file)?;
-        out
-    };
-
     // The API server refuses a status that lowers lastToken.
     let mut lowered = object()?;
     ensure!(lowered["status"]["lastToken"] == 1, "{}", lowered["status"]);
     lowered["status"]["lastToken"] = 0.into();
     lowered["status"]["holders"] = serde_json::json!([]);
-    let refused = replace_status(&lowered);
+    let refused = ns.replace_status(&lowered);
     ensure!(
         matches!(&refused, Err(e) if e.to_string().contains("lastToken never goes down")),
         "a status lowering lastToken was accepted: {refused:?}"
     );
 
     // Wipe it: the object put back without a status.
-    let mut wiped = object()?;
-    wiped.as_object_mut().unwrap().remove("status");
-    replace_status(&wiped)?;
+    ns.wipe_status(&lock.kubectl_ref())?;
 
     // Rebuilt: a holds again with its token, b still waits, and nothing was granted.
     let rebuilt = wait_until("the status to be rebuilt", slow(), || async {
@@ -260,22 +245,7 @@ async fn a_wiped_status_never_reuses_the_token_of_a_pruned_run() -> Result<()> {
         Ok((status.holders.is_empty() && run.is_none()).then_some(()))
     })
     .await?;
-    let mut wiped: serde_json::Value =
-        serde_json::from_str(&ns.kubectl(&["get", "mutex", KEY, "-o", "json"])?)?;
-    wiped
-        .as_object_mut()
-        .context("a Mutex object")?
-        .remove("status");
-    let file = repo_root().join(format!("target/{}-wiped.json", ns.name()));
-    std::fs::write(&file, wiped.to_string())?;
-    let replaced = ns.kubectl(&[
-        "replace",
-        "--subresource=status",
-        "-f",
-        &file.to_string_lossy(),
-    ]);
-    std::fs::remove_file(&file)?;
-    replaced?;
+    ns.wipe_status(&format!("mutex/{KEY}"))?;
     frozen(false)?;
     wait_reason(&ns, &lock_run("b"), "Acquired", slow()).await?;
     let b = token_of(&ns, "b").await?;

@@ -661,22 +661,7 @@ async fn a_wiped_status_never_hands_a_queued_runs_token_out_again() -> Result<()
     ns.apply(&queued_run("q1", "gated", &lock, json!({})))
         .await?;
     let t1 = wait_granted(&ns, "q1").await?;
-    let mut wiped: serde_json::Value =
-        serde_json::from_str(&ns.kubectl(&["get", "mutex", "env", "-o", "json"])?)?;
-    wiped
-        .as_object_mut()
-        .context("a Mutex object")?
-        .remove("status");
-    let file = repo_root().join(format!("target/{}-wiped.json", ns.name()));
-    std::fs::write(&file, wiped.to_string())?;
-    let replaced = ns.kubectl(&[
-        "replace",
-        "--subresource=status",
-        "-f",
-        &file.to_string_lossy(),
-    ]);
-    std::fs::remove_file(&file)?;
-    replaced?;
+    ns.wipe_status("mutex/env")?;
     ns.apply(&queued_run("q2", "gated", &lock, json!({})))
         .await?;
     let t2 = wait_granted(&ns, "q2").await?;

@@ -357,6 +357,33 @@ impl TestNamespace {
         all.extend(["-n", &self.name]);
         kubectl(&all)
     }
+
+    /// Puts lock `object` (`mutex/k`, or `clustermutex/k` for a ClusterMutex) back without its
+    /// status, as a hand-wipe or a restore without status does: `kubectl replace
+    /// --subresource=status`.
+    pub fn wipe_status(&self, object: &str) -> Result<()> {
+        let mut wiped: serde_json::Value =
+            serde_json::from_str(&self.kubectl(&["get", object, "-o", "json"])?)?;
+        wiped
+            .as_object_mut()
+            .context("a lock object")?
+            .remove("status");
+        self.replace_status(&wiped).map(|_| ())
+    }
+
+    /// `kubectl replace --subresource=status` with `object`; returns stdout.
+    pub fn replace_status(&self, object: &serde_json::Value) -> Result<String> {
+        let file = repo_root().join(format!("target/{}-status.json", self.name));
+        std::fs::write(&file, object.to_string())?;
+        let out = self.kubectl(&[
+            "replace",
+            "--subresource=status",
+            "-f",
+            &file.to_string_lossy(),
+        ]);
+        std::fs::remove_file(&file)?;
+        out
+    }
 }
 
 impl Drop for TestNamespace {
