@@ -504,6 +504,8 @@ cmd_up() {
     --kubelet-preferred-address-types InternalIP \
     --allow-privileged=true \
     ${admission[@]+"${admission[@]}"} \
+    --feature-gates MutatingAdmissionPolicy=true \
+    --runtime-config admissionregistration.k8s.io/v1beta1=true \
     --enable-priority-and-fairness=false \
     --profiling=false
   healthy_or_fail kube-apiserver "/readyz" 90 api_ready

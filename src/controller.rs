@@ -23,6 +23,7 @@ mod ledger_batch;
 mod lock_object;
 mod reconcile;
 mod recorder;
+mod selection_wiring;
 #[cfg(test)]
 mod tests;
 mod wake;

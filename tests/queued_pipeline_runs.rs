@@ -17,26 +17,6 @@ use support::*;
 const KEY: &str = "tekton-mutex.dev/key";
 const TOKEN: &str = "tekton-mutex.dev/token";
 
-/// A Pipeline with no lock task: one task that waits for the gate `release-<pipelinerun>`.
-fn gated_pipeline(name: &str) -> String {
-    let gate = "set -e\nkubectl -n \"$(params.ns)\" wait --for=create \"configmap/release-$(params.pr)\" --timeout=600s >/dev/null\n";
-    json!({
-        "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name},
-        "spec": {"tasks": [{
-            "name": "deploy",
-            "params": [
-                {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
-                {"name": "pr", "value": "$(context.pipelineRun.name)"},
-            ],
-            "taskSpec": {
-                "params": [{"name": "ns"}, {"name": "pr"}],
-                "steps": [{"name": "run", "image": "busybox", "script": gate}],
-            },
-        }]},
-    })
-    .to_string()
-}
-
 /// A PipelineRun of `pipeline`, created Pending with `annotations`, and `spec` merged in.
 fn queued_run(
     name: &str,

@@ -12,4 +12,5 @@ pub mod members;
 pub mod pipeline_runs;
 pub mod queued_intake;
 pub mod release_after_progress;
+pub mod selection;
 pub mod token_floor;

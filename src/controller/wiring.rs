@@ -18,6 +18,7 @@ use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
 use super::reconcile::{intake, lock as sync, queued_intake, token_floor};
 use super::recorder::EventRecorder;
+use super::selection_wiring;
 use super::wake::Wake;
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
@@ -79,11 +80,11 @@ where
 }
 
 /// Which run kinds this cluster serves.
-struct Served {
+pub struct Served {
     custom_runs: bool,
     runs: bool,
     /// ClusterMutexes can be read (CRD installed, cluster-wide rights).
-    cluster_mutexes: bool,
+    pub cluster_mutexes: bool,
 }
 
 /// Names the missing CRD the controller needs, with the fix (see [`crd_wait`]).
@@ -329,6 +330,14 @@ impl Controllers {
                 queued_intake::needs_intake,
             ),
             pr_cache.store.clone(),
+        );
+        let queued = selection_wiring::watch_selectors(
+            queued,
+            client,
+            namespace,
+            &wc,
+            kinds,
+            &pr_cache.store,
         );
         let related = Related {
             pipeline_runs: pr_changes.pop().expect("one stream per consumer"),

@@ -320,3 +320,23 @@ pub async fn succeeded(ns: &TestNamespace, pr: &str) -> Result<()> {
     ensure!(c.status == "True", "{pr} did not succeed: {c:?}");
     Ok(())
 }
+
+/// A Pipeline with no lock task: one task that waits for the gate `release-<pipelinerun>`.
+pub fn gated_pipeline(name: &str) -> String {
+    let gate = "set -e\nkubectl -n \"$(params.ns)\" wait --for=create \"configmap/release-$(params.pr)\" --timeout=600s >/dev/null\n";
+    json!({
+        "apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": name},
+        "spec": {"tasks": [{
+            "name": "deploy",
+            "params": [
+                {"name": "ns", "value": "$(context.pipelineRun.namespace)"},
+                {"name": "pr", "value": "$(context.pipelineRun.name)"},
+            ],
+            "taskSpec": {
+                "params": [{"name": "ns"}, {"name": "pr"}],
+                "steps": [{"name": "run", "image": "busybox", "script": gate}],
+            },
+        }]},
+    })
+    .to_string()
+}

@@ -55,6 +55,10 @@ pub struct ClusterMutexSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_queue_per_namespace: Option<u32>,
+    /// The PipelineRuns of the allowed namespaces that it takes by itself, with no
+    /// annotation: made Pending as they are created, and queued whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<crate::selector::RunSelector>,
 }
 
 /// A label selector over namespaces, as Kubernetes writes them.
@@ -97,15 +101,10 @@ impl NamespaceSelector {
             .iter()
             .all(|(k, v)| labels.get(k) == Some(v));
         by_labels
-            && self.match_expressions.iter().all(|r| {
-                let value = labels.get(&r.key);
-                match r.operator {
-                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
-                    SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
-                    SelectorOperator::Exists => value.is_some(),
-                    SelectorOperator::DoesNotExist => value.is_none(),
-                }
-            })
+            && self
+                .match_expressions
+                .iter()
+                .all(|r| crate::selector::requirement_holds(r, labels))
     }
 }
 

@@ -6,4 +6,5 @@ pub mod cluster_mutex;
 pub mod lock_kind;
 pub mod mutex;
 pub mod requests;
+pub mod selector;
 pub mod tekton;

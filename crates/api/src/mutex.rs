@@ -33,6 +33,10 @@ use serde::{Deserialize, Serialize};
            status is the lock state, written by the controller only."
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.keyFrom) || has(self.selector)",
+    "message": "keyFrom reads the key of the PipelineRuns a selector takes: give spec.selector too"
+}]))]
 pub struct MutexSpec {
     #[serde(flatten)]
     pub lock: LockSpec,
@@ -47,6 +51,16 @@ pub struct MutexSpec {
     /// Default 30; 0 keeps it. A Mutex a person or GitOps applied is never deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_delete_days: Option<u32>,
+    /// The PipelineRuns of its namespace that it takes by itself, with no annotation:
+    /// made Pending as they are created, and queued whole on this Mutex's key, or on the
+    /// key `keyFrom` reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<crate::selector::RunSelector>,
+    /// Read each selected PipelineRun's key from one of its params or labels: each key
+    /// is then a lock of its own (its own Mutex, created on first use with this one's
+    /// capacity, order and maxQueue), and this Mutex is only the rule that selects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_from: Option<crate::selector::KeyFrom>,
 }
 
 /// Days an idle Mutex the controller created is kept (`spec.idleDeleteDays`).

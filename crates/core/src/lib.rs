@@ -16,4 +16,5 @@ pub mod release_after;
 pub mod requests;
 pub mod run_status;
 pub mod scope;
+pub mod selection;
 pub mod view;

@@ -32,11 +32,15 @@ pub fn pipeline_run(pr: &mut PipelineRun) {
     meta(&mut pr.metadata);
     pr.metadata.annotations = ours.filter(|a| !a.is_empty());
     pr.metadata.owner_references = None;
-    // Its Pipeline's name groups its runs that carry none.
+    // Its Pipeline's name groups its runs that carry none. One that has not ended keeps
+    // its labels and params too: a lock's selector and keyFrom read them.
+    let labels = pr.metadata.labels.clone();
     pr.spec.kept_labels = Some(KeptLabels::take(&mut pr.metadata));
     if !pr.is_done() {
+        pr.metadata.labels = labels;
         return;
     }
+    pr.spec.params = Vec::new();
     if let Some(status) = &mut pr.status {
         status
             .child_references

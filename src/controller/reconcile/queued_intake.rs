@@ -6,12 +6,15 @@
 use crate::controller::apply::events::{self, Transition};
 use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
+use crate::controller::reconcile::selection::{self, Step};
 use crate::controller::reconcile::{cluster_admission, intake};
 use crate::core::observe::cluster_mutex_targets;
 use crate::core::observe::pending::PendingRun;
 use crate::core::params::annotations::{self, ERROR, KEY};
 use crate::core::run_status::queued::refused_patch;
+use crate::model::mutex::{RunKind, RunRef};
 use crate::model::tekton::pipelinerun::PipelineRun;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use std::sync::Arc;
@@ -21,6 +24,20 @@ use tracing::warn;
 pub const NOT_QUEUED: &str = "NotQueued";
 
 pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if pr.is_done() || pr.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    match selection::step(&ctx, &pr).await? {
+        Step::Continue => {}
+        Step::Stamped => return Ok(Action::await_change()),
+        Step::Refused(message) => {
+            let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
+            if said != Some(&message) {
+                refuse_selected(&ctx, &pr, &message).await?;
+            }
+            return Ok(Action::await_change());
+        }
+    }
     let Some(queued) = PendingRun::of(pr.clone()) else {
         return Ok(Action::await_change());
     };
@@ -47,7 +64,13 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
             Ok(cfg) => match cluster_mutex_targets(&o) {
                 Some(Ok(names)) => cluster_admission::refusal(&ctx, &o, &names[0]).await?,
                 Some(Err(message)) => Some(message),
-                None => intake::mutex_for(&ctx, &o, &cfg).await?,
+                None => {
+                    let mut cfg = cfg;
+                    if let Some(lock) = selection::template(&ctx, &pr) {
+                        cfg.spec.lock = lock;
+                    }
+                    intake::mutex_for(&ctx, &o, &cfg).await?
+                }
             }
             .map(|m| ("InvalidParams", m)),
         }
@@ -91,12 +114,42 @@ async fn clear_error(ctx: &Context, queued: &PendingRun) -> Result<(), Error> {
     Ok(())
 }
 
-/// What intake hears of: the PipelineRuns that ask to be queued and are not done.
+/// A PipelineRun its lock's selector takes but cannot queue: the error on it (it stays
+/// as it is: Pending, it is never started), with a Warning Event.
+async fn refuse_selected(ctx: &Context, pr: &PipelineRun, message: &str) -> Result<(), Error> {
+    let (ns, name) = (pr.namespace().unwrap_or_default(), pr.name_any());
+    warn!(pipeline_run = %name, namespace = %ns, %message, "selected PipelineRun not queued");
+    if writes::run_status(
+        ctx,
+        RunKind::PipelineRun,
+        &ns,
+        &name,
+        &refused_patch(message),
+    )
+    .await?
+    {
+        let warning = Transition {
+            reason: "InvalidParams",
+            note: message.to_string(),
+            type_: EventType::Warning,
+        };
+        let run_ref = RunRef {
+            kind: RunKind::PipelineRun,
+            name: name.clone(),
+            uid: pr.uid().unwrap_or_default(),
+        };
+        events::record(ctx, &ns, &run_ref, warning);
+    }
+    Ok(())
+}
+
+/// What intake hears of: the PipelineRuns that ask to be queued and are not done,
+/// and those created Pending that a lock's selector may take.
 pub fn needs_intake(pr: &PipelineRun) -> bool {
     let asks = pr
         .metadata
         .annotations
         .as_ref()
         .is_some_and(annotations::opted_in);
-    asks && !pr.is_done()
+    (asks && !pr.is_done()) || selection::may_be_selected(pr)
 }

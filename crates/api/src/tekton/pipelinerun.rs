@@ -22,6 +22,9 @@ pub struct PipelineRunSpec {
     /// has no `tekton.dev/pipeline` label yet, and its supersede group is this name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline_ref: Option<PipelineRef>,
+    /// Its params: a Mutex's `spec.keyFrom` may read its key from one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub params: Vec<crate::tekton::Param>,
     /// Not part of the object: its labels once the cache has taken them out of
     /// the label map (None: read the map).
     #[serde(skip)]

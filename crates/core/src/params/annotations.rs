@@ -42,8 +42,12 @@ pub const CANCEL_REASON: &str = "tekton-mutex.dev/cancel-reason";
 /// Written by the controller: its record of what it told the PipelineRun, as a
 /// lock run's status (the state is rebuilt from it like from a lock run's).
 pub const RECORD: &str = "tekton-mutex.dev/lock-record";
+/// Written by the controller: the lock whose `spec.selector` took the PipelineRun
+/// (`Mutex/<name>` or `ClusterMutex/<name>`), with the key annotations it wrote.
+pub const SELECTED_BY: &str = "tekton-mutex.dev/selected-by";
 /// Annotations of ours that the controller writes, or queue control does.
 const WRITTEN: &[&str] = &[
+    SELECTED_BY,
     TOKEN,
     WAITING,
     ERROR,

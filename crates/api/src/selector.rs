@@ -1,0 +1,120 @@
+//! Which PipelineRuns a lock takes by itself (`spec.selector`), and where a Mutex
+//! reads their key from (`spec.keyFrom`): for platform teams that own neither the
+//! pipelines nor their triggers. The admission policy of config/ makes a selected
+//! PipelineRun Pending as it is created; the controller then queues it.
+
+use crate::cluster_mutex::{SelectorOperator, SelectorRequirement};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The PipelineRuns a lock takes by itself, queued whole: those that match every part
+/// given. At least one part must be given: an empty selector would take every run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "size(self.?matchLabels.orValue({})) + size(self.?matchExpressions.orValue([])) + size(self.?pipelines.orValue([])) > 0",
+    "message": "a selector takes the PipelineRuns that match all its parts: give matchLabels, matchExpressions or pipelines (an empty selector would take every PipelineRun)"
+}]))]
+pub struct RunSelector {
+    /// Labels the PipelineRun must carry, each with this value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements on the PipelineRun's labels, all of which must hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<SelectorRequirement>,
+    /// The Pipelines (`spec.pipelineRef.name`) whose runs it takes; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub pipelines: Vec<String>,
+}
+
+/// Where a selected PipelineRun's key comes from: exactly one of `param` and `label`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.param) != has(self.label)",
+    "message": "keyFrom takes exactly one of param and label"
+}]))]
+pub struct KeyFrom {
+    /// The name of a param of the PipelineRun (`spec.params`) whose string value is the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub param: Option<String>,
+    /// A label of the PipelineRun whose value is the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317))]
+    pub label: Option<String>,
+}
+
+impl RunSelector {
+    /// Does a PipelineRun with these labels, of this Pipeline, match every part?
+    pub fn matches(&self, labels: &BTreeMap<String, String>, pipeline: Option<&str>) -> bool {
+        let by_pipeline = self.pipelines.is_empty()
+            || pipeline.is_some_and(|p| self.pipelines.iter().any(|n| n == p));
+        by_pipeline
+            && self
+                .match_labels
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v))
+            && self
+                .match_expressions
+                .iter()
+                .all(|r| requirement_holds(r, labels))
+    }
+
+    /// Is any part given (the CRD refuses a selector without one)?
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty()
+            && self.match_expressions.is_empty()
+            && self.pipelines.is_empty()
+    }
+}
+
+/// One requirement of a label selector, as Kubernetes reads it.
+pub fn requirement_holds(r: &SelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let value = labels.get(&r.key);
+    match r.operator {
+        SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
+        SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
+        SelectorOperator::Exists => value.is_some(),
+        SelectorOperator::DoesNotExist => value.is_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn every_part_given_must_match() {
+        let s: RunSelector = serde_json::from_value(json!({
+            "matchLabels": {"env": "staging"},
+            "matchExpressions": [{"key": "skip-lock", "operator": "DoesNotExist"}],
+            "pipelines": ["promote", "deploy"],
+        }))
+        .unwrap();
+        assert!(s.matches(&labels(&[("env", "staging")]), Some("deploy")));
+        assert!(!s.matches(&labels(&[("env", "staging")]), Some("test")));
+        assert!(!s.matches(&labels(&[("env", "staging")]), None));
+        assert!(!s.matches(&labels(&[("env", "prod")]), Some("deploy")));
+        assert!(!s.matches(
+            &labels(&[("env", "staging"), ("skip-lock", "")]),
+            Some("deploy")
+        ));
+        let any_pipeline = RunSelector {
+            match_labels: labels(&[("env", "staging")]),
+            ..Default::default()
+        };
+        assert!(any_pipeline.matches(&labels(&[("env", "staging")]), None));
+        assert!(RunSelector::default().is_empty() && !any_pipeline.is_empty());
+    }
+}

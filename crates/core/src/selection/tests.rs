@@ -1,0 +1,178 @@
+use super::*;
+use serde_json::{Value, json};
+
+fn pr(labels: Value, annotations: Value, spec: Value) -> PipelineRun {
+    serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": "deploy-1", "namespace": "jx", "labels": labels,
+                     "annotations": annotations},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn mutex(name: &str, spec: Value) -> Mutex {
+    serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": name, "namespace": "jx"}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn cluster_mutex(name: &str, spec: Value) -> ClusterMutex {
+    serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn queued_on(s: &Selection) -> (&str, Option<&str>, bool) {
+    match s {
+        Selection::Queue { by, annotations } => (
+            annotations[KEY].as_str(),
+            Some(by.as_str()),
+            annotations.get(CLUSTER_MUTEX).is_some_and(|c| c == "true"),
+        ),
+        other => panic!("not queued: {other:?}"),
+    }
+}
+
+fn staging_run() -> PipelineRun {
+    pr(
+        json!({"env": "staging"}),
+        json!({}),
+        json!({"pipelineRef": {"name": "promote"},
+               "params": [{"name": "environment", "value": "jx-staging"}]}),
+    )
+}
+
+#[test]
+fn a_mutex_takes_the_runs_its_selector_matches_on_its_own_key() {
+    let m = mutex("staging", json!({"selector": {"pipelines": ["promote"]}}));
+    let s = select(&staging_run(), &[&m], &[], |_| true);
+    assert_eq!(queued_on(&s), ("staging", Some("Mutex/staging"), false));
+    let keyed = mutex(
+        "env",
+        json!({"selector": {"matchLabels": {"env": "staging"}},
+                                   "key": "https://example.org/staging"}),
+    );
+    let s = select(&staging_run(), &[&keyed], &[], |_| true);
+    assert_eq!(queued_on(&s).0, "https://example.org/staging");
+    let other = mutex(
+        "prod",
+        json!({"selector": {"matchLabels": {"env": "prod"}}}),
+    );
+    assert_eq!(
+        select(&staging_run(), &[&other], &[], |_| true),
+        Selection::Unselected
+    );
+    let no_selector = mutex("plain", json!({}));
+    assert_eq!(
+        select(&staging_run(), &[&no_selector], &[], |_| true),
+        Selection::Unselected
+    );
+}
+
+#[test]
+fn key_from_reads_a_param_or_a_label_and_names_what_is_missing() {
+    let by_param = mutex(
+        "envs",
+        json!({"selector": {"pipelines": ["promote"]},
+                                        "keyFrom": {"param": "environment"}}),
+    );
+    let s = select(&staging_run(), &[&by_param], &[], |_| true);
+    assert_eq!(queued_on(&s), ("jx-staging", Some("Mutex/envs"), false));
+    let by_label = mutex(
+        "envs",
+        json!({"selector": {"pipelines": ["promote"]},
+                                        "keyFrom": {"label": "env"}}),
+    );
+    assert_eq!(
+        queued_on(&select(&staging_run(), &[&by_label], &[], |_| true)).0,
+        "staging"
+    );
+    let missing = mutex(
+        "envs",
+        json!({"selector": {"pipelines": ["promote"]},
+                                       "keyFrom": {"param": "target"}}),
+    );
+    let Selection::Refused(m) = select(&staging_run(), &[&missing], &[], |_| true) else {
+        panic!("a missing param is refused")
+    };
+    assert!(
+        m.contains("Mutex/envs") && m.contains("no param \"target\""),
+        "{m}"
+    );
+    let bad = pr(
+        json!({"env": ""}),
+        json!({}),
+        json!({"pipelineRef": {"name": "promote"}}),
+    );
+    let Selection::Refused(m) = select(&bad, &[&by_label], &[], |_| true) else {
+        panic!("an empty key is refused")
+    };
+    assert!(m.contains("key is empty"), "{m}");
+}
+
+#[test]
+fn a_cluster_mutex_takes_only_runs_of_the_namespaces_it_allows() {
+    let c = cluster_mutex(
+        "prod-db",
+        json!({"selector": {"matchLabels": {"env": "staging"}}}),
+    );
+    let s = select(&staging_run(), &[], &[&c], |_| true);
+    assert_eq!(
+        queued_on(&s),
+        ("prod-db", Some("ClusterMutex/prod-db"), true)
+    );
+    assert_eq!(
+        select(&staging_run(), &[], &[&c], |_| false),
+        Selection::Unselected
+    );
+}
+
+#[test]
+fn two_takers_or_annotations_naming_another_lock_are_refused() {
+    let a = mutex("a", json!({"selector": {"pipelines": ["promote"]}}));
+    let b = mutex(
+        "b",
+        json!({"selector": {"matchLabels": {"env": "staging"}}}),
+    );
+    let Selection::Refused(m) = select(&staging_run(), &[&a, &b], &[], |_| true) else {
+        panic!("two takers are refused")
+    };
+    assert!(m.contains("Mutex/a and Mutex/b"), "{m}");
+    let escaping = pr(
+        json!({"env": "staging"}),
+        json!({KEY: "elsewhere"}),
+        json!({"pipelineRef": {"name": "promote"}}),
+    );
+    let Selection::Refused(m) = select(&escaping, &[&a], &[], |_| true) else {
+        panic!("a run cannot leave its selector's lock by annotation")
+    };
+    assert!(m.contains("remove those annotations"), "{m}");
+    let c = cluster_mutex("prod-db", json!({"selector": {"pipelines": ["promote"]}}));
+    let local = pr(
+        json!({}),
+        json!({KEY: "prod-db"}),
+        json!({"pipelineRef": {"name": "promote"}}),
+    );
+    assert!(matches!(
+        select(&local, &[], &[&c], |_| true),
+        Selection::Refused(_)
+    ));
+    // Once stamped, the run's annotations agree with its selector.
+    let Selection::Queue { annotations, .. } = select(&staging_run(), &[&a], &[], |_| true) else {
+        panic!("queued")
+    };
+    let stamped = pr(
+        json!({"env": "staging"}),
+        serde_json::to_value(&annotations).unwrap(),
+        json!({"pipelineRef": {"name": "promote"}}),
+    );
+    assert!(matches!(
+        select(&stamped, &[&a], &[], |_| true),
+        Selection::Queue { .. }
+    ));
+}

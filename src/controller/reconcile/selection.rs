@@ -1,0 +1,129 @@
+//! Intake of a PipelineRun that a lock's `spec.selector` takes: fetch the locks
+//! that select in its namespace, ask the core which one takes it
+//! ([`crate::core::selection`]), and stamp the annotations that queue it there.
+//! From then on it is an annotated queued PipelineRun like any other.
+
+use crate::controller::context::{Context, Error};
+use crate::controller::lock_object::NamespaceLabels;
+use crate::controller::reconcile::cluster_admission;
+use crate::core::params::annotations;
+use crate::core::selection::{self, Selection};
+use crate::model::cluster_mutex::ClusterMutex;
+use crate::model::mutex::Mutex;
+use crate::model::tekton::pipelinerun::PipelineRun;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use std::sync::Arc;
+use tracing::info;
+
+/// What intake does next with a PipelineRun, as far as selectors go.
+pub enum Step {
+    /// Its annotations say where it queues (or no selector takes it): go on.
+    Continue,
+    /// The stamp was written; its change brings the PipelineRun back.
+    Stamped,
+    /// It cannot be queued as the selectors say: the message goes on it.
+    Refused(String),
+}
+
+/// Which lock's selector takes `pr`, and its stamp written if it lacks it.
+pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
+    let ns = pr.namespace().unwrap_or_default();
+    let mutexes: Vec<Arc<Mutex>> = ctx
+        .mutexes
+        .state()
+        .into_iter()
+        .filter(|m| m.spec.selector.is_some() && m.namespace().as_deref() == Some(&ns))
+        .collect();
+    let cluster: Vec<Arc<ClusterMutex>> = ctx
+        .cluster_mutexes
+        .as_ref()
+        .map(|s| s.state())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.spec.selector.is_some())
+        .collect();
+    if mutexes.is_empty() && cluster.is_empty() {
+        return Ok(Step::Continue);
+    }
+    let mut allowed = Vec::new();
+    let mut seen = NamespaceLabels::new();
+    for c in &cluster {
+        if cluster_admission::allowed(ctx, &c.spec, &ns, &mut seen).await? {
+            allowed.push(c.name_any());
+        }
+    }
+    let m: Vec<&Mutex> = mutexes.iter().map(Arc::as_ref).collect();
+    let c: Vec<&ClusterMutex> = cluster.iter().map(Arc::as_ref).collect();
+    let selection = selection::select(pr, &m, &c, |c| allowed.contains(&c.name_any()));
+    match selection {
+        Selection::Unselected => Ok(Step::Continue),
+        Selection::Refused(message) => Ok(Step::Refused(message)),
+        Selection::Queue { by, annotations } => {
+            let own = pr.metadata.annotations.clone().unwrap_or_default();
+            if annotations.iter().all(|(k, v)| own.get(k) == Some(v)) {
+                return Ok(Step::Continue);
+            }
+            stamp(ctx, pr, &by, &annotations).await?;
+            Ok(Step::Stamped)
+        }
+    }
+}
+
+/// Writes the annotations that queue it, if it is still the PipelineRun read
+/// (a compare-and-swap on its resourceVersion: it may have started meanwhile).
+async fn stamp(
+    ctx: &Context,
+    pr: &PipelineRun,
+    by: &str,
+    stamp: &std::collections::BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let (ns, name) = (pr.namespace().unwrap_or_default(), pr.name_any());
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": pr.resource_version(), "annotations": stamp},
+    });
+    let api: Api<PipelineRun> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.metrics.api_write("patch", "pipelineruns");
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            info!(pipeline_run = %name, namespace = %ns, lock = by, key = %stamp[annotations::KEY],
+                  "PipelineRun selected: queued");
+            Ok(())
+        }
+        // It changed or went: the next event decides again.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The settings a Mutex created for a selected PipelineRun's key starts with: those of
+/// the Mutex whose `keyFrom` derived the key (not its freeze: that is its own).
+pub fn template(ctx: &Context, pr: &PipelineRun) -> Option<crate::model::mutex::LockSpec> {
+    let by = pr
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(annotations::SELECTED_BY)?;
+    let name = by.strip_prefix("Mutex/")?;
+    let ns = pr.namespace()?;
+    let selecting = ctx.mutexes.get(&ObjectRef::new(name).within(&ns))?;
+    selecting.spec.key_from.as_ref()?;
+    let mut lock = selecting.spec.lock.clone();
+    (lock.frozen, lock.frozen_reason) = (false, None);
+    Some(lock)
+}
+
+/// What selection hears of besides annotated PipelineRuns: those created Pending
+/// without the key annotation (the admission policy makes a selected one so).
+pub fn may_be_selected(pr: &PipelineRun) -> bool {
+    let annotated = pr
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(annotations::opted_in);
+    !annotated && pr.is_pending() && !pr.is_done()
+}

@@ -1,0 +1,334 @@
+//! Lock PipelineRuns that nobody edits (issue 40): a Mutex's `spec.selector` takes the
+//! PipelineRuns it matches, and the admission policy of config/admission/ makes them Pending
+//! as the API server creates them, so a producer that writes neither Pending nor any annotation
+//! (a Trigger, Pipelines-as-Code, a script) is serialized. On the local control plane with the
+//! real Tekton controller; the policy is the file of config/, bound to the test's namespace only.
+
+mod support;
+
+use anyhow::{Result, ensure};
+use kube::ResourceExt;
+use kube::api::{DynamicObject, PostParams};
+use serde_json::{Value, json};
+use support::controller::ControllerProcess;
+use support::pipelines::*;
+use support::*;
+
+const TOKEN: &str = "tekton-mutex.dev/token";
+const KEY: &str = "tekton-mutex.dev/key";
+const PENDING: &str = "PipelineRunPending";
+
+/// The policies of config/admission/queue-at-create.yaml, renamed for one namespace and bound
+/// to it alone (they are cluster-wide objects); removed when the test ends.
+struct QueueAtCreate {
+    names: Vec<(String, String)>,
+}
+
+impl QueueAtCreate {
+    async fn install(ns: &TestNamespace) -> Result<QueueAtCreate> {
+        let file = repo_root().join("config/admission/queue-at-create.yaml");
+        let docs: Vec<Value> = serde_saphyr::from_str_multiple(&std::fs::read_to_string(file)?)?;
+        let mut names = Vec::new();
+        for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let name = format!(
+                "{}-{}",
+                doc["metadata"]["name"].as_str().unwrap(),
+                ns.name()
+            );
+            doc["metadata"]["name"] = json!(name);
+            if let Some(policy) = doc.pointer_mut("/spec/policyName") {
+                *policy = json!(format!("{}-{}", policy.as_str().unwrap(), ns.name()));
+                doc["spec"]["matchResources"] = json!({"namespaceSelector": {"matchLabels":
+                    {"kubernetes.io/metadata.name": ns.name()}}});
+            }
+            names.push((doc["kind"].as_str().unwrap().to_string(), name));
+            apply_yaml(&ns.client(), None, &serde_json::to_string(&doc)?).await?;
+        }
+        Ok(QueueAtCreate { names })
+    }
+}
+
+impl Drop for QueueAtCreate {
+    fn drop(&mut self) {
+        for (kind, name) in &self.names {
+            let plural = match kind.as_str() {
+                "MutatingAdmissionPolicy" => "mutatingadmissionpolicies",
+                _ => "mutatingadmissionpolicybindings",
+            };
+            let resource = format!("{plural}.v1beta1.admissionregistration.k8s.io");
+            let _ = kubectl(&["delete", "--ignore-not-found", &resource, name]);
+        }
+    }
+}
+
+/// A PipelineRun of Pipeline `gated` as a Trigger creates it: labels, no status, no annotation.
+fn triggered_run(name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"pipelineRef": {"name": "gated"}},
+    })
+}
+
+/// Creates `run` and returns it as the API server stored it (after admission).
+async fn create(ns: &TestNamespace, run: &Value, dry_run: bool) -> Result<DynamicObject> {
+    let api = ns.dynamic("tekton.dev/v1", "PipelineRun").await?;
+    let pp = PostParams {
+        dry_run,
+        ..Default::default()
+    };
+    let obj: DynamicObject = serde_json::from_value(run.clone())?;
+    Ok(api.create(&pp, &obj).await?)
+}
+
+fn is_pending(pr: &DynamicObject) -> bool {
+    pr.data.pointer("/spec/status") == Some(&json!(PENDING))
+}
+
+/// Waits until the API server makes a PipelineRun like `run` Pending at create (the policy
+/// and its params reach the API server's admission a moment after they are written).
+async fn wait_admission(ns: &TestNamespace, run: &Value) -> Result<()> {
+    wait_until(
+        "the admission policy to make a selected run Pending",
+        slow(),
+        || async { Ok(is_pending(&create(ns, run, true).await?).then_some(())) },
+    )
+    .await
+}
+
+async fn pipeline_run(ns: &TestNamespace, name: &str) -> Result<DynamicObject> {
+    Ok(ns
+        .dynamic("tekton.dev/v1", "PipelineRun")
+        .await?
+        .get(name)
+        .await?)
+}
+
+/// The token of PipelineRun `name` once granted; it has started (its status was cleared).
+async fn wait_granted(ns: &TestNamespace, name: &str) -> Result<i64> {
+    let token = wait_until(&format!("{name} to be granted"), slow(), || async {
+        Ok(pipeline_run(ns, name)
+            .await?
+            .annotations()
+            .get(TOKEN)
+            .cloned())
+    })
+    .await?;
+    ensure!(
+        !is_pending(&pipeline_run(ns, name).await?),
+        "{name} granted but still Pending"
+    );
+    Ok(token.parse()?)
+}
+
+/// PipelineRun `name` is Pending and has started nothing.
+async fn assert_waiting(ns: &TestNamespace, name: &str) -> Result<()> {
+    let pr = pipeline_run(ns, name).await?;
+    ensure!(
+        is_pending(&pr),
+        "{name} left Pending: {:?}",
+        pr.data["spec"]
+    );
+    let children = pr
+        .data
+        .pointer("/status/childReferences")
+        .and_then(Value::as_array);
+    ensure!(
+        children.is_none_or(|c| c.is_empty()),
+        "{name} started tasks: {children:?}"
+    );
+    Ok(())
+}
+
+async fn setup(prefix: &str, mutex: Value) -> Result<(TestNamespace, QueueAtCreate)> {
+    let ns = TestNamespace::create(prefix).await?;
+    ns.apply(&gated_pipeline("gated")).await?;
+    let policy = QueueAtCreate::install(&ns).await?;
+    ns.apply(&mutex.to_string()).await?;
+    Ok((ns, policy))
+}
+
+fn staging_mutex(spec: Value) -> Value {
+    json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+           "metadata": {"name": "staging"}, "spec": spec})
+}
+
+/// The founding accident's producer (it writes neither Pending nor an annotation) is serialized:
+/// each run is Pending from its create, one holds at a time, a newer run supersedes the older
+/// one still waiting (the default), the tokens go up, and a run the selector does not match is
+/// left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_trigger_like_producer_is_serialized_by_the_selector() -> Result<()> {
+    let selector = json!({"selector": {"matchLabels": {"env": "staging"}, "pipelines": ["gated"]}});
+    let (ns, _policy) = setup("selector-trigger", staging_mutex(selector)).await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    wait_admission(&ns, &triggered_run("probe", json!({"env": "staging"}))).await?;
+    let staging = json!({"env": "staging"});
+    for name in ["t1", "t2", "t3"] {
+        let stored = create(&ns, &triggered_run(name, staging.clone()), false).await?;
+        ensure!(is_pending(&stored), "{name} was not made Pending at create");
+        if name == "t1" {
+            wait_granted(&ns, name).await?;
+        }
+    }
+    let other = create(&ns, &triggered_run("prod", json!({"env": "prod"})), false).await?;
+    ensure!(
+        !is_pending(&other),
+        "a run the selector does not match was made Pending"
+    );
+    // t3 supersedes t2, which never started; t3 waits for t1.
+    let reason = wait_until("t2 to be superseded", slow(), || async {
+        let pr = pipeline_run(&ns, "t2").await?;
+        Ok(pr
+            .annotations()
+            .get("tekton-mutex.dev/cancel-reason")
+            .cloned())
+    })
+    .await?;
+    ensure!(reason == "Superseded", "t2 was cancelled for {reason}");
+    let t2 = pipeline_run(&ns, "t2").await?;
+    let children = t2
+        .data
+        .pointer("/status/childReferences")
+        .and_then(Value::as_array);
+    ensure!(
+        children.is_none_or(|c| c.is_empty()),
+        "t2 started tasks: {children:?}"
+    );
+    assert_waiting(&ns, "t3").await?;
+    let t1 = pipeline_run(&ns, "t1").await?;
+    ensure!(
+        t1.annotations().get(KEY).map(String::as_str) == Some("staging")
+            && t1
+                .annotations()
+                .get("tekton-mutex.dev/selected-by")
+                .map(String::as_str)
+                == Some("Mutex/staging"),
+        "t1 does not say which lock took it: {:?}",
+        t1.annotations()
+    );
+    let first: i64 = t1.annotations()[TOKEN].parse()?;
+    release(&ns, "t1").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "t1", slow())
+        .await?;
+    let second = wait_granted(&ns, "t3").await?;
+    ensure!(first < second, "tokens did not go up: {first}, {second}");
+    release(&ns, "t3").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "t3", slow())
+        .await?;
+    // The unmatched run ran at once, untouched.
+    release(&ns, "prod").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "prod", slow())
+        .await?;
+    let prod = pipeline_run(&ns, "prod").await?;
+    let ours: Vec<&String> = prod
+        .annotations()
+        .keys()
+        .filter(|k| k.starts_with("tekton-mutex.dev/"))
+        .collect();
+    ensure!(ours.is_empty(), "the unmatched run carries {ours:?}");
+    Ok(())
+}
+
+/// `keyFrom` gives each value its own lock: runs of two environments hold at once, a second
+/// run of one environment waits, and each key's Mutex starts with the selecting one's settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn key_from_gives_each_environment_its_own_lock() -> Result<()> {
+    let spec = json!({"selector": {"pipelines": ["gated"]}, "keyFrom": {"label": "env"},
+                      "maxQueue": 7});
+    let (ns, _policy) = setup("selector-keyfrom", staging_mutex(spec)).await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    wait_admission(&ns, &triggered_run("probe", json!({"env": "a"}))).await?;
+    for (name, env) in [("a1", "env-a"), ("b1", "env-b"), ("a2", "env-a")] {
+        create(&ns, &triggered_run(name, json!({"env": env})), false).await?;
+        if name != "a2" {
+            wait_granted(&ns, name).await?;
+        }
+    }
+    wait_until("a2 to be told it waits", slow(), || async {
+        let pr = pipeline_run(&ns, "a2").await?;
+        Ok(pr.annotations().get("tekton-mutex.dev/waiting").cloned())
+    })
+    .await?;
+    assert_waiting(&ns, "a2").await?;
+    let mutexes = ns.dynamic("tekton-mutex.dev/v1alpha1", "Mutex").await?;
+    let env_a = mutexes.get("env-a").await?;
+    ensure!(
+        env_a.data.pointer("/spec/maxQueue") == Some(&json!(7)),
+        "env-a's Mutex did not start with the selecting Mutex's settings: {:?}",
+        env_a.data["spec"]
+    );
+    release(&ns, "a1").await?;
+    wait_granted(&ns, "a2").await?;
+    Ok(())
+}
+
+/// With the controller down, a selected run is still made Pending by the API server and waits:
+/// nothing starts unguarded. When the controller comes back, it is queued and granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn with_the_controller_down_a_selected_run_waits_pending() -> Result<()> {
+    let selector = json!({"selector": {"pipelines": ["gated"]}});
+    let (ns, _policy) = setup("selector-down", staging_mutex(selector)).await?;
+    let run = triggered_run("r1", json!({}));
+    wait_admission(&ns, &run).await?;
+    let stored = create(&ns, &run, false).await?;
+    ensure!(
+        is_pending(&stored),
+        "r1 was not made Pending with the controller down"
+    );
+    // Tekton sees it at once and leaves it Pending: its reason says so.
+    wait_until("Tekton to report r1 Pending", slow(), || async {
+        let pr = pipeline_run(&ns, "r1").await?;
+        Ok(condition(&pr, "Succeeded").filter(|c| c.reason == PENDING))
+    })
+    .await?;
+    assert_waiting(&ns, "r1").await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let token = wait_granted(&ns, "r1").await?;
+    ensure!(token >= 1, "r1's token {token}");
+    release(&ns, "r1").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "r1", slow())
+        .await?;
+    Ok(())
+}
+
+/// Two selectors that take one run, or an annotation that names another lock: the run stays
+/// Pending (it never starts) with the error on it, and nothing is locked for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_run_two_selectors_take_stays_pending_with_a_clear_error() -> Result<()> {
+    let selector = json!({"selector": {"pipelines": ["gated"]}});
+    let (ns, _policy) = setup("selector-two", staging_mutex(selector)).await?;
+    ns.apply(
+        &json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+                "metadata": {"name": "also"}, "spec": {"selector": {"matchLabels": {"env": "x"}}}})
+        .to_string(),
+    )
+    .await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let run = triggered_run("both", json!({"env": "x"}));
+    wait_admission(&ns, &run).await?;
+    create(&ns, &run, false).await?;
+    let error = wait_until("the error on the run", slow(), || async {
+        let pr = pipeline_run(&ns, "both").await?;
+        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
+    })
+    .await?;
+    ensure!(
+        error.contains("Mutex/also and Mutex/staging")
+            || error.contains("Mutex/staging and Mutex/also"),
+        "the error does not name both selectors: {error}"
+    );
+    assert_waiting(&ns, "both").await?;
+    ensure!(
+        !pipeline_run(&ns, "both")
+            .await?
+            .annotations()
+            .contains_key(TOKEN),
+        "a refused run was granted"
+    );
+    Ok(())
+}
