@@ -11,12 +11,18 @@ use kube::ResourceExt;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::{Value, json};
 use support::controller::ControllerProcess;
+use support::locks::ClusterMutexGuard;
 use support::pipelines::*;
 use support::*;
+use tekton_mutex::model::cluster_mutex::{ClusterMutex, ClusterMutexSpec};
 
 const TOKEN: &str = "tekton-mutex.dev/token";
 const KEY: &str = "tekton-mutex.dev/key";
 const PENDING: &str = "PipelineRunPending";
+
+/// Tests whose controller serves only their namespace share the cluster; the one with a
+/// cluster-wide controller runs alone (it would act in their namespaces too).
+static CLUSTER_WIDE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The policies of config/admission/queue-at-create.yaml, renamed for one namespace and bound
 /// to it alone (they are cluster-wide objects); removed when the test ends.
@@ -26,6 +32,11 @@ struct QueueAtCreate {
 
 impl QueueAtCreate {
     async fn install(ns: &TestNamespace) -> Result<QueueAtCreate> {
+        Self::install_for(ns, &[ns.name()]).await
+    }
+
+    /// Named after `ns`, bound to `namespaces`.
+    async fn install_for(ns: &TestNamespace, namespaces: &[&str]) -> Result<QueueAtCreate> {
         let file = repo_root().join("config/admission/queue-at-create.yaml");
         let docs: Vec<Value> = serde_saphyr::from_str_multiple(&std::fs::read_to_string(file)?)?;
         let mut names = Vec::new();
@@ -38,8 +49,8 @@ impl QueueAtCreate {
             doc["metadata"]["name"] = json!(name);
             if let Some(policy) = doc.pointer_mut("/spec/policyName") {
                 *policy = json!(format!("{}-{}", policy.as_str().unwrap(), ns.name()));
-                doc["spec"]["matchResources"] = json!({"namespaceSelector": {"matchLabels":
-                    {"kubernetes.io/metadata.name": ns.name()}}});
+                doc["spec"]["matchResources"] = json!({"namespaceSelector": {"matchExpressions":
+                    [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]}});
             }
             names.push((doc["kind"].as_str().unwrap().to_string(), name));
             apply_yaml(&ns.client(), None, &serde_json::to_string(&doc)?).await?;
@@ -160,6 +171,7 @@ fn staging_mutex(spec: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_trigger_like_producer_is_serialized_by_the_selector() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let selector = json!({"selector": {"matchLabels": {"env": "staging"}, "pipelines": ["gated"]}});
     let (ns, _policy) = setup("selector-trigger", staging_mutex(selector)).await?;
     let _controller = ControllerProcess::start(ns.name()).await?;
@@ -236,6 +248,7 @@ async fn a_trigger_like_producer_is_serialized_by_the_selector() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn key_from_gives_each_environment_its_own_lock() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let spec = json!({"selector": {"pipelines": ["gated"]}, "keyFrom": {"label": "env"},
                       "maxQueue": 7});
     let (ns, _policy) = setup("selector-keyfrom", staging_mutex(spec)).await?;
@@ -270,6 +283,7 @@ async fn key_from_gives_each_environment_its_own_lock() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn with_the_controller_down_a_selected_run_waits_pending() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let selector = json!({"selector": {"pipelines": ["gated"]}});
     let (ns, _policy) = setup("selector-down", staging_mutex(selector)).await?;
     let run = triggered_run("r1", json!({}));
@@ -300,6 +314,7 @@ async fn with_the_controller_down_a_selected_run_waits_pending() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn a_run_two_selectors_take_stays_pending_with_a_clear_error() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
     let selector = json!({"selector": {"pipelines": ["gated"]}});
     let (ns, _policy) = setup("selector-two", staging_mutex(selector)).await?;
     ns.apply(
@@ -330,5 +345,110 @@ async fn a_run_two_selectors_take_stays_pending_with_a_clear_error() -> Result<(
             .contains_key(TOKEN),
         "a refused run was granted"
     );
+    Ok(())
+}
+
+/// Without the admission policy, a selected run created without Pending starts before it can
+/// be queued: it is told so (error annotation and a `NotQueued` Warning), and nothing is
+/// locked for it. The documented behaviour of a cluster that does not serve the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn without_the_admission_policy_a_selected_run_is_told_it_was_not_queued() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let ns = TestNamespace::create("selector-nopolicy").await?;
+    ns.apply(&gated_pipeline("gated")).await?;
+    ns.apply(&staging_mutex(json!({"selector": {"pipelines": ["gated"]}})).to_string())
+        .await?;
+    let controller = ControllerProcess::start(ns.name()).await?;
+    // It hears of a run as it is created (before Tekton reports on it) once it watches.
+    wait_until("the controller to watch", slow(), || async {
+        Ok(controller.log_text().contains("caches synced").then_some(()))
+    })
+    .await?;
+    let stored = create(&ns, &triggered_run("r1", json!({})), false).await?;
+    ensure!(
+        !is_pending(&stored),
+        "r1 was made Pending with no policy installed"
+    );
+    let error = wait_until("the NotQueued error on r1", slow(), || async {
+        let pr = pipeline_run(&ns, "r1").await?;
+        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
+    })
+    .await?;
+    ensure!(
+        error.contains("Mutex/staging") && error.contains("queue-at-create.yaml"),
+        "r1 is told {error}"
+    );
+    let r1 = pipeline_run(&ns, "r1").await?;
+    ensure!(
+        !r1.annotations().contains_key(TOKEN),
+        "r1 was granted: {:?}",
+        r1.annotations()
+    );
+    release(&ns, "r1").await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "r1", slow())
+        .await?;
+    Ok(())
+}
+
+/// A ClusterMutex's selector takes the runs of the namespaces it allows, and only those: a
+/// matching run of another namespace is neither made Pending nor queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_cluster_mutex_selects_only_in_the_namespaces_it_allows() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let (a, b) = (
+        TestNamespace::create("selector-cluster-a").await?,
+        TestNamespace::create("selector-cluster-b").await?,
+    );
+    let _policy = QueueAtCreate::install_for(&a, &[a.name(), b.name()]).await?;
+    let suffix = a.name().rsplit('-').next().unwrap_or("x").to_string();
+    let name = format!("prod-db-{suffix}");
+    let api: kube::Api<ClusterMutex> = kube::Api::all(a.client());
+    let spec: ClusterMutexSpec = serde_json::from_value(json!({
+        "namespaces": [a.name()], "selector": {"matchLabels": {"db": suffix.clone()}}}))?;
+    api.create(&Default::default(), &ClusterMutex::new(&name, spec))
+        .await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    for ns in [&a, &b] {
+        ns.apply(&gated_pipeline("gated")).await?;
+    }
+    let _ctl = ControllerProcess::start_cluster_wide("cluster-wide").await?;
+    let labels = json!({"db": suffix});
+    wait_admission(&a, &triggered_run("probe", labels.clone())).await?;
+    create(&a, &triggered_run("a1", labels.clone()), false).await?;
+    let token = wait_granted(&a, "a1").await?;
+    let a1 = pipeline_run(&a, "a1").await?;
+    ensure!(
+        a1.annotations().get("tekton-mutex.dev/selected-by")
+            == Some(&format!("ClusterMutex/{name}")),
+        "a1 was not taken by the ClusterMutex: {:?}",
+        a1.annotations()
+    );
+    let b1 = create(&b, &triggered_run("b1", labels), false).await?;
+    ensure!(
+        !is_pending(&b1),
+        "a run of a namespace the ClusterMutex does not allow was made Pending"
+    );
+    release(&b, "b1").await?;
+    b.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "b1", slow())
+        .await?;
+    let b1 = pipeline_run(&b, "b1").await?;
+    let ours: Vec<&String> = b1
+        .annotations()
+        .keys()
+        .filter(|k| k.starts_with("tekton-mutex.dev/"))
+        .collect();
+    ensure!(ours.is_empty(), "b1 carries {ours:?}");
+    let status = api.get(&name).await?.status.unwrap_or_default();
+    ensure!(
+        status.last_token == token && status.holders.len() == 1,
+        "the ClusterMutex holds {:?} with last token {}",
+        status.holders,
+        status.last_token
+    );
+    release(&a, "a1").await?;
+    a.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "a1", slow())
+        .await?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! (one may have been created before the controller's cache showed the lock).
 
 use super::context::scoped;
-use super::reconcile::selection::may_be_selected;
+use super::reconcile::selection::awaits_selection;
 use super::wiring::Served;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
@@ -58,7 +58,7 @@ fn unstamped(prs: &Store<PipelineRun>, namespace: Option<&str>) -> Vec<ObjectRef
     prs.state()
         .iter()
         .filter(|pr| namespace.is_none() || pr.namespace().as_deref() == namespace)
-        .filter(|pr| may_be_selected(pr))
+        .filter(|pr| awaits_selection(pr))
         .map(|pr| ObjectRef::from_obj(pr.as_ref()))
         .collect()
 }

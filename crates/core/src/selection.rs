@@ -18,12 +18,17 @@ use tekton_mutex_api::tekton::pipelinerun::PipelineRun;
 pub enum Selection {
     /// No selector takes it.
     Unselected,
-    /// One lock takes it: these annotations queue it there.
-    Queue {
+    /// One lock takes it, and its annotations already say so.
+    Stamped,
+    /// One lock takes it and it is Pending: these annotations queue it there.
+    Stamp {
         /// The lock, as `Mutex/<name>` or `ClusterMutex/<name>`.
         by: String,
         annotations: BTreeMap<String, String>,
     },
+    /// One lock takes it, but Tekton started it before it could be queued (it was not
+    /// created Pending: the admission policy is missing). The message says so.
+    NotQueued(String),
     /// It cannot be queued as the selectors say; the message says why and what to do.
     Refused(String),
 }
@@ -127,7 +132,20 @@ fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
             own.get(CLUSTER_MUTEX),
         ));
     }
-    Selection::Queue {
+    if annotations.iter().all(|(k, v)| own.get(k) == Some(v)) {
+        return Selection::Stamped;
+    }
+    if !pr.is_pending() {
+        return Selection::NotQueued(format!(
+            "{}'s selector takes this PipelineRun, but it was not created with spec.status: \
+             PipelineRunPending, so Tekton started it before tekton-mutex could queue it, and \
+             nothing is locked for it. Install the admission policy \
+             (config/admission/queue-at-create.yaml), which makes a selected PipelineRun \
+             Pending as it is created",
+            taker.by
+        ));
+    }
+    Selection::Stamp {
         by: taker.by,
         annotations,
     }

@@ -30,10 +30,10 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
     match selection::step(&ctx, &pr).await? {
         Step::Continue => {}
         Step::Stamped => return Ok(Action::await_change()),
-        Step::Refused(message) => {
+        Step::Refused(reason, message) => {
             let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
             if said != Some(&message) {
-                refuse_selected(&ctx, &pr, &message).await?;
+                refuse_selected(&ctx, &pr, reason, &message).await?;
             }
             return Ok(Action::await_change());
         }
@@ -116,7 +116,12 @@ async fn clear_error(ctx: &Context, queued: &PendingRun) -> Result<(), Error> {
 
 /// A PipelineRun its lock's selector takes but cannot queue: the error on it (it stays
 /// as it is: Pending, it is never started), with a Warning Event.
-async fn refuse_selected(ctx: &Context, pr: &PipelineRun, message: &str) -> Result<(), Error> {
+async fn refuse_selected(
+    ctx: &Context,
+    pr: &PipelineRun,
+    reason: &'static str,
+    message: &str,
+) -> Result<(), Error> {
     let (ns, name) = (pr.namespace().unwrap_or_default(), pr.name_any());
     warn!(pipeline_run = %name, namespace = %ns, %message, "selected PipelineRun not queued");
     if writes::run_status(
@@ -129,7 +134,7 @@ async fn refuse_selected(ctx: &Context, pr: &PipelineRun, message: &str) -> Resu
     .await?
     {
         let warning = Transition {
-            reason: "InvalidParams",
+            reason,
             note: message.to_string(),
             type_: EventType::Warning,
         };

@@ -6,6 +6,7 @@
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::NamespaceLabels;
 use crate::controller::reconcile::cluster_admission;
+use crate::controller::reconcile::queued_intake::NOT_QUEUED;
 use crate::core::params::annotations;
 use crate::core::selection::{self, Selection};
 use crate::model::cluster_mutex::ClusterMutex;
@@ -23,8 +24,8 @@ pub enum Step {
     Continue,
     /// The stamp was written; its change brings the PipelineRun back.
     Stamped,
-    /// It cannot be queued as the selectors say: the message goes on it.
-    Refused(String),
+    /// It cannot be queued as the selectors say: the reason and message go on it.
+    Refused(&'static str, String),
 }
 
 /// Which lock's selector takes `pr`, and its stamp written if it lacks it.
@@ -57,18 +58,15 @@ pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
     let m: Vec<&Mutex> = mutexes.iter().map(Arc::as_ref).collect();
     let c: Vec<&ClusterMutex> = cluster.iter().map(Arc::as_ref).collect();
     let selection = selection::select(pr, &m, &c, |c| allowed.contains(&c.name_any()));
-    match selection {
-        Selection::Unselected => Ok(Step::Continue),
-        Selection::Refused(message) => Ok(Step::Refused(message)),
-        Selection::Queue { by, annotations } => {
-            let own = pr.metadata.annotations.clone().unwrap_or_default();
-            if annotations.iter().all(|(k, v)| own.get(k) == Some(v)) {
-                return Ok(Step::Continue);
-            }
+    Ok(match selection {
+        Selection::Unselected | Selection::Stamped => Step::Continue,
+        Selection::Refused(message) => Step::Refused("InvalidParams", message),
+        Selection::NotQueued(message) => Step::Refused(NOT_QUEUED, message),
+        Selection::Stamp { by, annotations } => {
             stamp(ctx, pr, &by, &annotations).await?;
-            Ok(Step::Stamped)
+            Step::Stamped
         }
-    }
+    })
 }
 
 /// Writes the annotations that queue it, if it is still the PipelineRun read
@@ -117,13 +115,19 @@ pub fn template(ctx: &Context, pr: &PipelineRun) -> Option<crate::model::mutex::
     Some(lock)
 }
 
-/// What selection hears of besides annotated PipelineRuns: those created Pending
-/// without the key annotation (the admission policy makes a selected one so).
+/// What selection hears of besides annotated PipelineRuns: those without the key
+/// annotation that are Pending (the admission policy makes a selected one so), or new
+/// (Tekton has not reported on them yet: one started unqueued is told so).
 pub fn may_be_selected(pr: &PipelineRun) -> bool {
     let annotated = pr
         .metadata
         .annotations
         .as_ref()
         .is_some_and(annotations::opted_in);
-    !annotated && pr.is_pending() && !pr.is_done()
+    !annotated && !pr.is_done() && (pr.is_pending() || pr.status.is_none())
+}
+
+/// The PipelineRuns waiting for a selector that may now take them.
+pub fn awaits_selection(pr: &PipelineRun) -> bool {
+    may_be_selected(pr) && pr.is_pending()
 }

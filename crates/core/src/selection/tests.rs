@@ -1,7 +1,11 @@
 use super::*;
 use serde_json::{Value, json};
 
-fn pr(labels: Value, annotations: Value, spec: Value) -> PipelineRun {
+/// A PipelineRun created Pending (by the admission policy), unless `spec` sets a status.
+fn pr(labels: Value, annotations: Value, mut spec: Value) -> PipelineRun {
+    if spec.get("status").is_none() {
+        spec["status"] = json!("PipelineRunPending");
+    }
     serde_json::from_value(json!({
         "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
         "metadata": {"name": "deploy-1", "namespace": "jx", "labels": labels,
@@ -29,7 +33,7 @@ fn cluster_mutex(name: &str, spec: Value) -> ClusterMutex {
 
 fn queued_on(s: &Selection) -> (&str, Option<&str>, bool) {
     match s {
-        Selection::Queue { by, annotations } => (
+        Selection::Stamp { by, annotations } => (
             annotations[KEY].as_str(),
             Some(by.as_str()),
             annotations.get(CLUSTER_MUTEX).is_some_and(|c| c == "true"),
@@ -162,8 +166,8 @@ fn two_takers_or_annotations_naming_another_lock_are_refused() {
         select(&local, &[], &[&c], |_| true),
         Selection::Refused(_)
     ));
-    // Once stamped, the run's annotations agree with its selector.
-    let Selection::Queue { annotations, .. } = select(&staging_run(), &[&a], &[], |_| true) else {
+    // Once stamped, its annotations agree with its selector: nothing more to write.
+    let Selection::Stamp { annotations, .. } = select(&staging_run(), &[&a], &[], |_| true) else {
         panic!("queued")
     };
     let stamped = pr(
@@ -173,6 +177,23 @@ fn two_takers_or_annotations_naming_another_lock_are_refused() {
     );
     assert!(matches!(
         select(&stamped, &[&a], &[], |_| true),
-        Selection::Queue { .. }
+        Selection::Stamped
     ));
+}
+
+#[test]
+fn a_selected_run_that_started_unqueued_is_told_so() {
+    let m = mutex("staging", json!({"selector": {"pipelines": ["promote"]}}));
+    let started = pr(
+        json!({}),
+        json!({}),
+        json!({"pipelineRef": {"name": "promote"}, "status": ""}),
+    );
+    let Selection::NotQueued(m) = select(&started, &[&m], &[], |_| true) else {
+        panic!("a selected run not Pending is NotQueued")
+    };
+    assert!(
+        m.contains("Mutex/staging") && m.contains("queue-at-create.yaml"),
+        "{m}"
+    );
 }
