@@ -362,7 +362,10 @@ async fn without_the_admission_policy_a_selected_run_is_told_it_was_not_queued()
     let controller = ControllerProcess::start(ns.name()).await?;
     // It hears of a run as it is created (before Tekton reports on it) once it watches.
     wait_until("the controller to watch", slow(), || async {
-        Ok(controller.log_text().contains("caches synced").then_some(()))
+        Ok(controller
+            .log_text()
+            .contains("caches synced")
+            .then_some(()))
     })
     .await?;
     let stored = create(&ns, &triggered_run("r1", json!({})), false).await?;

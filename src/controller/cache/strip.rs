@@ -32,15 +32,19 @@ pub fn pipeline_run(pr: &mut PipelineRun) {
     meta(&mut pr.metadata);
     pr.metadata.annotations = ours.filter(|a| !a.is_empty());
     pr.metadata.owner_references = None;
-    // Its Pipeline's name groups its runs that carry none. One that has not ended keeps
-    // its labels and params too: a lock's selector and keyFrom read them.
-    let labels = pr.metadata.labels.clone();
+    // Its Pipeline's name groups its runs that carry none. One not started yet (Pending, or
+    // new) keeps its labels and params too: a lock's selector and keyFrom read them.
+    let unstarted = pr.is_pending() || pr.status.is_none();
+    let labels = unstarted.then(|| pr.metadata.labels.clone()).flatten();
     pr.spec.kept_labels = Some(KeptLabels::take(&mut pr.metadata));
-    if !pr.is_done() {
+    if unstarted {
         pr.metadata.labels = labels;
+    } else {
+        pr.spec.params = Vec::new();
+    }
+    if !pr.is_done() {
         return;
     }
-    pr.spec.params = Vec::new();
     if let Some(status) = &mut pr.status {
         status
             .child_references
@@ -221,6 +225,20 @@ mod tests {
         assert_eq!(cr.label(PIPELINE_RUN_LABEL), Some("deploy-1"));
         assert_eq!(cr.label(PIPELINE_TASK_LABEL), Some("lock"));
         assert_eq!(cr.label(PIPELINE_LABEL), None);
+    }
+
+    #[test]
+    fn a_pipeline_run_not_started_keeps_its_labels_and_params_for_selectors() {
+        let mut pr: PipelineRun = serde_json::from_value(json!({
+            "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"env": "staging"}},
+            "spec": {"status": "PipelineRunPending",
+                     "params": [{"name": "environment", "value": "staging"}]},
+        }))
+        .unwrap();
+        pipeline_run(&mut pr);
+        assert_eq!(pr.labels().get("env").map(String::as_str), Some("staging"));
+        assert_eq!(pr.spec.params.len(), 1);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! ([`crate::core::selection`]), and stamp the annotations that queue it there.
 //! From then on it is an annotated queued PipelineRun like any other.
 
+use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::NamespaceLabels;
 use crate::controller::reconcile::cluster_admission;
@@ -10,10 +11,9 @@ use crate::controller::reconcile::queued_intake::NOT_QUEUED;
 use crate::core::params::annotations;
 use crate::core::selection::{self, Selection};
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::Mutex;
+use crate::model::mutex::{Mutex, RunKind};
 use crate::model::tekton::pipelinerun::PipelineRun;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 use tracing::info;
@@ -69,8 +69,9 @@ pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
     })
 }
 
-/// Writes the annotations that queue it, if it is still the PipelineRun read
-/// (a compare-and-swap on its resourceVersion: it may have started meanwhile).
+/// Writes the annotations that queue it, if it is still the PipelineRun read (a
+/// compare-and-swap on its resourceVersion: it may have started meanwhile; then the
+/// next event decides again).
 async fn stamp(
     ctx: &Context,
     pr: &PipelineRun,
@@ -81,21 +82,11 @@ async fn stamp(
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": pr.resource_version(), "annotations": stamp},
     });
-    let api: Api<PipelineRun> = Api::namespaced(ctx.client.clone(), &ns);
-    ctx.metrics.api_write("patch", "pipelineruns");
-    match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {
-            info!(pipeline_run = %name, namespace = %ns, lock = by, key = %stamp[annotations::KEY],
-                  "PipelineRun selected: queued");
-            Ok(())
-        }
-        // It changed or went: the next event decides again.
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
+    if writes::run_status(ctx, RunKind::PipelineRun, &ns, &name, &patch).await? {
+        info!(pipeline_run = %name, namespace = %ns, lock = by, key = %stamp[annotations::KEY],
+              "PipelineRun selected: queued");
     }
+    Ok(())
 }
 
 /// The settings a Mutex created for a selected PipelineRun's key starts with: those of
