@@ -52,6 +52,7 @@ TITLES = {
     "unguarded": "Without the Mutex: all {n} deploy at once",
     "guarded": "With the Mutex: one at a time, the newest wins",
     "pending": "The same pipeline, queued by annotations alone: one at a time, the newest wins",
+    "selected": "The same pipeline, as a Trigger starts it, taken by a selector: one at a time, the newest wins",
 }
 
 

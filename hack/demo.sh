@@ -3,10 +3,12 @@
 # five promotions of one environment started within a second, first without the Mutex (the
 # environment is wiped out), then with it (one at a time; the newest version wins), then the
 # unguarded pipeline again, queued by annotations alone (PipelineRuns created Pending with
-# tekton-mutex.dev/key: the pipeline is not edited).
+# tekton-mutex.dev/key: the pipeline is not edited), and last as a Trigger starts it (no Pending,
+# no annotation): a Mutex's spec.selector takes the runs, and the admission policy of
+# config/admission/ makes them Pending as they are created.
 #
 #   hack/demo.sh                  build what is missing, start the cluster and the controller,
-#                                 run the three scenarios, print the story, and draw the first round of
+#                                 run the four scenarios, print the story, and draw the first round of
 #                                 each as a picture: target/demo/timeline.svg (from the timeline data
 #                                 target/demo/timeline.json; hack/picture.sh draws it)
 #
@@ -165,6 +167,7 @@ run_round() {
   local scenario=$1 pipeline=$2 round=$3 queued=${4:-} verbose=0 v t0 t1 pids=() annotations status
   (( round == 1 )) && verbose=1
   reset_namespaces
+  [[ $queued == selected ]] && select_promotions
   t0=$(now_ms)
   for v in "${VERSIONS[@]}"; do # like five `jx start pipeline` at once
     annotations="{}" status=""
@@ -210,6 +213,37 @@ EOF
   out=$(python3 "$here/demo-report.py" "$scenario" "$round" "$verbose" "$WORK/state.json" "$CLUSTER_DIR/pods/$PIPELINES_NS" "${timeline[@]}")
   grep -v '^RESULT ' <<<"$out" || true
   RESULT_LINE=$(grep '^RESULT ' <<<"$out")
+}
+
+# select_promotions: the platform team's only change for the selected round: a Mutex whose selector
+# takes the promotions of $ENV_NS as they are created (it reads each one's sequence from its version
+# param), and the admission policy that makes them Pending at create. Waits until the API server
+# applies both (a dry-run create comes back Pending).
+select_promotions() {
+  k apply -f "$REPO_ROOT/config/admission/queue-at-create.yaml" >/dev/null
+  k -n "$PIPELINES_NS" apply -f - >/dev/null <<EOF
+apiVersion: tekton-mutex.dev/v1alpha1
+kind: Mutex
+metadata: {name: $ENV_NS}
+spec:
+  selector:
+    matchLabels: {demo-scenario: selected}
+    pipelines: [promote-unguarded]
+  sequenceFrom: {param: version}
+EOF
+  wait_for "the admission policy to take the selected promotions" 60 selected_run_made_pending ||
+    die "the API server did not make a selected PipelineRun Pending: does it serve MutatingAdmissionPolicy?"
+}
+
+# shellcheck disable=SC2317 # run through wait_for
+selected_run_made_pending() {
+  [[ $(k -n "$PIPELINES_NS" create --dry-run=server -o jsonpath='{.spec.status}' -f - <<EOF
+apiVersion: tekton.dev/v1
+kind: PipelineRun
+metadata: {name: probe, labels: {demo-scenario: selected}}
+spec: {pipelineRef: {name: promote-unguarded}}
+EOF
+  ) == PipelineRunPending ]]
 }
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
@@ -284,22 +318,42 @@ echo
 bold "tkn pipelinerun list -n $PIPELINES_NS   (the queued round: superseded ones Cancelled, never started)"
 "$TKN" pipelinerun list -n "$PIPELINES_NS" --label demo-scenario=pending
 
+banner "5. Guarded as a Trigger starts it: the same five of promote-unguarded, no Pending, no annotation"
+echo "   A Mutex's selector takes them (label demo-scenario=selected, Pipeline promote-unguarded), and the"
+echo "   admission policy (config/admission/queue-at-create.yaml) makes each Pending as the API server creates it."
+selected_intact=0
+selected_summary=()
+for (( r = 1; r <= ROUNDS; r++ )); do
+  run_round selected promote-unguarded "$r" selected
+  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
+  if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
+    (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
+    selected_intact=$(( selected_intact + 1 ))
+  fi
+  selected_summary+=("$(summary_of "$RESULT_LINE")")
+done
+echo
+bold "tkn pipelinerun list -n $PIPELINES_NS   (the selected round: created by a producer that knows nothing of the lock)"
+"$TKN" pipelinerun list -n "$PIPELINES_NS" --label demo-scenario=selected
+
 "$here/picture.sh" render "$PICTURE_DIR/timeline.json" "$PICTURE_DIR/timeline.svg"
 
 # ------------------------------------------------------------------ side by side
 
 banner "Summary: five promotions of $ENV_NS within one second, race window ${WINDOW}s"
 for (( r = 0; r < ROUNDS; r++ )); do
-  printf '  round %d   unguarded: %-52s | guarded: %-48s | pending: %s\n' "$(( r + 1 ))" "${unguarded_summary[$r]}" "${guarded_summary[$r]}" "${pending_summary[$r]}"
+  printf '  round %d   unguarded: %-52s | guarded: %-48s | pending: %-48s | selected: %s\n' "$(( r + 1 ))" \
+    "${unguarded_summary[$r]}" "${guarded_summary[$r]}" "${pending_summary[$r]}" "${selected_summary[$r]}"
 done
 echo
 echo "  unguarded: the environment was wiped out in $wiped of $ROUNDS round(s) (damaged in $damaged of $ROUNDS)"
 echo "  guarded:   the environment was left intact at the newest version in $intact of $ROUNDS round(s)"
 echo "  pending:   (the unguarded pipeline, queued by annotations) intact at the newest version in $pending_intact of $ROUNDS round(s)"
+echo "  selected:  (the unguarded pipeline as a Trigger starts it, taken by a selector) intact at the newest version in $selected_intact of $ROUNDS round(s)"
 echo "  picture:   $PICTURE_DIR/timeline.svg (round 1 of each, on one time axis)"
-if (( intact == ROUNDS && pending_intact == ROUNDS )); then
+if (( intact == ROUNDS && pending_intact == ROUNDS && selected_intact == ROUNDS )); then
   bold "  OK: with the Mutex, the promotions ran one at a time and the newest version won."
   exit 0
 fi
-bold "  FAILED: a guarded or pending round did not leave $ENV_NS intact at the newest version (controller log: $CONTROLLER_LOG)"
+bold "  FAILED: a guarded, pending or selected round did not leave $ENV_NS intact at the newest version (controller log: $CONTROLLER_LOG)"
 exit 1

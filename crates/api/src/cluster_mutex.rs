@@ -37,6 +37,10 @@ use std::collections::BTreeMap;
            lock state, written by the controller only."
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.sequenceFrom) || has(self.selector)",
+    "message": "sequenceFrom reads the sequence of the PipelineRuns a selector takes: give spec.selector too"
+}]))]
 pub struct ClusterMutexSpec {
     #[serde(flatten)]
     pub lock: LockSpec,
@@ -59,6 +63,10 @@ pub struct ClusterMutexSpec {
     /// annotation: made Pending as they are created, and queued whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<crate::selector::RunSelector>,
+    /// Read each selected PipelineRun's sequence (an integer, higher = newer: a build
+    /// number) from one of its params or labels, as the `sequence` param would give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_from: Option<crate::selector::ValueFrom>,
 }
 
 /// A label selector over namespaces, as Kubernetes writes them.

@@ -36,6 +36,9 @@ use serde::{Deserialize, Serialize};
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "!has(self.keyFrom) || has(self.selector)",
     "message": "keyFrom reads the key of the PipelineRuns a selector takes: give spec.selector too"
+}, {
+    "rule": "!has(self.sequenceFrom) || has(self.selector)",
+    "message": "sequenceFrom reads the sequence of the PipelineRuns a selector takes: give spec.selector too"
 }]))]
 pub struct MutexSpec {
     #[serde(flatten)]
@@ -60,7 +63,11 @@ pub struct MutexSpec {
     /// is then a lock of its own (its own Mutex, created on first use with this one's
     /// capacity, order and maxQueue), and this Mutex is only the rule that selects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_from: Option<crate::selector::KeyFrom>,
+    pub key_from: Option<crate::selector::ValueFrom>,
+    /// Read each selected PipelineRun's sequence (an integer, higher = newer: a build
+    /// number) from one of its params or labels, as the `sequence` param would give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_from: Option<crate::selector::ValueFrom>,
 }
 
 /// Days an idle Mutex the controller created is kept (`spec.idleDeleteDays`).

@@ -29,19 +29,20 @@ pub struct RunSelector {
     pub pipelines: Vec<String>,
 }
 
-/// Where a selected PipelineRun's key comes from: exactly one of `param` and `label`.
+/// Where a value of a selected PipelineRun comes from (its key, its sequence): exactly one
+/// of `param` and `label`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "has(self.param) != has(self.label)",
-    "message": "keyFrom takes exactly one of param and label"
+    "message": "give exactly one of param and label"
 }]))]
-pub struct KeyFrom {
-    /// The name of a param of the PipelineRun (`spec.params`) whose string value is the key.
+pub struct ValueFrom {
+    /// The name of a param of the PipelineRun (`spec.params`) whose string value it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub param: Option<String>,
-    /// A label of the PipelineRun whose value is the key.
+    /// A label of the PipelineRun whose value it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 317))]
     pub label: Option<String>,

@@ -5,12 +5,12 @@
 //!
 //! Pure: the PipelineRun and the locks with a selector in, the decision out.
 
-use crate::params::annotations::{CLUSTER_MUTEX, KEY, SELECTED_BY};
+use crate::params::annotations::{CLUSTER_MUTEX, KEY, SELECTED_BY, SEQUENCE};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 use tekton_mutex_api::cluster_mutex::ClusterMutex;
 use tekton_mutex_api::mutex::Mutex;
-use tekton_mutex_api::selector::KeyFrom;
+use tekton_mutex_api::selector::ValueFrom;
 use tekton_mutex_api::tekton::pipelinerun::PipelineRun;
 
 /// What the selectors say of one PipelineRun.
@@ -37,6 +37,8 @@ pub enum Selection {
 struct Selecting {
     by: String,
     key: Result<String, String>,
+    /// Its `sequenceFrom`, read from the run.
+    sequence: Option<Result<String, String>>,
     cluster: bool,
 }
 
@@ -62,12 +64,18 @@ pub fn select(
             .is_some_and(|s| s.matches(&labels, pipeline))
         {
             let key = match &m.spec.key_from {
-                Some(from) => key_from(pr, &labels, from),
+                Some(from) => value_from(pr, &labels, from, "keyFrom")
+                    .and_then(|k| crate::key_name::object_name(&k).map(|_| k)),
                 None => Ok(m.spec.key.clone().unwrap_or_else(|| m.name_any())),
             };
             takers.push(Selecting {
                 by: format!("Mutex/{}", m.name_any()),
                 key,
+                sequence: m
+                    .spec
+                    .sequence_from
+                    .as_ref()
+                    .map(|f| value_from(pr, &labels, f, "sequenceFrom")),
                 cluster: false,
             });
         }
@@ -79,10 +87,14 @@ pub fn select(
             .as_ref()
             .is_some_and(|s| s.matches(&labels, pipeline));
         if takes && allowed(c) {
-            let (by, key) = (format!("ClusterMutex/{}", c.name_any()), Ok(c.name_any()));
             takers.push(Selecting {
-                by,
-                key,
+                by: format!("ClusterMutex/{}", c.name_any()),
+                key: Ok(c.name_any()),
+                sequence: c
+                    .spec
+                    .sequence_from
+                    .as_ref()
+                    .map(|f| value_from(pr, &labels, f, "sequenceFrom")),
                 cluster: true,
             });
         }
@@ -103,14 +115,18 @@ fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
     let Some(taker) = takers.pop() else {
         return Selection::Unselected;
     };
-    let key = match taker.key {
-        Ok(key) => key,
-        Err(message) => return Selection::Refused(format!("{}: {message}", taker.by)),
+    let (key, sequence) = match (taker.key, taker.sequence.transpose()) {
+        (Ok(key), Ok(sequence)) => (key, sequence),
+        (Err(message), _) | (_, Err(message)) => {
+            return Selection::Refused(format!("{}: {message}", taker.by));
+        }
     };
     let mut annotations = BTreeMap::from([
         (KEY.to_string(), key),
         (SELECTED_BY.to_string(), taker.by.clone()),
     ]);
+    // The parser judges it (an integer) like a sequence annotation the run wrote.
+    annotations.extend(sequence.map(|s| (SEQUENCE.to_string(), s)));
     if taker.cluster {
         annotations.insert(CLUSTER_MUTEX.to_string(), "true".to_string());
     }
@@ -151,11 +167,12 @@ fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
     }
 }
 
-/// The key a Mutex's `keyFrom` reads from the PipelineRun.
-fn key_from(
+/// The value `from` reads from the PipelineRun (`field` names the spec field in messages).
+fn value_from(
     pr: &PipelineRun,
     labels: &BTreeMap<String, String>,
-    from: &KeyFrom,
+    from: &ValueFrom,
+    field: &str,
 ) -> Result<String, String> {
     let found = match (&from.param, &from.label) {
         (Some(param), _) => pr
@@ -166,25 +183,24 @@ fn key_from(
             .map(|p| match &p.value {
                 serde_json::Value::String(s) => Ok(s.clone()),
                 other => Err(format!(
-                    "keyFrom.param {param} must be a string param, but this PipelineRun's is {other}"
+                    "{field}.param {param} must be a string param, but this PipelineRun's is {other}"
                 )),
             })
             .unwrap_or_else(|| {
                 Err(format!(
-                    "keyFrom.param {param}: this PipelineRun has no param {param:?}; give it one, \
+                    "{field}.param {param}: this PipelineRun has no param {param:?}; give it one, \
                      or narrow the selector to the PipelineRuns that have it"
                 ))
             }),
         (None, Some(label)) => labels.get(label).cloned().ok_or_else(|| {
             format!(
-                "keyFrom.label {label}: this PipelineRun has no label {label:?}; give it one, \
+                "{field}.label {label}: this PipelineRun has no label {label:?}; give it one, \
                  or add it to the selector (matchExpressions: Exists)"
             )
         }),
-        (None, None) => Err("keyFrom names neither a param nor a label".to_string()),
+        (None, None) => Err(format!("{field} names neither a param nor a label")),
     }?;
-    let key = found.trim();
-    crate::key_name::object_name(key).map(|_| key.to_string())
+    Ok(found.trim().to_string())
 }
 
 #[cfg(test)]

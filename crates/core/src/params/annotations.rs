@@ -19,6 +19,8 @@ pub const PREFIX: &str = "tekton-mutex.dev/";
 pub const KEY: &str = "tekton-mutex.dev/key";
 /// `"true"`: the key names a ClusterMutex, not a Mutex of the namespace.
 pub const CLUSTER_MUTEX: &str = "tekton-mutex.dev/cluster-mutex";
+/// Its sequence (param `sequence`): higher = newer.
+pub const SEQUENCE: &str = "tekton-mutex.dev/sequence";
 /// A Go duration: cancel the PipelineRun if it is still queued after this long.
 pub const QUEUE_TIMEOUT: &str = "tekton-mutex.dev/queue-timeout";
 /// The lock task's params that a PipelineRun may set as annotations.

@@ -197,3 +197,31 @@ fn a_selected_run_that_started_unqueued_is_told_so() {
         "{m}"
     );
 }
+
+#[test]
+fn sequence_from_stamps_the_runs_sequence_or_names_what_is_missing() {
+    let run = pr(
+        json!({}),
+        json!({}),
+        json!({"pipelineRef": {"name": "promote"},
+               "params": [{"name": "version", "value": " 81 "}]}),
+    );
+    let m = mutex(
+        "staging",
+        json!({"selector": {"pipelines": ["promote"]},
+                                    "sequenceFrom": {"param": "version"}}),
+    );
+    let Selection::Stamp { annotations, .. } = select(&run, &[&m], &[], |_| true) else {
+        panic!("stamped")
+    };
+    assert_eq!(annotations[SEQUENCE], "81");
+    let by_label = mutex(
+        "staging",
+        json!({"selector": {"pipelines": ["promote"]},
+                                           "sequenceFrom": {"label": "build"}}),
+    );
+    let Selection::Refused(m) = select(&run, &[&by_label], &[], |_| true) else {
+        panic!("a missing label is refused")
+    };
+    assert!(m.contains("sequenceFrom.label build"), "{m}");
+}
