@@ -5,7 +5,9 @@
 #   2. an OCI image (amd64, non-root, OCI labels) packed by crane, which is built from Go
 #      modules (hack/tools/crane) and cached outside the repo like the control plane;
 #   3. release.yaml (every file of config/, in name order) and release-namespaced.yaml (of
-#      config/namespaced/), rendered by the binary itself with the image pinned by digest.
+#      config/namespaced/), rendered by the binary itself with the image pinned by digest, and
+#      release-admission.yaml (config/admission/, MutatingAdmissionPolicy v1, Kubernetes 1.36+)
+#      with release-admission-v1beta1.yaml (the same for 1.34 and 1.35).
 #
 #   hack/release.sh VERSION [REGISTRY]
 #
@@ -102,6 +104,8 @@ fi
 echo "$image@$digest" >"$out/image.txt"
 "$bin" manifests --image "$image@$digest" --version "$version" >"$out/release.yaml"
 "$bin" manifests --image "$image@$digest" --version "$version" --namespaced >"$out/release-namespaced.yaml"
+"$bin" manifests --admission v1 --version "$version" >"$out/release-admission.yaml"
+"$bin" manifests --admission v1beta1 --version "$version" >"$out/release-admission-v1beta1.yaml"
 cp "$bin" "$out/tekton-mutex-linux-amd64"
 # The tkn plugin, its own artefact: users put it on PATH as tkn-mutex (README, Queue control).
 plugin=$REPO_ROOT/target/$target/release/tkn-mutex
@@ -109,4 +113,4 @@ plugin=$REPO_ROOT/target/$target/release/tkn-mutex
 cp "$plugin" "$out/tkn-mutex-linux-amd64"
 rm -f "$out/layer.tar" "$port_file"
 log "release: $image@$digest"
-log "release: wrote $out/release.yaml, $out/release-namespaced.yaml and $out/tkn-mutex-linux-amd64"
+log "release: wrote $out/release.yaml, $out/release-namespaced.yaml, $out/release-admission.yaml (and -v1beta1) and $out/tkn-mutex-linux-amd64"

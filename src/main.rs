@@ -28,14 +28,18 @@ enum Command {
     /// Print the install manifests with the image pinned (hack/release.sh writes release.yaml with it).
     Manifests {
         /// The controller image, pinned by digest: NAME[:TAG]@sha256:...
-        #[arg(long)]
-        image: String,
+        #[arg(long, required_unless_present = "admission")]
+        image: Option<String>,
         /// The version to label every object with (app.kubernetes.io/version).
         #[arg(long, default_value = tekton_mutex::VERSION)]
         version: String,
         /// The namespace-scoped install (Role instead of ClusterRole, no CRD).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "admission")]
         namespaced: bool,
+        /// Only the admission policy that queues PipelineRuns at create (config/admission/),
+        /// for this MutatingAdmissionPolicy API: v1 (Kubernetes 1.36+) or v1beta1 (1.34, 1.35).
+        #[arg(long, value_enum)]
+        admission: Option<manifests::AdmissionApi>,
     },
 }
 
@@ -113,12 +117,17 @@ async fn main() {
             image,
             version,
             namespaced,
+            admission,
         } => {
             let install = match namespaced {
                 true => Install::Namespaced,
                 false => Install::Cluster,
             };
-            match manifests::render(install, &image, &version) {
+            let rendered = match (admission, image) {
+                (Some(api), _) => manifests::render_admission(api, &version),
+                (None, image) => manifests::render(install, &image.unwrap_or_default(), &version),
+            };
+            match rendered {
                 Ok(text) => {
                     print!("{text}");
                     0

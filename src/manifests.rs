@@ -47,6 +47,41 @@ pub const NAMESPACED: &[(&str, &str)] = config![
     "namespaced/500-controller.yaml",
 ];
 
+/// config/admission/: the policy that makes a PipelineRun to be queued Pending at create. Its
+/// own release file: a cluster that does not serve MutatingAdmissionPolicy could not apply
+/// release.yaml with it.
+pub const ADMISSION: &[(&str, &str)] = config!["admission/queue-at-create.yaml"];
+
+/// Which API version of MutatingAdmissionPolicy to render the admission policy for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdmissionApi {
+    /// GA, Kubernetes 1.36 and later.
+    V1,
+    /// Beta, Kubernetes 1.34 and 1.35 (behind the MutatingAdmissionPolicy feature gate).
+    V1beta1,
+}
+
+/// The admission policy (config/admission/), for `api`, labelled with `version`.
+pub fn render_admission(api: AdmissionApi, version: &str) -> Result<String, Error> {
+    let api_version = match api {
+        AdmissionApi::V1 => "admissionregistration.k8s.io/v1",
+        AdmissionApi::V1beta1 => "admissionregistration.k8s.io/v1beta1",
+    };
+    let mut out = format!(
+        "# tekton-mutex {version}: the admission policy, rendered by `tekton-mutex manifests` from config/admission/. Do not edit.\n"
+    );
+    for (_, text) in ADMISSION {
+        let docs: Vec<Value> = serde_saphyr::from_str_multiple(text)?;
+        for mut obj in docs.into_iter().filter(|d| !d.is_null()) {
+            label(&mut obj["metadata"], version);
+            obj["apiVersion"] = api_version.into();
+            out.push_str("---\n");
+            out.push_str(&serde_saphyr::to_string(&obj)?);
+        }
+    }
+    Ok(out)
+}
+
 /// Which install to render.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Install {
@@ -158,10 +193,32 @@ mod tests {
     }
 
     #[test]
+    fn the_admission_policy_renders_for_either_api_version() {
+        for (api, version) in [(AdmissionApi::V1, "v1"), (AdmissionApi::V1beta1, "v1beta1")] {
+            let objs = docs(&render_admission(api, "1.2.3").unwrap());
+            let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+            assert_eq!(
+                kinds.len(),
+                6,
+                "three policies and their bindings: {kinds:?}"
+            );
+            for o in &objs {
+                let expected = format!("admissionregistration.k8s.io/{version}");
+                assert_eq!(o["apiVersion"], expected.as_str());
+                assert_eq!(
+                    o["metadata"]["labels"]["app.kubernetes.io/version"],
+                    "1.2.3"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn every_file_of_config_is_rendered_in_name_order() {
         for (dir, files, prefix) in [
             ("config", CLUSTER, ""),
             ("config/namespaced", NAMESPACED, "namespaced/"),
+            ("config/admission", ADMISSION, "admission/"),
         ] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
             let mut on_disk: Vec<String> = std::fs::read_dir(path)

@@ -129,6 +129,26 @@ fn release_pushes_a_pinned_image_that_runs() -> Result<()> {
         images_in(&namespaced)? == images,
         "release-namespaced.yaml pins another image"
     );
+    for (file, api) in [
+        ("release-admission.yaml", "v1"),
+        ("release-admission-v1beta1.yaml", "v1beta1"),
+    ] {
+        let text = std::fs::read_to_string(dist.join(file))?;
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text)?;
+        let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        ensure!(
+            kinds
+                .iter()
+                .filter(|k| **k == "MutatingAdmissionPolicy")
+                .count()
+                == 3
+                && docs
+                    .iter()
+                    .all(|d| d["apiVersion"]
+                        == format!("admissionregistration.k8s.io/{api}").as_str()),
+            "{file} is not the admission policy for {api}: {kinds:?}"
+        );
+    }
 
     let manifest: serde_json::Value = serde_json::from_str(&crane(&["manifest", &image])?)?;
     ensure!(
