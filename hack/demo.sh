@@ -51,6 +51,7 @@ bold() { if [[ -t 1 ]]; then printf '\033[1m%s\033[0m\n' "$*"; else printf '%s\n
 banner() { echo; bold "== $* =="; }
 
 CONTROLLER_PID=
+ADMISSION_POLICY= # set once the selected round installed the admission policy, which cleanup removes
 WORK=$(mktemp -d)
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
@@ -61,6 +62,10 @@ cleanup() {
     wait_for "the controller to exit" 10 not_running "$CONTROLLER_PID" || kill -KILL "$CONTROLLER_PID" 2>/dev/null || true
   fi
   rm -rf "$WORK"
+  # It is cluster-wide, and must not outlive the CRDs its params are (a later uninstall).
+  if [[ -n $ADMISSION_POLICY ]]; then
+    "$KUBECTL" delete --ignore-not-found -f "$ADMISSION_POLICY" >/dev/null 2>&1 || true
+  fi
   if [[ ${DEMO_DOWN:-} == 1 ]]; then
     "$here/cluster.sh" down || true
   elif [[ -f $CLUSTER_DIR/kubeconfig ]]; then
@@ -220,7 +225,8 @@ EOF
 # param), and the admission policy that makes them Pending at create. Waits until the API server
 # applies both (a dry-run create comes back Pending).
 select_promotions() {
-  k apply -f "$REPO_ROOT/config/admission/queue-at-create.yaml" >/dev/null
+  ADMISSION_POLICY=$REPO_ROOT/config/admission/queue-at-create.yaml
+  k apply -f "$ADMISSION_POLICY" >/dev/null
   k -n "$PIPELINES_NS" apply -f - >/dev/null <<EOF
 apiVersion: tekton-mutex.dev/v1alpha1
 kind: Mutex

@@ -455,3 +455,73 @@ async fn a_cluster_mutex_selects_only_in_the_namespaces_it_allows() -> Result<()
         .await?;
     Ok(())
 }
+
+/// A tenant cannot take its run out of the lock its selector puts it in: annotated with another
+/// key, the run is refused (it waits, told why), and the other lock never grants it, though it
+/// would grant an older run first: a later run on that key is granted ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_run_annotated_away_from_its_selector_is_granted_by_no_lock() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let selector = json!({"selector": {"pipelines": ["gated"]}});
+    let (ns, _policy) = setup("selector-escape", staging_mutex(selector)).await?;
+    ns.apply(&gated_pipeline("other")).await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let mut escaping = triggered_run("escaping", json!({}));
+    escaping["metadata"]["annotations"] = json!({KEY: "mine"});
+    wait_admission(&ns, &triggered_run("probe", json!({}))).await?;
+    let stored = create(&ns, &escaping, false).await?;
+    ensure!(is_pending(&stored), "the escaping run was not made Pending");
+    let error = wait_until("the error on the escaping run", slow(), || async {
+        let pr = pipeline_run(&ns, "escaping").await?;
+        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
+    })
+    .await?;
+    ensure!(
+        error.contains("Mutex/staging") && error.contains("name another lock"),
+        "{error}"
+    );
+    // A later run on key "mine", of another Pipeline: oldest first, so it is granted first
+    // only if the escaping run is no member of that lock.
+    let mut later = triggered_run("later", json!({}));
+    later["spec"] = json!({"pipelineRef": {"name": "other"}, "status": PENDING});
+    later["metadata"]["annotations"] = json!({KEY: "mine"});
+    create(&ns, &later, false).await?;
+    wait_granted(&ns, "later").await?;
+    assert_waiting(&ns, "escaping").await?;
+    let escaping = pipeline_run(&ns, "escaping").await?;
+    ensure!(
+        !escaping.annotations().contains_key(TOKEN),
+        "the escaping run was granted"
+    );
+    Ok(())
+}
+
+/// A run the admission policy made Pending for a selector that is gone by the time the
+/// controller sees it would wait for nothing: it is told so, and stays Pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_run_whose_selector_is_gone_before_it_is_queued_is_told_so() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let selector = json!({"selector": {"pipelines": ["gated"]}});
+    let (ns, _policy) = setup("selector-gone", staging_mutex(selector)).await?;
+    let run = triggered_run("orphan", json!({}));
+    wait_admission(&ns, &run).await?;
+    ensure!(
+        is_pending(&create(&ns, &run, false).await?),
+        "orphan was not made Pending"
+    );
+    ns.kubectl(&["delete", "mutex", "staging"])?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let error = wait_until("the error on the orphan", slow(), || async {
+        let pr = pipeline_run(&ns, "orphan").await?;
+        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
+    })
+    .await?;
+    ensure!(
+        error.contains("Mutex/staging") && error.contains("no selector takes it now"),
+        "{error}"
+    );
+    assert_waiting(&ns, "orphan").await?;
+    Ok(())
+}

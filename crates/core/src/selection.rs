@@ -5,10 +5,11 @@
 //!
 //! Pure: the PipelineRun and the locks with a selector in, the decision out.
 
-use crate::params::annotations::{CLUSTER_MUTEX, KEY, SELECTED_BY, SEQUENCE};
+use crate::params::annotations::{CLUSTER_MUTEX, KEY, PENDING_FOR, SELECTED_BY, SEQUENCE};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 use tekton_mutex_api::cluster_mutex::ClusterMutex;
+use tekton_mutex_api::mutex::MAX_TOKEN;
 use tekton_mutex_api::mutex::Mutex;
 use tekton_mutex_api::selector::ValueFrom;
 use tekton_mutex_api::tekton::pipelinerun::PipelineRun;
@@ -50,6 +51,10 @@ pub fn select(
     cluster_mutexes: &[&ClusterMutex],
     allowed: impl Fn(&ClusterMutex) -> bool,
 ) -> Selection {
+    // A run Tekton has started is past selection (and the cache no longer keeps its labels).
+    if !pr.is_pending() && pr.status.is_some() {
+        return Selection::Unselected;
+    }
     let labels = pr.metadata.labels.clone().unwrap_or_default();
     let pipeline = pr
         .spec
@@ -104,8 +109,10 @@ pub fn select(
 
 /// One taker: its annotations, unless the run already names another lock.
 fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
+    let own = pr.metadata.annotations.clone().unwrap_or_default();
     if takers.len() > 1 {
-        let names: Vec<&str> = takers.iter().map(|t| t.by.as_str()).collect();
+        let mut names: Vec<&str> = takers.iter().map(|t| t.by.as_str()).collect();
+        names.sort();
         return Selection::Refused(format!(
             "the selectors of {} all take this PipelineRun: a PipelineRun is queued on one lock \
              only, so narrow those selectors until one takes it",
@@ -113,40 +120,14 @@ fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
         ));
     }
     let Some(taker) = takers.pop() else {
-        return Selection::Unselected;
+        return unselected(pr, &own);
     };
-    let (key, sequence) = match (taker.key, taker.sequence.transpose()) {
-        (Ok(key), Ok(sequence)) => (key, sequence),
-        (Err(message), _) | (_, Err(message)) => {
-            return Selection::Refused(format!("{}: {message}", taker.by));
-        }
+    let annotations = match stamp_of(&taker) {
+        Ok(annotations) => annotations,
+        Err(message) => return Selection::Refused(format!("{}: {message}", taker.by)),
     };
-    let mut annotations = BTreeMap::from([
-        (KEY.to_string(), key),
-        (SELECTED_BY.to_string(), taker.by.clone()),
-    ]);
-    // The parser judges it (an integer) like a sequence annotation the run wrote.
-    annotations.extend(sequence.map(|s| (SEQUENCE.to_string(), s)));
-    if taker.cluster {
-        annotations.insert(CLUSTER_MUTEX.to_string(), "true".to_string());
-    }
-    let own = pr.metadata.annotations.clone().unwrap_or_default();
-    let own_key = own.get(KEY).map(|k| k.trim());
-    let own_cluster = own.get(CLUSTER_MUTEX).is_some_and(|c| c == "true");
-    // Unannotated, it takes the stamp; annotated, it must already name the same lock.
-    let elsewhere = match own_key {
-        Some(k) => k != annotations[KEY] || own_cluster != taker.cluster,
-        None => own_cluster && !taker.cluster,
-    };
-    if elsewhere {
-        return Selection::Refused(format!(
-            "{}'s selector takes this PipelineRun, but its annotations {KEY} ({:?}) and \
-             {CLUSTER_MUTEX} ({:?}) name another lock: a selected PipelineRun queues where its \
-             selector says, so remove those annotations",
-            taker.by,
-            own.get(KEY),
-            own.get(CLUSTER_MUTEX),
-        ));
+    if let Some(message) = names_elsewhere(&own, &taker) {
+        return Selection::Refused(message);
     }
     if annotations.iter().all(|(k, v)| own.get(k) == Some(v)) {
         return Selection::Stamped;
@@ -161,9 +142,85 @@ fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
             taker.by
         ));
     }
+    // Pending, but neither by the admission policy nor with a key: someone else holds it back
+    // (its producer, an approval, another queue), and only they may start it.
+    if !own.contains_key(PENDING_FOR) && !own.contains_key(KEY) {
+        return Selection::Unselected;
+    }
     Selection::Stamp {
         by: taker.by,
         annotations,
+    }
+}
+
+/// No selector takes it. One the admission policy made Pending for a selector that no longer
+/// takes it (changed, or its lock deleted) would wait for nothing: it is told so.
+fn unselected(pr: &PipelineRun, own: &BTreeMap<String, String>) -> Selection {
+    match own.get(PENDING_FOR) {
+        Some(lock) if pr.is_pending() && !own.contains_key(KEY) => Selection::Refused(format!(
+            "the admission policy made this PipelineRun Pending at create because {}'s selector \
+             took it, but no selector takes it now (it changed, or the lock is gone), so nothing \
+             will start it: delete it, or start it without the lock (kubectl patch pipelinerun \
+             {} --type=merge -p '{{\"spec\":{{\"status\":null}}}}')",
+            bounded(lock),
+            pr.name_any()
+        )),
+        _ => Selection::Unselected,
+    }
+}
+
+/// The annotations that queue a run where `taker` says.
+fn stamp_of(taker: &Selecting) -> Result<BTreeMap<String, String>, String> {
+    let key = taker.key.clone()?;
+    let mut annotations = BTreeMap::from([
+        (KEY.to_string(), key),
+        (SELECTED_BY.to_string(), taker.by.clone()),
+    ]);
+    if let Some(sequence) = taker.sequence.clone().transpose()? {
+        let fits = sequence
+            .parse::<i64>()
+            .is_ok_and(|n| (0..=MAX_TOKEN).contains(&n));
+        if !fits {
+            return Err(format!(
+                "sequenceFrom gives {}, not an integer from 0 to {MAX_TOKEN}",
+                bounded(&sequence)
+            ));
+        }
+        annotations.insert(SEQUENCE.to_string(), sequence);
+    }
+    if taker.cluster {
+        annotations.insert(CLUSTER_MUTEX.to_string(), "true".to_string());
+    }
+    Ok(annotations)
+}
+
+/// Why the run's own key annotations keep it from `taker`'s lock: a tenant cannot leave the
+/// lock a selector puts its runs in. Unannotated, it takes the stamp.
+fn names_elsewhere(own: &BTreeMap<String, String>, taker: &Selecting) -> Option<String> {
+    let key = taker.key.as_deref().ok()?.trim();
+    let own_cluster = own.get(CLUSTER_MUTEX).is_some_and(|c| c == "true");
+    let elsewhere = match own.get(KEY).map(|k| k.trim()) {
+        Some(k) => k != key || own_cluster != taker.cluster,
+        None => own_cluster && !taker.cluster,
+    };
+    elsewhere.then(|| {
+        format!(
+            "{}'s selector takes this PipelineRun, but its annotations {KEY} ({}) and \
+             {CLUSTER_MUTEX} ({}) name another lock: a selected PipelineRun queues where its \
+             selector says, so remove those annotations",
+            taker.by,
+            bounded(own.get(KEY).map_or("none", String::as_str)),
+            bounded(own.get(CLUSTER_MUTEX).map_or("none", String::as_str)),
+        )
+    })
+}
+
+/// A value as a message quotes it: at most 64 characters, so a huge one cannot make the
+/// message itself too large to write.
+fn bounded(value: &str) -> String {
+    match value.char_indices().nth(64) {
+        Some((end, _)) => format!("{:?}...", &value[..end]),
+        None => format!("{value:?}"),
     }
 }
 
@@ -183,7 +240,8 @@ fn value_from(
             .map(|p| match &p.value {
                 serde_json::Value::String(s) => Ok(s.clone()),
                 other => Err(format!(
-                    "{field}.param {param} must be a string param, but this PipelineRun's is {other}"
+                    "{field}.param {param} must be a string param, but this PipelineRun's is {}",
+                    bounded(&other.to_string())
                 )),
             })
             .unwrap_or_else(|| {

@@ -9,6 +9,7 @@ use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::{LockObject, NamespaceLabels};
 use crate::controller::reconcile::pipeline_runs::{fetch_parent, pods_alive};
 use crate::controller::reconcile::release_after_progress;
+use crate::controller::reconcile::selection;
 use crate::core::model::{MultiKeyRun, Phase};
 use crate::core::observe::pending::{self, PendingRun};
 use crate::core::observe::{Observe, ObservedRun};
@@ -178,6 +179,7 @@ async fn fetch_runs<L: LockObject>(
     let queued = ctx.queued_runs.get(&tag, &ctx.pipeline_runs);
     objects.extend(queued.into_iter().filter_map(AnyRun::queued));
     objects.extend(missing(ctx, &lock.scope(), &named, &objects).await?);
+    let objects = without_refused(ctx, objects).await?;
     let mut labels = NamespaceLabels::new();
     let waiting: Vec<&str> = status.queue.iter().map(|w| w.run.uid.as_str()).collect();
     let mut found = Vec::new();
@@ -188,6 +190,21 @@ async fn fetch_runs<L: LockObject>(
         }
     }
     Ok(found)
+}
+
+/// The runs less the queued PipelineRuns that selection refuses: they wait, told why, and no
+/// lock grants them.
+async fn without_refused(ctx: &Context, objects: Vec<AnyRun>) -> Result<Vec<AnyRun>, Error> {
+    let mut kept = Vec::with_capacity(objects.len());
+    for run in objects {
+        if let AnyRun::Queued(q) = &run
+            && selection::refuses(ctx, &q.object).await?
+        {
+            continue;
+        }
+        kept.push(run);
+    }
+    Ok(kept)
 }
 
 /// Why a waiter may no longer wait here: its namespace left a ClusterMutex's

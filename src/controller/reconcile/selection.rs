@@ -30,6 +30,26 @@ pub enum Step {
 
 /// Which lock's selector takes `pr`, and its stamp written if it lacks it.
 pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
+    Ok(match selection_of(ctx, pr).await? {
+        Selection::Unselected | Selection::Stamped => Step::Continue,
+        Selection::Refused(message) => Step::Refused("InvalidParams", message),
+        Selection::NotQueued(message) => Step::Refused(NOT_QUEUED, message),
+        Selection::Stamp { by, annotations } => {
+            stamp(ctx, pr, &by, &annotations).await?;
+            Step::Stamped
+        }
+    })
+}
+
+/// Does selection refuse this Pending run? Then no lock may grant it, whatever its
+/// annotations say (a tenant cannot leave its selector's lock by annotating the run).
+pub async fn refuses(ctx: &Context, pr: &PipelineRun) -> Result<bool, Error> {
+    let refused = matches!(selection_of(ctx, pr).await?, Selection::Refused(_));
+    Ok(pr.is_pending() && refused)
+}
+
+/// What the selectors of `pr`'s namespace (and the ClusterMutexes) say of it.
+async fn selection_of(ctx: &Context, pr: &PipelineRun) -> Result<Selection, Error> {
     let ns = pr.namespace().unwrap_or_default();
     let mutexes: Vec<Arc<Mutex>> = ctx
         .mutexes
@@ -45,9 +65,6 @@ pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
         .into_iter()
         .filter(|c| c.spec.selector.is_some())
         .collect();
-    if mutexes.is_empty() && cluster.is_empty() {
-        return Ok(Step::Continue);
-    }
     let mut allowed = Vec::new();
     let mut seen = NamespaceLabels::new();
     for c in &cluster {
@@ -57,16 +74,9 @@ pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
     }
     let m: Vec<&Mutex> = mutexes.iter().map(Arc::as_ref).collect();
     let c: Vec<&ClusterMutex> = cluster.iter().map(Arc::as_ref).collect();
-    let selection = selection::select(pr, &m, &c, |c| allowed.contains(&c.name_any()));
-    Ok(match selection {
-        Selection::Unselected | Selection::Stamped => Step::Continue,
-        Selection::Refused(message) => Step::Refused("InvalidParams", message),
-        Selection::NotQueued(message) => Step::Refused(NOT_QUEUED, message),
-        Selection::Stamp { by, annotations } => {
-            stamp(ctx, pr, &by, &annotations).await?;
-            Step::Stamped
-        }
-    })
+    Ok(selection::select(pr, &m, &c, |c| {
+        allowed.contains(&c.name_any())
+    }))
 }
 
 /// Writes the annotations that queue it, if it is still the PipelineRun read (a
@@ -106,19 +116,19 @@ pub fn template(ctx: &Context, pr: &PipelineRun) -> Option<crate::model::mutex::
     Some(lock)
 }
 
-/// What selection hears of besides annotated PipelineRuns: those without the key
-/// annotation that are Pending (the admission policy makes a selected one so), or new
-/// (Tekton has not reported on them yet: one started unqueued is told so).
+/// What selection hears of besides annotated PipelineRuns: those the admission policy made
+/// Pending (marked `tekton-mutex.dev/pending-for`), and new ones (Tekton has not reported on
+/// them yet: one that a selector takes but that started unqueued is told so).
 pub fn may_be_selected(pr: &PipelineRun) -> bool {
-    let annotated = pr
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(annotations::opted_in);
-    !annotated && !pr.is_done() && (pr.is_pending() || pr.status.is_none())
+    let annotations = pr.metadata.annotations.as_ref();
+    let annotated = annotations.is_some_and(annotations::opted_in);
+    !annotated && !pr.is_done() && (awaits_selection(pr) || pr.status.is_none())
 }
 
-/// The PipelineRuns waiting for a selector that may now take them.
+/// A run the admission policy made Pending for a selector, not yet queued.
 pub fn awaits_selection(pr: &PipelineRun) -> bool {
-    may_be_selected(pr) && pr.is_pending()
+    let annotations = pr.metadata.annotations.as_ref();
+    let marked = annotations.is_some_and(|a| a.contains_key(annotations::PENDING_FOR));
+    let annotated = annotations.is_some_and(annotations::opted_in);
+    marked && !annotated && pr.is_pending()
 }

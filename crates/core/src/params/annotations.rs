@@ -47,9 +47,13 @@ pub const RECORD: &str = "tekton-mutex.dev/lock-record";
 /// Written by the controller: the lock whose `spec.selector` took the PipelineRun
 /// (`Mutex/<name>` or `ClusterMutex/<name>`), with the key annotations it wrote.
 pub const SELECTED_BY: &str = "tekton-mutex.dev/selected-by";
+/// Written by the admission policy (config/admission/): the lock whose selector took the
+/// PipelineRun as it was created and made it Pending.
+pub const PENDING_FOR: &str = "tekton-mutex.dev/pending-for";
 /// Annotations of ours that the controller writes, or queue control does.
 const WRITTEN: &[&str] = &[
     SELECTED_BY,
+    PENDING_FOR,
     TOKEN,
     WAITING,
     ERROR,

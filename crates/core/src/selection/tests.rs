@@ -1,10 +1,11 @@
 use super::*;
 use serde_json::{Value, json};
 
-/// A PipelineRun created Pending (by the admission policy), unless `spec` sets a status.
-fn pr(labels: Value, annotations: Value, mut spec: Value) -> PipelineRun {
+/// A PipelineRun the admission policy made Pending (and marked), unless `spec` sets a status.
+fn pr(labels: Value, mut annotations: Value, mut spec: Value) -> PipelineRun {
     if spec.get("status").is_none() {
         spec["status"] = json!("PipelineRunPending");
+        annotations[PENDING_FOR] = json!("Mutex/staging");
     }
     serde_json::from_value(json!({
         "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
@@ -67,13 +68,15 @@ fn a_mutex_takes_the_runs_its_selector_matches_on_its_own_key() {
         "prod",
         json!({"selector": {"matchLabels": {"env": "prod"}}}),
     );
+    // A run no selector takes is left alone (a marked one is told nobody takes it: below).
+    let unmarked = pr(json!({"env": "staging"}), json!({}), json!({"status": ""}));
     assert_eq!(
-        select(&staging_run(), &[&other], &[], |_| true),
+        select(&unmarked, &[&other], &[], |_| true),
         Selection::Unselected
     );
     let no_selector = mutex("plain", json!({}));
     assert_eq!(
-        select(&staging_run(), &[&no_selector], &[], |_| true),
+        select(&unmarked, &[&no_selector], &[], |_| true),
         Selection::Unselected
     );
 }
@@ -130,8 +133,9 @@ fn a_cluster_mutex_takes_only_runs_of_the_namespaces_it_allows() {
         queued_on(&s),
         ("prod-db", Some("ClusterMutex/prod-db"), true)
     );
+    let elsewhere = pr(json!({"env": "staging"}), json!({}), json!({"status": ""}));
     assert_eq!(
-        select(&staging_run(), &[], &[&c], |_| false),
+        select(&elsewhere, &[], &[&c], |_| false),
         Selection::Unselected
     );
 }
@@ -224,4 +228,62 @@ fn sequence_from_stamps_the_runs_sequence_or_names_what_is_missing() {
         panic!("a missing label is refused")
     };
     assert!(m.contains("sequenceFrom.label build"), "{m}");
+}
+
+#[test]
+fn only_a_run_the_policy_made_pending_or_annotated_is_taken() {
+    let m = mutex("staging", json!({"selector": {"pipelines": ["promote"]}}));
+    let spec = json!({"pipelineRef": {"name": "promote"}, "status": "PipelineRunPending"});
+    // Held back by someone else (an approval, another queue): not ours to start.
+    let theirs = pr(json!({}), json!({}), spec.clone());
+    assert_eq!(select(&theirs, &[&m], &[], |_| true), Selection::Unselected);
+    let annotated = pr(json!({}), json!({KEY: "staging"}), spec);
+    assert!(matches!(
+        select(&annotated, &[&m], &[], |_| true),
+        Selection::Stamp { .. }
+    ));
+    // Started by Tekton: past selection.
+    let mut started = pr(
+        json!({}),
+        json!({}),
+        json!({"pipelineRef": {"name": "promote"}, "status": ""}),
+    );
+    started.status = Some(Default::default());
+    assert_eq!(
+        select(&started, &[&m], &[], |_| true),
+        Selection::Unselected
+    );
+}
+
+#[test]
+fn a_run_made_pending_for_a_selector_that_no_longer_takes_it_is_told_so() {
+    let Selection::Refused(m) = select(&staging_run(), &[], &[], |_| true) else {
+        panic!("a run waiting for nothing is told so")
+    };
+    assert!(
+        m.contains("Mutex/staging") && m.contains("no selector takes it now"),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_sequence_that_is_no_integer_is_refused_with_a_bounded_message() {
+    let long = "9".repeat(300);
+    let run = pr(
+        json!({"build": long}),
+        json!({}),
+        json!({"pipelineRef": {"name": "promote"}}),
+    );
+    let m = mutex(
+        "staging",
+        json!({"selector": {"pipelines": ["promote"]},
+                                    "sequenceFrom": {"label": "build"}}),
+    );
+    let Selection::Refused(message) = select(&run, &[&m], &[], |_| true) else {
+        panic!("refused")
+    };
+    assert!(
+        message.contains("not an integer") && message.len() < 300,
+        "{message}"
+    );
 }
