@@ -21,9 +21,9 @@ mod crd_wait;
 mod leader;
 mod ledger_batch;
 mod lock_object;
+mod queued_wiring;
 mod reconcile;
 mod recorder;
-mod selection_wiring;
 #[cfg(test)]
 mod tests;
 mod wake;

@@ -16,9 +16,9 @@ use super::crd_wait;
 use super::leader::LeaderElection;
 use super::leader::{self, became_leader};
 use super::lock_object::LockObject;
+use super::queued_wiring;
 use super::reconcile::{intake, lock as sync, queued_intake, token_floor};
 use super::recorder::EventRecorder;
-use super::selection_wiring;
 use super::wake::Wake;
 use crate::core::observe::{LIVE_PODS, Observe};
 use crate::http::{self, Health};
@@ -80,11 +80,11 @@ where
 }
 
 /// Which run kinds this cluster serves.
-pub struct Served {
+struct Served {
     custom_runs: bool,
     runs: bool,
     /// ClusterMutexes can be read (CRD installed, cluster-wide rights).
-    pub cluster_mutexes: bool,
+    cluster_mutexes: bool,
 }
 
 /// Names the missing CRD the controller needs, with the fix (see [`crd_wait`]).
@@ -144,31 +144,14 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
     let leading = opts.leader_election.is_some().then_some(acting_rx.clone());
     let controllers = Controllers::new(&client, &opts.namespace, &kinds, &state.metrics, &leading);
-    let ctx = Arc::new(Context {
-        recorder: EventRecorder::new(client.clone(), reporter()),
-        client: client.clone(),
-        custom_runs: controllers.caches.custom_runs.clone(),
-        runs: controllers.caches.runs.clone(),
-        pipeline_runs: controllers.caches.pipeline_runs.store.clone(),
-        queued_runs: controllers.caches.pipeline_runs.index.clone(),
-        listed: controllers.caches.listed.clone(),
-        mutexes: controllers.sync.store(),
-        cluster_mutexes: controllers.cluster.as_ref().map(|c| c.store()),
-        wake: controllers.wake.clone(),
-        #[cfg(feature = "fault-injection")]
-        fault: opts.fault,
-        #[cfg(not(feature = "fault-injection"))]
-        fault: None,
-        metrics: state.metrics.clone(),
-        backoff: Default::default(),
-        told: Default::default(),
-        written: Default::default(),
-        cluster_written: Default::default(),
-        acting: acting_rx.clone(),
-        previous_cluster_ledger: token_floor::previous_cluster_ledger(&cluster_ledger),
-        cluster_ledger_namespace: cluster_ledger,
-        ledger_writes: Default::default(),
-    });
+    let ctx = context(
+        &client,
+        &controllers,
+        &opts,
+        &state,
+        acting_rx.clone(),
+        cluster_ledger,
+    );
     state.metrics.watch_mutexes(ctx.mutexes.clone());
     if let Some(store) = &ctx.cluster_mutexes {
         state.metrics.watch_cluster_mutexes(store.clone());
@@ -190,6 +173,44 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     state.health.stopped.store(true, Ordering::Relaxed);
     info!("stopped");
     result
+}
+
+/// What every reconcile shares, over the controllers' caches. (`opts` gives only the test
+/// hook's fault, which release builds lack.)
+#[cfg_attr(not(feature = "fault-injection"), allow(unused_variables))]
+fn context(
+    client: &Client,
+    controllers: &Controllers,
+    opts: &Options,
+    state: &http::State,
+    acting: watch::Receiver<bool>,
+    cluster_ledger: String,
+) -> Arc<Context> {
+    Arc::new(Context {
+        recorder: EventRecorder::new(client.clone(), reporter()),
+        client: client.clone(),
+        custom_runs: controllers.caches.custom_runs.clone(),
+        runs: controllers.caches.runs.clone(),
+        pipeline_runs: controllers.caches.pipeline_runs.store.clone(),
+        queued_runs: controllers.caches.pipeline_runs.index.clone(),
+        listed: controllers.caches.listed.clone(),
+        mutexes: controllers.sync.store(),
+        cluster_mutexes: controllers.cluster.as_ref().map(|c| c.store()),
+        wake: controllers.wake.clone(),
+        #[cfg(feature = "fault-injection")]
+        fault: opts.fault,
+        #[cfg(not(feature = "fault-injection"))]
+        fault: None,
+        metrics: state.metrics.clone(),
+        backoff: Default::default(),
+        told: Default::default(),
+        written: Default::default(),
+        cluster_written: Default::default(),
+        acting,
+        previous_cluster_ledger: token_floor::previous_cluster_ledger(&cluster_ledger),
+        cluster_ledger_namespace: cluster_ledger,
+        ledger_writes: Default::default(),
+    })
 }
 
 /// Upgrade only: the ClusterMutexes' token floors of an earlier release's ledger, copied into
@@ -322,22 +343,14 @@ impl Controllers {
             changes: mut pr_changes,
             ..
         } = prs;
-        let queued = Controller::for_shared_stream(
-            intake::triggers_where(
-                pr_changes.pop().expect("one stream per consumer"),
-                &pr_cache.store,
-                leading.clone(),
-                queued_intake::needs_intake,
-            ),
-            pr_cache.store.clone(),
-        );
-        let queued = selection_wiring::watch_selectors(
-            queued,
+        let queued = queued_wiring::controller(
+            pr_changes.pop().expect("one stream per consumer"),
+            &pr_cache.store,
+            leading,
             client,
             namespace,
             &wc,
-            kinds,
-            &pr_cache.store,
+            kinds.cluster_mutexes,
         );
         let related = Related {
             pipeline_runs: pr_changes.pop().expect("one stream per consumer"),

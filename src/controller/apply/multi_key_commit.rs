@@ -281,7 +281,7 @@ pub async fn mutexes_for(
                     info!(key = %k, namespace = %o.namespace, run = %o.name, "created Mutex");
                     cfg.spec.clone()
                 }
-                writes::Ensured::Existing(spec) => spec,
+                writes::Ensured::Existing(spec) => *spec,
             },
         };
         if let Some(conflict) = cfg.for_key(k).spec_conflict(&spec) {

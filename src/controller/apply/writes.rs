@@ -39,7 +39,7 @@ pub const SUPERSEDED_BY_ANNOTATION: &str = crate::core::run_status::queued::SUPE
 pub enum Ensured {
     Created,
     /// Someone created it first; this is its spec.
-    Existing(MutexSpec),
+    Existing(Box<MutexSpec>),
 }
 
 /// Create the Mutex object for a key, unless it exists.
@@ -61,7 +61,7 @@ pub async fn ensure_mutex(
     match api.create(&PostParams::default(), &m).await {
         Ok(_) => Ok(Ensured::Created),
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            Ok(Ensured::Existing(api.get(key).await?.spec))
+            Ok(Ensured::Existing(Box::new(api.get(key).await?.spec)))
         }
         Err(e) => Err(e.into()),
     }

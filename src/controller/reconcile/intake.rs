@@ -123,7 +123,7 @@ pub(crate) async fn mutex_for(
                 info!(key = %cfg.key, namespace = %o.namespace, run = %o.name, "created Mutex");
                 return Ok(None);
             }
-            writes::Ensured::Existing(spec) => spec,
+            writes::Ensured::Existing(spec) => *spec,
         },
     };
     Ok(cfg.spec_conflict(&existing))

@@ -30,13 +30,8 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
     match selection::step(&ctx, &pr).await? {
         Step::Continue => {}
         Step::Stamped => return Ok(Action::await_change()),
-        Step::Refused(reason, message) => {
-            let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
-            if said != Some(&message) {
-                refuse_selected(&ctx, &pr, reason, &message).await?;
-            }
-            return Ok(Action::await_change());
-        }
+        Step::Refused(message) => return refuse_once(&ctx, &pr, "InvalidParams", message).await,
+        Step::NotQueued(message) => return refuse_once(&ctx, &pr, NOT_QUEUED, message).await,
     }
     let Some(queued) = PendingRun::of(pr.clone()) else {
         return Ok(Action::await_change());
@@ -112,6 +107,20 @@ async fn clear_error(ctx: &Context, queued: &PendingRun) -> Result<(), Error> {
     let patch = serde_json::json!({"metadata": {"annotations": {ERROR: null}}});
     writes::run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await?;
     Ok(())
+}
+
+/// The error on a selected PipelineRun, unless it already says it.
+async fn refuse_once(
+    ctx: &Context,
+    pr: &PipelineRun,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
+    if said != Some(&message) {
+        refuse_selected(ctx, pr, reason, &message).await?;
+    }
+    Ok(Action::await_change())
 }
 
 /// A PipelineRun its lock's selector takes but cannot queue: the error on it (it stays

@@ -7,7 +7,6 @@ use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::NamespaceLabels;
 use crate::controller::reconcile::cluster_admission;
-use crate::controller::reconcile::queued_intake::NOT_QUEUED;
 use crate::core::params::annotations;
 use crate::core::selection::{self, Selection};
 use crate::model::cluster_mutex::ClusterMutex;
@@ -24,16 +23,18 @@ pub enum Step {
     Continue,
     /// The stamp was written; its change brings the PipelineRun back.
     Stamped,
-    /// It cannot be queued as the selectors say: the reason and message go on it.
-    Refused(&'static str, String),
+    /// It cannot be queued as the selectors say: the message goes on it.
+    Refused(String),
+    /// A selector takes it, but Tekton started it before it could be queued: it is told so.
+    NotQueued(String),
 }
 
 /// Which lock's selector takes `pr`, and its stamp written if it lacks it.
 pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
     Ok(match selection_of(ctx, pr).await? {
         Selection::Unselected | Selection::Stamped => Step::Continue,
-        Selection::Refused(message) => Step::Refused("InvalidParams", message),
-        Selection::NotQueued(message) => Step::Refused(NOT_QUEUED, message),
+        Selection::Refused(message) => Step::Refused(message),
+        Selection::NotQueued(message) => Step::NotQueued(message),
         Selection::Stamp { by, annotations } => {
             stamp(ctx, pr, &by, &annotations).await?;
             Step::Stamped

@@ -1,11 +1,14 @@
-//! What brings a PipelineRun back to selection when a lock's selector appears or
-//! changes: the PipelineRuns the admission policy made Pending that it may now take (one
-//! may have been created before the controller's cache showed the lock). Only a lock's
-//! new generation (its spec) wakes them: its status writes, one per grant, do not.
+//! The intake of PipelineRuns queued as a whole, and what wakes it: a change of a
+//! PipelineRun that asks to be queued or that a selector may take, and a lock's selector
+//! appearing or changing (the PipelineRuns the admission policy made Pending that it may now
+//! take: one may have been created before the controller's cache showed the lock). Only a
+//! lock's new generation (its spec) wakes them: its status writes, one per grant, do not.
 
+use super::cache::shared::ChangeStream;
 use super::context::scoped;
+use super::reconcile::intake::triggers_where;
+use super::reconcile::queued_intake;
 use super::reconcile::selection::awaits_selection;
-use super::wiring::Served;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::Mutex;
 use crate::model::tekton::pipelinerun::PipelineRun;
@@ -13,16 +16,21 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 
-/// `queued`, also woken by every new spec of a Mutex (and ClusterMutex) that has a selector.
-pub fn watch_selectors(
-    queued: Controller<PipelineRun>,
+/// The intake controller of queued PipelineRuns: `changes` of the PipelineRuns in `prs`, and
+/// every new spec of a Mutex (and ClusterMutex) that has a selector.
+pub fn controller(
+    changes: ChangeStream<PipelineRun>,
+    prs: &Store<PipelineRun>,
+    leading: &Option<watch::Receiver<bool>>,
     client: &Client,
     namespace: &Option<String>,
     wc: &watcher::Config,
-    kinds: &Served,
-    prs: &Store<PipelineRun>,
+    cluster_mutexes: bool,
 ) -> Controller<PipelineRun> {
+    let triggers = triggers_where(changes, prs, leading.clone(), queued_intake::needs_intake);
+    let queued = Controller::for_shared_stream(triggers, prs.clone());
     let in_namespace = prs.clone();
     let queued = queued.watches_stream(
         specs(scoped::<Mutex>(client, namespace), wc),
@@ -35,7 +43,7 @@ pub fn watch_selectors(
             waiting.unwrap_or_default()
         },
     );
-    if !kinds.cluster_mutexes {
+    if !cluster_mutexes {
         return queued;
     }
     let anywhere = prs.clone();
