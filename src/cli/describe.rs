@@ -6,6 +6,7 @@ use super::output::{Format, age, formatted, or_dashes, parse_time, table};
 use super::target::{Result, Target, api_failure};
 use crate::core::requests::ObservedRequest;
 use crate::model::mutex::{RunKind, Waiter};
+use crate::model::selector::{RunSelector, ValueFrom};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use crate::model::tekton::run::Run;
@@ -46,12 +47,73 @@ pub struct Described {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frozen_reason: Option<String>,
     pub last_token: i64,
+    /// What its `spec.selector` takes by itself, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selects: Option<Selects>,
     pub holders: Vec<HolderRow>,
     /// In the order they will be granted.
     pub queue: Vec<WaiterRow>,
     pub supersede_marks: Vec<MarkRow>,
     pub requests: Vec<ObservedRequest>,
     pub events: Vec<EventRow>,
+}
+
+/// A lock's selector, and where it reads a selected run's key and sequence.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Selects {
+    pub selector: RunSelector,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_from: Option<ValueFrom>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_from: Option<ValueFrom>,
+}
+
+impl Selects {
+    fn of(lock: &Lock) -> Option<Selects> {
+        let (selector, key_from, sequence_from) = match lock {
+            Lock::Mutex(m) => (&m.spec.selector, &m.spec.key_from, &m.spec.sequence_from),
+            Lock::Cluster(c) => (&c.spec.selector, &None, &c.spec.sequence_from),
+        };
+        Some(Selects {
+            selector: selector.clone()?,
+            key_from: key_from.clone(),
+            sequence_from: sequence_from.clone(),
+        })
+    }
+
+    /// One line: `pipelines promote; labels env=staging; key from param environment`.
+    fn line(&self) -> String {
+        let s = &self.selector;
+        let mut parts = Vec::new();
+        if !s.pipelines.is_empty() {
+            parts.push(format!("pipelines {}", s.pipelines.join(",")));
+        }
+        let mut labels: Vec<String> = s
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        labels.extend(
+            s.match_expressions
+                .iter()
+                .map(|e| match e.values.is_empty() {
+                    true => format!("{} {:?}", e.key, e.operator),
+                    false => format!("{} {:?} ({})", e.key, e.operator, e.values.join(",")),
+                }),
+        );
+        if !labels.is_empty() {
+            parts.push(format!("labels {}", labels.join(", ")));
+        }
+        let from = |what: &str, f: &ValueFrom| match (&f.param, &f.label) {
+            (Some(p), _) => format!("{what} from param {p}"),
+            (None, Some(l)) => format!("{what} from label {l}"),
+            (None, None) => format!("{what} from nothing"),
+        };
+        parts.extend(self.key_from.as_ref().map(|f| from("key", f)));
+        parts.extend(self.sequence_from.as_ref().map(|f| from("sequence", f)));
+        parts.join("; ")
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -165,6 +227,7 @@ async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
         frozen: spec.frozen,
         frozen_reason: spec.frozen_reason.clone(),
         last_token: st.last_token,
+        selects: Selects::of(&lock),
         holders,
         queue,
         supersede_marks: marks.collect(),
@@ -305,6 +368,9 @@ pub fn render(d: &Described, now: Timestamp) -> String {
         "Name:         {}\nKind:         {}\n{namespace}Capacity:     {}\nOrder:        {}\nMax queue:    {}\nLast token:   {}\nFrozen:       {frozen}\n",
         d.key, d.kind, d.capacity, d.order, d.max_queue, d.last_token
     );
+    if let Some(selects) = &d.selects {
+        out.push_str(&format!("Selects:      {}\n", selects.line()));
+    }
     let headers = ["PIPELINERUN", "LOCK RUN", "TOKEN", "SINCE", "STATE"];
     section(&mut out, "Holders", &headers, &holder_rows(d, now));
     let headers = [
@@ -437,6 +503,30 @@ mod tests {
     }
 
     #[test]
+    fn a_selecting_lock_says_what_it_takes_in_one_line() {
+        let m: crate::model::mutex::Mutex = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+            "metadata": {"name": "envs", "namespace": "jx"},
+            "spec": {"selector": {"pipelines": ["promote"], "matchLabels": {"team": "web"},
+                                  "matchExpressions": [{"key": "skip", "operator": "DoesNotExist"}]},
+                     "keyFrom": {"param": "environment"}, "sequenceFrom": {"label": "build"}},
+        }))
+        .unwrap();
+        let line = Selects::of(&Lock::Mutex(m)).unwrap().line();
+        assert_eq!(
+            line,
+            "pipelines promote; labels team=web, skip DoesNotExist; key from param environment; \
+             sequence from label build"
+        );
+        let plain: crate::model::mutex::Mutex = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+            "metadata": {"name": "k", "namespace": "jx"}, "spec": {},
+        }))
+        .unwrap();
+        assert!(Selects::of(&Lock::Mutex(plain)).is_none());
+    }
+
+    #[test]
     fn the_text_lists_holders_and_the_queue_in_grant_order() {
         let now = Timestamp::now();
         let waiter = |position: usize, pr: &str, promoted: bool| WaiterRow {
@@ -460,6 +550,7 @@ mod tests {
             frozen: true,
             frozen_reason: Some("release freeze".into()),
             last_token: 4,
+            selects: None,
             holders: vec![HolderRow {
                 pipeline_run: Some("deploy-4".into()),
                 lock_run: "deploy-4-lock".into(),
