@@ -227,7 +227,7 @@ async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
         frozen: spec.frozen,
         frozen_reason: spec.frozen_reason.clone(),
         last_token: st.last_token,
-        selects: Selects::of(&lock),
+        selects: Selects::of(lock),
         holders,
         queue,
         supersede_marks: marks.collect(),
