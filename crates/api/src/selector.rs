@@ -25,7 +25,7 @@ pub struct RunSelector {
     pub match_expressions: Vec<SelectorRequirement>,
     /// The Pipelines (`spec.pipelineRef.name`) whose runs it takes; empty: any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
     pub pipelines: Vec<String>,
 }
 
