@@ -14,6 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+// The label selectors live with the run selector; their old paths stay.
+pub use crate::selector::{NamespaceSelector, SelectorOperator, SelectorRequirement};
+
 /// The lock's settings and who may use it; by default no namespace may.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -67,53 +70,6 @@ pub struct ClusterMutexSpec {
     /// number) from one of its params or labels, as the `sequence` param would give it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence_from: Option<crate::selector::ValueFrom>,
-}
-
-/// A label selector over namespaces, as Kubernetes writes them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NamespaceSelector {
-    /// Labels the namespace must carry, each with this value.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub match_labels: BTreeMap<String, String>,
-    /// Requirements on the namespace's labels, all of which must hold.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub match_expressions: Vec<SelectorRequirement>,
-}
-
-/// One requirement on a namespace's labels.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct SelectorRequirement {
-    /// The label's key.
-    pub key: String,
-    /// In, NotIn, Exists or DoesNotExist.
-    pub operator: SelectorOperator,
-    /// The label's values for In and NotIn; empty for Exists and DoesNotExist.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub values: Vec<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum SelectorOperator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-}
-
-impl NamespaceSelector {
-    /// Every requirement holds. An empty selector matches every namespace.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let by_labels = self
-            .match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v));
-        by_labels
-            && self
-                .match_expressions
-                .iter()
-                .all(|r| crate::selector::requirement_holds(r, labels))
-    }
 }
 
 impl ClusterMutexSpec {

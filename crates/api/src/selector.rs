@@ -1,9 +1,10 @@
-//! Which PipelineRuns a lock takes by itself (`spec.selector`), and where a Mutex
-//! reads their key from (`spec.keyFrom`): for platform teams that own neither the
-//! pipelines nor their triggers. The admission policy of config/ makes a selected
-//! PipelineRun Pending as it is created; the controller then queues it.
+//! Label selectors: which PipelineRuns a lock takes by itself (`spec.selector`), where a
+//! Mutex reads their key from (`spec.keyFrom`) and a lock their sequence (`sequenceFrom`),
+//! for platform teams that own neither the pipelines nor their triggers; and which
+//! namespaces may use a ClusterMutex (`spec.namespaceSelector`). The admission policy of
+//! config/admission/ makes a selected PipelineRun Pending as it is created; the controller
+//! then queues it.
 
-use crate::cluster_mutex::{SelectorOperator, SelectorRequirement};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -80,6 +81,53 @@ pub fn requirement_holds(r: &SelectorRequirement, labels: &BTreeMap<String, Stri
         SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
         SelectorOperator::Exists => value.is_some(),
         SelectorOperator::DoesNotExist => value.is_none(),
+    }
+}
+
+/// A label selector over namespaces, as Kubernetes writes them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceSelector {
+    /// Labels the namespace must carry, each with this value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements on the namespace's labels, all of which must hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+/// One requirement on a namespace's labels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SelectorRequirement {
+    /// The label's key.
+    pub key: String,
+    /// In, NotIn, Exists or DoesNotExist.
+    pub operator: SelectorOperator,
+    /// The label's values for In and NotIn; empty for Exists and DoesNotExist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl NamespaceSelector {
+    /// Every requirement holds. An empty selector matches every namespace.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let by_labels = self
+            .match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v));
+        by_labels
+            && self
+                .match_expressions
+                .iter()
+                .all(|r| requirement_holds(r, labels))
     }
 }
 
