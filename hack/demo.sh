@@ -260,6 +260,23 @@ summary_of() {
   echo "$left, max $(field max_overlap "$1") deploying at once"
 }
 
+# guarded_rounds SCENARIO PIPELINE [MODE]: ROUNDS rounds of a scenario that must leave the
+# environment intact at the newest version with at most one deploy at once. Sets INTACT (how many
+# rounds did) and SUMMARY (one line per round).
+guarded_rounds() {
+  local r present expected
+  INTACT=0 SUMMARY=()
+  for (( r = 1; r <= ROUNDS; r++ )); do
+    run_round "$1" "$2" "$r" "${3:-}"
+    present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
+    if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
+      (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
+      INTACT=$(( INTACT + 1 ))
+    fi
+    SUMMARY+=("$(summary_of "$RESULT_LINE")")
+  done
+}
+
 # ------------------------------------------------------------------ the scenarios
 
 banner "2. Unguarded: five promotions of $ENV_NS at once, nothing in the way (pipeline promote-unguarded)"
@@ -276,17 +293,8 @@ done
 
 banner "3. Guarded: the same five, with the Mutex as the first task (pipeline promote-guarded, key $ENV_NS)"
 echo "   The Mutex lets one deploy in at a time; newer arrivals supersede older waiting ones."
-intact=0
-guarded_summary=()
-for (( r = 1; r <= ROUNDS; r++ )); do
-  run_round guarded promote-guarded "$r"
-  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
-  if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
-    (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
-    intact=$(( intact + 1 ))
-  fi
-  guarded_summary+=("$(summary_of "$RESULT_LINE")")
-done
+guarded_rounds guarded promote-guarded
+intact=$INTACT guarded_summary=("${SUMMARY[@]}")
 
 
 echo
@@ -309,17 +317,8 @@ fi
 
 banner "4. Guarded without editing the pipeline: the same five of promote-unguarded, created Pending with tekton-mutex.dev/key: $ENV_NS"
 echo "   The lock queues each whole PipelineRun before it starts, and starts one at a time; newer ones supersede older waiting ones."
-pending_intact=0
-pending_summary=()
-for (( r = 1; r <= ROUNDS; r++ )); do
-  run_round pending promote-unguarded "$r" pending
-  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
-  if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
-    (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
-    pending_intact=$(( pending_intact + 1 ))
-  fi
-  pending_summary+=("$(summary_of "$RESULT_LINE")")
-done
+guarded_rounds pending promote-unguarded pending
+pending_intact=$INTACT pending_summary=("${SUMMARY[@]}")
 echo
 bold "tkn pipelinerun list -n $PIPELINES_NS   (the queued round: superseded ones Cancelled, never started)"
 "$TKN" pipelinerun list -n "$PIPELINES_NS" --label demo-scenario=pending
@@ -327,17 +326,8 @@ bold "tkn pipelinerun list -n $PIPELINES_NS   (the queued round: superseded ones
 banner "5. Guarded as a Trigger starts it: the same five of promote-unguarded, no Pending, no annotation"
 echo "   A Mutex's selector takes them (label demo-scenario=selected, Pipeline promote-unguarded), and the"
 echo "   admission policy (config/admission/queue-at-create.yaml) makes each Pending as the API server creates it."
-selected_intact=0
-selected_summary=()
-for (( r = 1; r <= ROUNDS; r++ )); do
-  run_round selected promote-unguarded "$r" selected
-  present=$(field present "$RESULT_LINE") expected=$(field expected "$RESULT_LINE")
-  if (( present == expected )) && [[ $(field versions "$RESULT_LINE") == "$(field newest "$RESULT_LINE")" ]] &&
-    (( $(field max_overlap "$RESULT_LINE") <= 1 )); then
-    selected_intact=$(( selected_intact + 1 ))
-  fi
-  selected_summary+=("$(summary_of "$RESULT_LINE")")
-done
+guarded_rounds selected promote-unguarded selected
+selected_intact=$INTACT selected_summary=("${SUMMARY[@]}")
 echo
 bold "tkn pipelinerun list -n $PIPELINES_NS   (the selected round: created by a producer that knows nothing of the lock)"
 "$TKN" pipelinerun list -n "$PIPELINES_NS" --label demo-scenario=selected

@@ -107,6 +107,30 @@ async fn wait_admission(ns: &TestNamespace, run: &Value) -> Result<()> {
     .await
 }
 
+/// Let PipelineRun `name`'s deploy end, and wait until it has.
+async fn finish(ns: &TestNamespace, name: &str) -> Result<()> {
+    release(ns, name).await?;
+    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", name, slow())
+        .await?;
+    Ok(())
+}
+
+/// The error annotation on PipelineRun `name`, once the controller wrote one.
+async fn wait_error(ns: &TestNamespace, name: &str) -> Result<String> {
+    wait_until(&format!("the error on {name}"), slow(), || async {
+        let pr = pipeline_run(ns, name).await?;
+        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
+    })
+    .await
+}
+
+/// The annotations of ours on a PipelineRun (none on one no lock took).
+fn ours(pr: &DynamicObject) -> Vec<&String> {
+    let keys = pr.annotations().keys();
+    keys.filter(|k| k.starts_with("tekton-mutex.dev/"))
+        .collect()
+}
+
 async fn pipeline_run(ns: &TestNamespace, name: &str) -> Result<DynamicObject> {
     Ok(ns
         .dynamic("tekton.dev/v1", "PipelineRun")
@@ -221,24 +245,14 @@ async fn a_trigger_like_producer_is_serialized_by_the_selector() -> Result<()> {
         t1.annotations()
     );
     let first: i64 = t1.annotations()[TOKEN].parse()?;
-    release(&ns, "t1").await?;
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "t1", slow())
-        .await?;
+    finish(&ns, "t1").await?;
     let second = wait_granted(&ns, "t3").await?;
     ensure!(first < second, "tokens did not go up: {first}, {second}");
-    release(&ns, "t3").await?;
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "t3", slow())
-        .await?;
+    finish(&ns, "t3").await?;
     // The unmatched run ran at once, untouched.
-    release(&ns, "prod").await?;
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "prod", slow())
-        .await?;
+    finish(&ns, "prod").await?;
     let prod = pipeline_run(&ns, "prod").await?;
-    let ours: Vec<&String> = prod
-        .annotations()
-        .keys()
-        .filter(|k| k.starts_with("tekton-mutex.dev/"))
-        .collect();
+    let ours = ours(&prod);
     ensure!(ours.is_empty(), "the unmatched run carries {ours:?}");
     Ok(())
 }
@@ -303,9 +317,7 @@ async fn with_the_controller_down_a_selected_run_waits_pending() -> Result<()> {
     let _controller = ControllerProcess::start(ns.name()).await?;
     let token = wait_granted(&ns, "r1").await?;
     ensure!(token >= 1, "r1's token {token}");
-    release(&ns, "r1").await?;
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "r1", slow())
-        .await?;
+    finish(&ns, "r1").await?;
     Ok(())
 }
 
@@ -327,11 +339,7 @@ async fn a_run_two_selectors_take_stays_pending_with_a_clear_error() -> Result<(
     let run = triggered_run("both", json!({"env": "x"}));
     wait_admission(&ns, &run).await?;
     create(&ns, &run, false).await?;
-    let error = wait_until("the error on the run", slow(), || async {
-        let pr = pipeline_run(&ns, "both").await?;
-        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
-    })
-    .await?;
+    let error = wait_error(&ns, "both").await?;
     ensure!(
         error.contains("Mutex/also and Mutex/staging")
             || error.contains("Mutex/staging and Mutex/also"),
@@ -373,11 +381,7 @@ async fn without_the_admission_policy_a_selected_run_is_told_it_was_not_queued()
         !is_pending(&stored),
         "r1 was made Pending with no policy installed"
     );
-    let error = wait_until("the NotQueued error on r1", slow(), || async {
-        let pr = pipeline_run(&ns, "r1").await?;
-        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
-    })
-    .await?;
+    let error = wait_error(&ns, "r1").await?;
     ensure!(
         error.contains("Mutex/staging") && error.contains("queue-at-create.yaml"),
         "r1 is told {error}"
@@ -388,9 +392,7 @@ async fn without_the_admission_policy_a_selected_run_is_told_it_was_not_queued()
         "r1 was granted: {:?}",
         r1.annotations()
     );
-    release(&ns, "r1").await?;
-    ns.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "r1", slow())
-        .await?;
+    finish(&ns, "r1").await?;
     Ok(())
 }
 
@@ -433,15 +435,9 @@ async fn a_cluster_mutex_selects_only_in_the_namespaces_it_allows() -> Result<()
         !is_pending(&b1),
         "a run of a namespace the ClusterMutex does not allow was made Pending"
     );
-    release(&b, "b1").await?;
-    b.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "b1", slow())
-        .await?;
+    finish(&b, "b1").await?;
     let b1 = pipeline_run(&b, "b1").await?;
-    let ours: Vec<&String> = b1
-        .annotations()
-        .keys()
-        .filter(|k| k.starts_with("tekton-mutex.dev/"))
-        .collect();
+    let ours = ours(&b1);
     ensure!(ours.is_empty(), "b1 carries {ours:?}");
     let status = api.get(&name).await?.status.unwrap_or_default();
     ensure!(
@@ -450,9 +446,7 @@ async fn a_cluster_mutex_selects_only_in_the_namespaces_it_allows() -> Result<()
         status.holders,
         status.last_token
     );
-    release(&a, "a1").await?;
-    a.wait_for_succeeded("tekton.dev/v1", "PipelineRun", "a1", slow())
-        .await?;
+    finish(&a, "a1").await?;
     Ok(())
 }
 
@@ -472,11 +466,7 @@ async fn a_run_annotated_away_from_its_selector_is_granted_by_no_lock() -> Resul
     wait_admission(&ns, &triggered_run("probe", json!({}))).await?;
     let stored = create(&ns, &escaping, false).await?;
     ensure!(is_pending(&stored), "the escaping run was not made Pending");
-    let error = wait_until("the error on the escaping run", slow(), || async {
-        let pr = pipeline_run(&ns, "escaping").await?;
-        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
-    })
-    .await?;
+    let error = wait_error(&ns, "escaping").await?;
     ensure!(
         error.contains("Mutex/staging") && error.contains("name another lock"),
         "{error}"
@@ -513,11 +503,7 @@ async fn a_run_whose_selector_is_gone_before_it_is_queued_is_told_so() -> Result
     );
     ns.kubectl(&["delete", "mutex", "staging"])?;
     let _controller = ControllerProcess::start(ns.name()).await?;
-    let error = wait_until("the error on the orphan", slow(), || async {
-        let pr = pipeline_run(&ns, "orphan").await?;
-        Ok(pr.annotations().get("tekton-mutex.dev/error").cloned())
-    })
-    .await?;
+    let error = wait_error(&ns, "orphan").await?;
     ensure!(
         error.contains("Mutex/staging") && error.contains("no selector takes it now"),
         "{error}"

@@ -526,9 +526,9 @@ mod tests {
         assert!(Selects::of(&Lock::Mutex(plain)).is_none());
     }
 
-    #[test]
-    fn the_text_lists_holders_and_the_queue_in_grant_order() {
-        let now = Timestamp::now();
+    /// Mutex staging, frozen: deploy-4 holds; deploy-7 (promoted), deploy-5 and the queued
+    /// PipelineRun promote-9 wait.
+    fn frozen_staging_with_a_queue(now: Timestamp) -> Described {
         let waiter = |position: usize, pr: &str, promoted: bool| WaiterRow {
             position,
             pipeline_run: Some(pr.into()),
@@ -540,7 +540,7 @@ mod tests {
             promoted,
             waiting_since: Some(now - SignedDuration::from_mins(2)),
         };
-        let d = Described {
+        Described {
             key: "staging".into(),
             kind: "Mutex".into(),
             namespace: Some("ci".into()),
@@ -569,7 +569,13 @@ mod tests {
             supersede_marks: vec![],
             requests: vec![],
             events: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn the_text_lists_holders_and_the_queue_in_grant_order() {
+        let now = Timestamp::now();
+        let d = frozen_staging_with_a_queue(now);
         let text = render(&d, now);
         assert!(
             text.contains("Frozen:       yes: release freeze\n"),

@@ -313,6 +313,16 @@ impl Watches {
     }
 }
 
+impl Watches {
+    /// Each watch's first-list signal: /readyz waits for them all.
+    fn listed(&self) -> Vec<shared::Listed> {
+        let mut listed = vec![self.prs.listed.clone()];
+        listed.extend(self.crs.as_ref().map(|s| s.listed.clone()));
+        listed.extend(self.runs.as_ref().map(|s| s.listed.clone()));
+        listed
+    }
+}
+
 /// Objects per page of a watch's list. Pages are decoded whole; at kube's
 /// default of 500, a page of PipelineRuns with their embedded pipeline specs
 /// was a fifth of the controller's peak memory on a cluster of 10,000.
@@ -327,14 +337,10 @@ impl Controllers {
         leading: &Option<watch::Receiver<bool>>,
     ) -> Self {
         let wc = watcher::Config::default().page_size(LIST_PAGE);
-        let Watches { prs, crs, runs } = Watches::new(client, namespace, &wc, kinds, leading);
-        let (cr_cache, run_cache) = (
-            crs.as_ref().map(|s| s.cache.clone()),
-            runs.as_ref().map(|s| s.cache.clone()),
-        );
-        let mut listed = vec![prs.listed.clone()];
-        listed.extend(crs.as_ref().map(|s| s.listed.clone()));
-        listed.extend(runs.as_ref().map(|s| s.listed.clone()));
+        let watches = Watches::new(client, namespace, &wc, kinds, leading);
+        let mut listed = watches.listed();
+        let Watches { prs, crs, runs } = watches;
+        let (cr_cache, run_cache) = (Split::cache(&crs), Split::cache(&runs));
         let (crs, intake_crs, cluster_crs) = Split::parts(crs);
         let (runs, intake_runs, cluster_runs) = Split::parts(runs);
 
@@ -357,6 +363,7 @@ impl Controllers {
             custom_runs: crs,
             runs,
         };
+        let (wake, woken) = Wake::new();
         let caches = (cr_cache.clone(), run_cache.clone());
         let sync = mutex_controller(
             client,
@@ -366,9 +373,8 @@ impl Controllers {
             related,
             metrics,
             &mut listed,
-        );
-        let (wake, woken) = Wake::new();
-        let sync = sync.reconcile_on(woken.mutexes);
+        )
+        .reconcile_on(woken.mutexes);
         let cluster = kinds.cluster_mutexes.then(|| {
             let feeds = cluster_wiring::Feeds {
                 custom_runs: cr_cache.clone().zip(cluster_crs),
@@ -638,6 +644,11 @@ where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Send + Sync + 'static,
 {
+    /// The cache of a kind that may not be served.
+    fn cache(split: &Option<Self>) -> Option<Indexed<K>> {
+        split.as_ref().map(|s| s.cache.clone())
+    }
+
     /// The sync's changes, the intake controller and the ClusterMutex
     /// controller's changes, of a kind that may not be served.
     #[allow(clippy::type_complexity)]

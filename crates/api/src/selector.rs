@@ -54,15 +54,7 @@ impl RunSelector {
     pub fn matches(&self, labels: &BTreeMap<String, String>, pipeline: Option<&str>) -> bool {
         let by_pipeline = self.pipelines.is_empty()
             || pipeline.is_some_and(|p| self.pipelines.iter().any(|n| n == p));
-        by_pipeline
-            && self
-                .match_labels
-                .iter()
-                .all(|(k, v)| labels.get(k) == Some(v))
-            && self
-                .match_expressions
-                .iter()
-                .all(|r| requirement_holds(r, labels))
+        by_pipeline && labels_match(&self.match_labels, &self.match_expressions, labels)
     }
 
     /// Is any part given (the CRD refuses a selector without one)?
@@ -71,6 +63,19 @@ impl RunSelector {
             && self.match_expressions.is_empty()
             && self.pipelines.is_empty()
     }
+}
+
+/// A label selector's two parts, as Kubernetes reads them: every label given has its value,
+/// and every requirement holds.
+fn labels_match(
+    match_labels: &BTreeMap<String, String>,
+    match_expressions: &[SelectorRequirement],
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+        && match_expressions
+            .iter()
+            .all(|r| requirement_holds(r, labels))
 }
 
 /// One requirement of a label selector, as Kubernetes reads it.
@@ -119,15 +124,7 @@ pub enum SelectorOperator {
 impl NamespaceSelector {
     /// Every requirement holds. An empty selector matches every namespace.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let by_labels = self
-            .match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v));
-        by_labels
-            && self
-                .match_expressions
-                .iter()
-                .all(|r| requirement_holds(r, labels))
+        labels_match(&self.match_labels, &self.match_expressions, labels)
     }
 }
 

@@ -179,8 +179,8 @@ async fn fetch_runs<L: LockObject>(
     let queued = ctx.queued_runs.get(&tag, &ctx.pipeline_runs);
     objects.extend(queued.into_iter().filter_map(AnyRun::queued));
     objects.extend(missing(ctx, &lock.scope(), &named, &objects).await?);
-    let objects = without_refused(ctx, objects).await?;
     let mut labels = NamespaceLabels::new();
+    let objects = without_refused(ctx, objects, &mut labels).await?;
     let waiting: Vec<&str> = status.queue.iter().map(|w| w.run.uid.as_str()).collect();
     let mut found = Vec::new();
     for obj in objects {
@@ -194,11 +194,15 @@ async fn fetch_runs<L: LockObject>(
 
 /// The runs less the queued PipelineRuns that selection refuses: they wait, told why, and no
 /// lock grants them.
-async fn without_refused(ctx: &Context, objects: Vec<AnyRun>) -> Result<Vec<AnyRun>, Error> {
+async fn without_refused(
+    ctx: &Context,
+    objects: Vec<AnyRun>,
+    seen: &mut NamespaceLabels,
+) -> Result<Vec<AnyRun>, Error> {
     let mut kept = Vec::with_capacity(objects.len());
     for run in objects {
         if let AnyRun::Queued(q) = &run
-            && selection::refuses(ctx, &q.object).await?
+            && selection::refuses(ctx, &q.object, seen).await?
         {
             continue;
         }

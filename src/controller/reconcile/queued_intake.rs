@@ -73,7 +73,7 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
     let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
     match problem {
         Some((reason, message)) if said != Some(&message) => {
-            refuse(&ctx, &queued, reason, &message).await?
+            refuse(&ctx, &queued.object, reason, &message).await?
         }
         None if said.is_some() => clear_error(&ctx, &queued).await?,
         _ => {}
@@ -84,19 +84,21 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
 /// Write the error on the PipelineRun (it stays as it is), with a Warning Event.
 async fn refuse(
     ctx: &Context,
-    queued: &PendingRun,
+    pr: &PipelineRun,
     reason: &'static str,
     message: &str,
 ) -> Result<(), Error> {
-    let o = queued.observe();
-    warn!(pipeline_run = %o.name, namespace = %o.namespace, %message, "PipelineRun not queued");
-    if writes::run_status(ctx, o.kind, &o.namespace, &o.name, &refused_patch(message)).await? {
+    let (ns, name) = (pr.namespace().unwrap_or_default(), pr.name_any());
+    warn!(pipeline_run = %name, namespace = %ns, %message, "PipelineRun not queued");
+    let kind = RunKind::PipelineRun;
+    if writes::run_status(ctx, kind, &ns, &name, &refused_patch(message)).await? {
         let warning = Transition {
             reason,
             note: message.to_string(),
             type_: EventType::Warning,
         };
-        events::record(ctx, &o.namespace, &o.run_ref(), warning);
+        let uid = pr.uid().unwrap_or_default();
+        events::record(ctx, &ns, &RunRef { kind, name, uid }, warning);
     }
     Ok(())
 }
@@ -109,7 +111,8 @@ async fn clear_error(ctx: &Context, queued: &PendingRun) -> Result<(), Error> {
     Ok(())
 }
 
-/// The error on a selected PipelineRun, unless it already says it.
+/// The error on a selected PipelineRun (it stays as it is: Pending, it is never started),
+/// with a Warning Event, unless it already says it.
 async fn refuse_once(
     ctx: &Context,
     pr: &PipelineRun,
@@ -118,43 +121,9 @@ async fn refuse_once(
 ) -> Result<Action, Error> {
     let said = pr.metadata.annotations.as_ref().and_then(|a| a.get(ERROR));
     if said != Some(&message) {
-        refuse_selected(ctx, pr, reason, &message).await?;
+        refuse(ctx, pr, reason, &message).await?;
     }
     Ok(Action::await_change())
-}
-
-/// A PipelineRun its lock's selector takes but cannot queue: the error on it (it stays
-/// as it is: Pending, it is never started), with a Warning Event.
-async fn refuse_selected(
-    ctx: &Context,
-    pr: &PipelineRun,
-    reason: &'static str,
-    message: &str,
-) -> Result<(), Error> {
-    let (ns, name) = (pr.namespace().unwrap_or_default(), pr.name_any());
-    warn!(pipeline_run = %name, namespace = %ns, %message, "selected PipelineRun not queued");
-    if writes::run_status(
-        ctx,
-        RunKind::PipelineRun,
-        &ns,
-        &name,
-        &refused_patch(message),
-    )
-    .await?
-    {
-        let warning = Transition {
-            reason,
-            note: message.to_string(),
-            type_: EventType::Warning,
-        };
-        let run_ref = RunRef {
-            kind: RunKind::PipelineRun,
-            name: name.clone(),
-            uid: pr.uid().unwrap_or_default(),
-        };
-        events::record(ctx, &ns, &run_ref, warning);
-    }
-    Ok(())
 }
 
 /// What intake hears of: the PipelineRuns that ask to be queued and are not done,

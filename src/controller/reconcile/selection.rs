@@ -31,26 +31,40 @@ pub enum Step {
 
 /// Which lock's selector takes `pr`, and its stamp written if it lacks it.
 pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
-    Ok(match selection_of(ctx, pr).await? {
-        Selection::Unselected | Selection::Stamped => Step::Continue,
-        Selection::Refused(message) => Step::Refused(message),
-        Selection::NotQueued(message) => Step::NotQueued(message),
-        Selection::Stamp { by, annotations } => {
-            stamp(ctx, pr, &by, &annotations).await?;
-            Step::Stamped
-        }
-    })
+    Ok(
+        match selection_of(ctx, pr, &mut NamespaceLabels::new()).await? {
+            Selection::Unselected | Selection::Stamped => Step::Continue,
+            Selection::Refused(message) => Step::Refused(message),
+            Selection::NotQueued(message) => Step::NotQueued(message),
+            Selection::Stamp { by, annotations } => {
+                stamp(ctx, pr, &by, &annotations).await?;
+                Step::Stamped
+            }
+        },
+    )
 }
 
 /// Does selection refuse this Pending run? Then no lock may grant it, whatever its
 /// annotations say (a tenant cannot leave its selector's lock by annotating the run).
-pub async fn refuses(ctx: &Context, pr: &PipelineRun) -> Result<bool, Error> {
-    let refused = matches!(selection_of(ctx, pr).await?, Selection::Refused(_));
-    Ok(pr.is_pending() && refused)
+/// `seen` memoises namespace labels across the runs of one sync.
+pub async fn refuses(
+    ctx: &Context,
+    pr: &PipelineRun,
+    seen: &mut NamespaceLabels,
+) -> Result<bool, Error> {
+    if !pr.is_pending() {
+        return Ok(false);
+    }
+    let selection = selection_of(ctx, pr, seen).await?;
+    Ok(matches!(selection, Selection::Refused(_)))
 }
 
 /// What the selectors of `pr`'s namespace (and the ClusterMutexes) say of it.
-async fn selection_of(ctx: &Context, pr: &PipelineRun) -> Result<Selection, Error> {
+async fn selection_of(
+    ctx: &Context,
+    pr: &PipelineRun,
+    seen: &mut NamespaceLabels,
+) -> Result<Selection, Error> {
     let ns = pr.namespace().unwrap_or_default();
     let mutexes: Vec<Arc<Mutex>> = ctx
         .mutexes
@@ -67,9 +81,8 @@ async fn selection_of(ctx: &Context, pr: &PipelineRun) -> Result<Selection, Erro
         .filter(|c| c.spec.selector.is_some())
         .collect();
     let mut allowed = Vec::new();
-    let mut seen = NamespaceLabels::new();
     for c in &cluster {
-        if cluster_admission::allowed(ctx, &c.spec, &ns, &mut seen).await? {
+        if cluster_admission::allowed(ctx, &c.spec, &ns, seen).await? {
             allowed.push(c.name_any());
         }
     }

@@ -495,6 +495,25 @@ async fn write_order_case(kind: Kind) {
             format!("PATCH {CUSTOM_RUNS}/c-lock/status"),
         ]
     );
+    assert_eq!(
+        seen[0].1["status"]["queue"][0]["pipelineRun"],
+        kind.name("c")
+    );
+    let body = |line: String| &seen.iter().find(|(l, _)| *l == line).unwrap().1;
+    assert_eq!(
+        reason(body(format!("PATCH {CUSTOM_RUNS}/a-lock/status"))),
+        "Acquired"
+    );
+    assert_b_superseded_by_c(kind, &seen);
+    assert_eq!(
+        reason(body(format!("PATCH {CUSTOM_RUNS}/c-lock/status"))),
+        "Waiting"
+    );
+}
+
+/// b's PipelineRun cancelled (annotated in the same patch), its lock run told why, and an
+/// Event on each.
+fn assert_b_superseded_by_c(kind: Kind, seen: &[(String, Value)]) {
     // By request, not by index: the transition Events land in the background.
     let body = |line: String| &seen.iter().find(|(l, _)| *l == line).unwrap().1;
     let superseded: Vec<&Value> = seen
@@ -502,14 +521,6 @@ async fn write_order_case(kind: Kind) {
         .filter(|(_, e)| e["reason"] == "Superseded")
         .map(|(_, e)| e)
         .collect();
-    assert_eq!(
-        seen[0].1["status"]["queue"][0]["pipelineRun"],
-        kind.name("c")
-    );
-    assert_eq!(
-        reason(body(format!("PATCH {CUSTOM_RUNS}/a-lock/status"))),
-        "Acquired"
-    );
     let cancel = body(format!("PATCH {PIPELINE_RUNS}/b"));
     assert_eq!(cancel["spec"]["status"], "CancelledRunFinally");
     assert_eq!(
@@ -536,10 +547,6 @@ async fn write_order_case(kind: Kind) {
     assert_eq!(b["extraFields"]["supersededBy"], kind.name("c"));
     assert_eq!(superseded[1]["regarding"]["kind"], "CustomRun");
     assert_eq!(superseded[1]["regarding"]["name"], "b-lock");
-    assert_eq!(
-        reason(body(format!("PATCH {CUSTOM_RUNS}/c-lock/status"))),
-        "Waiting"
-    );
 }
 
 async fn refused_writes_case(kind: Kind) {
@@ -861,23 +868,7 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
 #[tokio::test]
 async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_back_for_newcomers()
 {
-    // a's PipelineRun is done: the Mutex empties. b arrived after the delete.
-    let mut done = pipeline_run("a", "2026-11-30T11:58:00Z");
-    done.status = Some(
-        serde_json::from_value(json!({"conditions": [
-            {"type": "Succeeded", "status": "True", "reason": "Succeeded"}]}))
-        .unwrap(),
-    );
-    let acquired = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
-                          "results": [{"name": "token", "value": "1"}]});
-    let (ctx, handle) = context(
-        vec![
-            lock_run("a", "none", acquired),
-            lock_run("b", "none", json!({})),
-        ],
-        vec![done, pipeline_run("b", "2026-11-30T11:59:00Z")],
-        vec![],
-    );
+    let (ctx, handle) = a_done_and_b_arrived();
     let deleting = |status: Value| {
         let mut m = mutex("1", status);
         m["metadata"]["deletionTimestamp"] = json!("2026-11-30T12:00:00Z");
@@ -930,6 +921,27 @@ async fn an_empty_mutex_marked_for_deletion_loses_only_its_finalizer_and_comes_b
         .find(|(l, _)| *l == format!("PATCH {MUTEXES}/k"))
         .unwrap();
     assert_eq!(release.1["metadata"]["finalizers"], json!(["someone-else"]));
+}
+
+/// a's PipelineRun is done (its lock run holds token 1), so the Mutex empties; b arrived after
+/// the delete.
+fn a_done_and_b_arrived() -> (Arc<Context>, mock::Handle<Request<Body>, Response<Body>>) {
+    let mut done = pipeline_run("a", "2026-11-30T11:58:00Z");
+    done.status = Some(
+        serde_json::from_value(json!({"conditions": [
+            {"type": "Succeeded", "status": "True", "reason": "Succeeded"}]}))
+        .unwrap(),
+    );
+    let acquired = json!({"conditions": [{"type": "Succeeded", "status": "True", "reason": "Acquired"}],
+                          "results": [{"name": "token", "value": "1"}]});
+    context(
+        vec![
+            lock_run("a", "none", acquired),
+            lock_run("b", "none", json!({})),
+        ],
+        vec![done, pipeline_run("b", "2026-11-30T11:59:00Z")],
+        vec![],
+    )
 }
 
 /// The lock state where a (token 1) holds.
