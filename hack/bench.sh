@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark (docs/performance.md): handover latency, the Mutex side by side with a polling
-# Lease, API writes per grant against queue length, throughput over many keys, memory/CPU with a
+# Lease, API writes per grant against queue length, throughput over many keys, a burst of arrivals
+# (single- and multi-key: time until each is told, CPU), memory/CPU with a
 # large history, and memory after many free-form keys are each used once. Runs the release-built
 # controller against the local control plane (it starts one unless one is already up, and stops
 # what it started). Prints a table and writes JSON to target/bench/. Every figure is measured
@@ -8,9 +9,10 @@
 #
 #   hack/bench.sh                      full size (about 30-60 min on 2 cores)
 #   hack/bench.sh --quick              everything scaled down (a few minutes)
-#   hack/bench.sh --only writes,memory parts: handover,lease,writes,throughput,memory,free-keys
+#   hack/bench.sh --only writes,memory parts: handover,lease,writes,throughput,burst,
+#                                      memory,free-keys
 #   hack/bench.sh --handovers 100 --queue 10 --waiters 10,100,1000 --grants 5 --arrivals 10 \
-#                 --keys 1000 --runs-per-key 10 --history 10000 --free-keys 10000 --settle-ms 1500
+#                 --keys 1000 --runs-per-key 10 --multi-key-waiters 1000 --history 10000 --free-keys 10000 --settle-ms 1500
 #                 --free-keys-linger-s 400 (free-keys: measure once more that long after, past the
 #                 controller's 6-minute Event cache and 5-minute resync; default 0, not measured)
 #                                      the full-size defaults, each can be changed
@@ -20,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 case "${1:-}" in
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
 require_tool curl "curl (apt-get install curl)"

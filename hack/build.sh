@@ -13,6 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 require_tool go "Go 1.26 or newer (https://go.dev/dl/, or apt-get install golang)"
+require_tool flock "util-linux (apt-get install util-linux)"
 
 # component  wrapper-dir  import-path  extra-ldflags
 kube_ver=$(module_version "$here/tools/kubernetes" k8s.io/kubernetes)
@@ -46,6 +47,15 @@ if real_kubelet; then
   )
 fi
 
+# One build into the shared cache at a time, from any checkout: a second waits, then finds the
+# binaries cached. Each binary is written beside its place under a name of this process's own and
+# moved in whole, so a reader never sees half a file.
+mkdir -p "$CACHE_DIR/locks"
+exec 7>"$CACHE_DIR/locks/build.lock"
+if ! flock -n 7; then
+  log "build: another build is writing $CACHE_DIR/bin; waiting for it (up to 60 min)"
+  flock -w 3600 7 || die "gave up waiting for the build lock $CACHE_DIR/locks/build.lock"
+fi
 total_start=$(date +%s)
 for entry in "${components[@]}"; do
   IFS='|' read -r name dir import ldflags <<<"$entry"
@@ -60,9 +70,9 @@ for entry in "${components[@]}"; do
   (
     cd "$here/tools/$dir"
     CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod \
-      go build -trimpath -ldflags "-s -w $ldflags" -o "$out.tmp" "$import"
-  ) || die "build of $name failed (see the go output above)"
-  mv "$out.tmp" "$out"
+      go build -trimpath -ldflags "-s -w $ldflags" -o "$out.tmp.$$" "$import"
+  ) || { rm -f "$out.tmp.$$"; die "build of $name failed (see the go output above)"; }
+  mv -f "$out.tmp.$$" "$out"
   log "build: $name done in $(( $(date +%s) - start ))s"
 done
 log "build: all components ready in $(( $(date +%s) - total_start ))s under $CACHE_DIR/bin"

@@ -117,8 +117,8 @@ rk_unpack_debs() {
 
 # rk_layer ROOTFS OUT: a reproducible layer tarball (sorted, epoch mtimes, root-owned).
 rk_layer() {
-  tar -C "$1" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf "$2.tmp" . &&
-    mv "$2.tmp" "$2"
+  tar -C "$1" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf "$2.tmp.$$" . &&
+    mv -f "$2.tmp.$$" "$2"
 }
 
 # rk_base_layer: the step base image's layer, built once per package set and kubectl.

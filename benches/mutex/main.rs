@@ -5,14 +5,15 @@
 //! CPU from /proc. It prints a table and writes JSON under target/bench/.
 //!
 //!   cargo bench --bench mutex -- [--quick]
-//!       [--only handover,lease,writes,throughput,memory,free-keys]
+//!       [--only handover,lease,writes,throughput,burst,memory,free-keys]
 //!       [--handovers 100] [--queue 10] [--waiters 10,100,1000] [--grants 5] [--arrivals 10]
-//!       [--keys 1000] [--runs-per-key 10] [--history 10000] [--free-keys 10000] [--settle-ms 1500]
+//!       [--keys 1000] [--runs-per-key 10] [--multi-key-waiters 1000] [--history 10000] [--free-keys 10000] [--settle-ms 1500]
 
 #[path = "../../tests/support/mod.rs"]
 pub mod support;
 
 mod apiserver;
+mod burst;
 mod free_keys;
 mod handover;
 mod lease;
@@ -38,6 +39,7 @@ const PARTS: &[&str] = &[
     "lease",
     "writes",
     "throughput",
+    "burst",
     "memory",
     "free-keys",
 ];
@@ -53,6 +55,8 @@ pub struct Opts {
     pub arrivals: usize,
     pub keys: usize,
     pub runs_per_key: usize,
+    /// Runs of two keys each that the `burst` part queues behind held keys.
+    pub multi_key_waiters: usize,
     pub history: usize,
     /// Distinct free-form keys of the `free-keys` part, one run each.
     pub free_keys: usize,
@@ -74,6 +78,7 @@ impl Opts {
             arrivals: 10,
             keys: 1000,
             runs_per_key: 10,
+            multi_key_waiters: 1000,
             history: 10_000,
             free_keys: 10_000,
             free_keys_linger: Duration::ZERO,
@@ -92,6 +97,7 @@ impl Opts {
             arrivals: 3,
             keys: 20,
             runs_per_key: 3,
+            multi_key_waiters: 30,
             history: 200,
             free_keys: 200,
             settle: Duration::from_millis(1000),
@@ -133,6 +139,7 @@ impl Opts {
                 "--arrivals" => o.arrivals = num(value()?)?,
                 "--keys" => o.keys = num(value()?)?,
                 "--runs-per-key" => o.runs_per_key = num(value()?)?,
+                "--multi-key-waiters" => o.multi_key_waiters = num(value()?)?,
                 "--history" => o.history = num(value()?)?,
                 "--free-keys" => o.free_keys = num(value()?)?,
                 "--free-keys-linger-s" => {
@@ -361,6 +368,7 @@ pub async fn run(args: &[String]) -> Result<()> {
             "lease" => lease::run(&mut bench).await,
             "writes" => writes::run(&mut bench).await,
             "throughput" => throughput::run(&mut bench).await,
+            "burst" => burst::run(&mut bench).await,
             "memory" => memory::run(&mut bench).await,
             "free-keys" => free_keys::run(&mut bench).await,
             _ => unreachable!("parts are checked when parsing"),

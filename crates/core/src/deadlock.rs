@@ -137,6 +137,52 @@ fn waiter_party(w: &Waiter, ns: Option<&str>) -> Party {
     }
 }
 
+/// The locks that decide every deadlock through `here`: `here`, then each lock that a holder of a
+/// lock already taken is queued on, until none is added. Whether a party is stuck depends only on
+/// the locks it waits on and, through their holders, on what those wait on; and a cycle through
+/// `here` runs through its holders. So [`find`] over these answers for `here` exactly as over
+/// every lock, and a sync pays for its own neighbourhood, not for all the controller serves (most
+/// holders wait nowhere: the set is `here` alone).
+///
+/// `queued_on(party)` names the locks the party may be queued on (a superset will do: a lock that
+/// does not queue it is left out), and `lock(id)` gives one, each asked at most once.
+pub fn neighbourhood(
+    here: LockWaits,
+    mut queued_on: impl FnMut(&Party) -> Vec<LockId>,
+    mut lock: impl FnMut(&LockId) -> Option<LockWaits>,
+) -> Vec<LockWaits> {
+    let mut known: BTreeMap<LockId, Option<LockWaits>> = BTreeMap::new();
+    let mut taken: BTreeSet<LockId> = BTreeSet::from([here.lock.clone()]);
+    let mut asked: BTreeSet<String> = BTreeSet::new();
+    let mut locks = vec![here];
+    let mut next = 0;
+    while let Some(at) = locks.get(next) {
+        let holders: Vec<Party> = at
+            .holders
+            .iter()
+            .filter(|h| asked.insert(h.id.clone()))
+            .cloned()
+            .collect();
+        next += 1;
+        for h in holders {
+            for id in queued_on(&h) {
+                if taken.contains(&id) {
+                    continue;
+                }
+                let l = known.entry(id.clone()).or_insert_with(|| lock(&id));
+                if let Some(l) = l
+                    .as_ref()
+                    .filter(|l| l.waiters.iter().any(|w| w.id == h.id))
+                {
+                    taken.insert(id);
+                    locks.push(l.clone());
+                }
+            }
+        }
+    }
+    locks
+}
+
 /// Every deadlock among `locks`, each with its victim; the same answer whatever their order.
 pub fn find(locks: &[LockWaits]) -> Vec<Deadlock> {
     let stuck = stuck_for_good(locks);
@@ -162,19 +208,19 @@ fn blocks(l: &LockWaits, waiter: &str, stuck: &BTreeSet<&str>) -> bool {
 /// The greatest set of parties that wait for good: start from every waiting party and drop, until
 /// nothing changes, each one none of whose waits is blocked by the ones left.
 fn stuck_for_good(locks: &[LockWaits]) -> BTreeSet<&str> {
-    let mut stuck: BTreeSet<&str> = locks
-        .iter()
-        .flat_map(|l| l.waiters.iter().map(|w| w.id.as_str()))
-        .collect();
+    // Each party's locks, once: a round then costs the entries, not parties x locks.
+    let mut waits_on: BTreeMap<&str, Vec<&LockWaits>> = BTreeMap::new();
+    for l in locks {
+        for w in &l.waiters {
+            waits_on.entry(w.id.as_str()).or_default().push(l);
+        }
+    }
+    let mut stuck: BTreeSet<&str> = waits_on.keys().copied().collect();
     loop {
         let keep: BTreeSet<&str> = stuck
             .iter()
             .copied()
-            .filter(|p| {
-                locks
-                    .iter()
-                    .any(|l| l.waiters.iter().any(|w| w.id == *p) && blocks(l, p, &stuck))
-            })
+            .filter(|p| waits_on[p].iter().any(|l| blocks(l, p, &stuck)))
             .collect();
         if keep.len() == stuck.len() {
             return keep;

@@ -1,18 +1,22 @@
-//! The view step for deadlocks across keys (`core::deadlock`): every lock the controller serves
-//! that has both holders and waiters (no other can be on a cycle), from the caches, with this one
-//! as just read. A cycle is acted on by the lock its victim waits on: this sync wakes the others,
-//! and before it ends a run of its own it reads the other locks afresh, since a cycle seen in
-//! caches may already be gone.
+//! The view step for deadlocks across keys (`core::deadlock`): this lock as just read, and from
+//! the caches its neighbourhood (the locks its holders are queued on, and theirs in turn), which
+//! alone decides every cycle through it. A lock whose holders wait nowhere else pays a cache
+//! lookup per holder, whatever the controller holds. A cycle is acted on by the lock its victim
+//! waits on: this sync wakes the others, and before it ends a run of its own it reads the other
+//! locks afresh, since a cycle seen in caches may already be gone.
 
+use crate::controller::cache::index::Tag;
+use crate::controller::cache::triggers::{queued_tags, run_tags};
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::LockObject;
-use crate::core::deadlock::{self, Deadlock, LockId, LockScope, LockWaits};
+use crate::core::deadlock::{self, Deadlock, LockId, LockScope, LockWaits, Party};
 use crate::core::observe::Observe;
 use crate::core::scope::Scope;
 use crate::model::cluster_mutex::ClusterMutex;
 use crate::model::mutex::{Mutex, MutexStatus};
 use kube::ResourceExt;
-use std::collections::{BTreeMap, BTreeSet};
+use kube::runtime::reflector::ObjectRef;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use tracing::warn;
 
 /// This lock's waiting runs that are the victims of a deadlock, by uid, with the cycle in words.
@@ -27,7 +31,14 @@ pub async fn victims<L: LockObject>(
     }
     let here = LockId::of(&lock.scope(), &lock.name_any());
     let own = waits_of(ctx, here.clone(), lock, current);
-    let cached = with(cached_waits(ctx), &own);
+    let cached = deadlock::neighbourhood(
+        own.clone(),
+        |p| cached_queues_of(ctx, p),
+        |id| cached_lock(ctx, id),
+    );
+    if cached.len() < 2 {
+        return Ok(mine); // a cycle spans two locks: a waiter never waits for its own hold
+    }
     let found = deadlock::find(&cached);
     wake_the_others(ctx, &found, &here);
     if !found.iter().any(|d| acts_on(d, &here)) {
@@ -75,19 +86,63 @@ fn wake_the_others(ctx: &Context, found: &[Deadlock], here: &LockId) {
     }
 }
 
-/// Every cached lock of either kind that may be on a cycle (ours as we last wrote it).
-fn cached_waits(ctx: &Context) -> Vec<LockWaits> {
-    let mutexes = ctx.mutexes.state().into_iter();
-    let mut waits: Vec<LockWaits> = mutexes
-        .map(|m| ctx.written.newest(m))
-        .filter_map(|m| graph_entry(ctx, m.as_ref()))
-        .collect();
-    if let Some(clusters) = &ctx.cluster_mutexes {
-        let clusters = clusters.state().into_iter();
-        let newest = clusters.map(|c| ctx.cluster_written.newest(c));
-        waits.extend(newest.filter_map(|c| graph_entry(ctx, c.as_ref())));
+/// The locks `party` may be queued on, from the caches: those of its PipelineRun's lock runs,
+/// of the PipelineRun itself when it is queued as a whole, and of a standalone run of that name.
+/// Found through the caches' indexes, never by a scan.
+fn cached_queues_of(ctx: &Context, party: &Party) -> Vec<LockId> {
+    let Some((ns, name)) = party.name.split_once('/') else {
+        return Vec::new();
+    };
+    let of_pr = Tag::pipeline_run(ns, name);
+    let mut tags = HashSet::new();
+    if let Some(c) = &ctx.custom_runs {
+        tags.extend(c.get(&of_pr).iter().flat_map(|r| run_tags(r.as_ref())));
+        tags.extend(
+            c.store
+                .get(&ObjectRef::new(name).within(ns))
+                .iter()
+                .flat_map(|r| run_tags(r.as_ref())),
+        );
     }
-    waits
+    if let Some(c) = &ctx.runs {
+        tags.extend(c.get(&of_pr).iter().flat_map(|r| run_tags(r.as_ref())));
+        tags.extend(
+            c.store
+                .get(&ObjectRef::new(name).within(ns))
+                .iter()
+                .flat_map(|r| run_tags(r.as_ref())),
+        );
+    }
+    if let Some(pr) = ctx.pipeline_runs.get(&ObjectRef::new(name).within(ns)) {
+        tags.extend(queued_tags(&pr));
+    }
+    tags.into_iter().filter_map(lock_id).collect()
+}
+
+fn lock_id(tag: Tag) -> Option<LockId> {
+    let (scope, name) = match tag {
+        Tag::Key { namespace, key } => (LockScope::Namespace(namespace), key),
+        Tag::ClusterMutex { name } => (LockScope::Cluster, name),
+        Tag::PipelineRun { .. } => return None,
+    };
+    Some(LockId { scope, name })
+}
+
+/// A lock from the cache (as we last wrote it), if it may be on a cycle.
+fn cached_lock(ctx: &Context, id: &LockId) -> Option<LockWaits> {
+    match &id.scope {
+        LockScope::Namespace(ns) => {
+            let m = ctx.mutexes.get(&ObjectRef::new(&id.name).within(ns))?;
+            graph_entry(ctx, ctx.written.newest(m).as_ref())
+        }
+        LockScope::Cluster => {
+            let c = ctx
+                .cluster_mutexes
+                .as_ref()?
+                .get(&ObjectRef::new(&id.name))?;
+            graph_entry(ctx, ctx.cluster_written.newest(c).as_ref())
+        }
+    }
 }
 
 /// The other locks of `cached`, as the API server has them now.
@@ -128,17 +183,14 @@ fn graph_entry<L: LockObject>(ctx: &Context, lock: &L) -> Option<LockWaits> {
 fn waits_of<L: LockObject>(ctx: &Context, id: LockId, lock: &L, status: &MutexStatus) -> LockWaits {
     let holders: BTreeSet<&str> = status.holders.iter().map(|h| h.run.uid.as_str()).collect();
     let tag = lock.runs_tag();
+    let holding = |uid: Option<String>| uid.filter(|u| holders.contains(u.as_str()));
     let mut early = BTreeSet::new();
-    let mut mark = |uid: Option<String>, release_after: bool| {
-        if let Some(uid) = uid.filter(|u| release_after && holders.contains(u.as_str())) {
-            early.insert(uid);
-        }
-    };
+    // Only holders' parameters are read: a long queue costs a uid lookup per waiter.
     for r in ctx.custom_runs.iter().flat_map(|c| c.get(&tag)) {
-        mark(r.uid(), releases_early(r.as_ref()));
+        early.extend(holding(r.uid()).filter(|_| releases_early(r.as_ref())));
     }
     for r in ctx.runs.iter().flat_map(|c| c.get(&tag)) {
-        mark(r.uid(), releases_early(r.as_ref()));
+        early.extend(holding(r.uid()).filter(|_| releases_early(r.as_ref())));
     }
     LockWaits::of(id, lock.lock_spec(), status, &early)
 }

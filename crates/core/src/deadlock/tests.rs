@@ -227,3 +227,85 @@ proptest! {
         prop_assert_eq!(prs.iter().any(|p| on_a_cycle(p)), !found.is_empty());
     }
 }
+
+/// The deadlocks that `here`'s sync acts on (its own waiting runs are victims).
+fn acting_on(found: Vec<Deadlock>, here: &LockId) -> Vec<Deadlock> {
+    found
+        .into_iter()
+        .filter(|d| d.runs.iter().any(|(l, _)| l == here))
+        .collect()
+}
+
+fn ids(locks: &[LockWaits]) -> Vec<LockId> {
+    locks.iter().map(|l| l.lock.clone()).collect()
+}
+
+fn by_id(locks: &[LockWaits], id: &LockId) -> Option<LockWaits> {
+    locks.iter().find(|l| l.lock == *id).cloned()
+}
+
+#[test]
+fn a_lock_whose_holders_wait_nowhere_is_its_own_neighbourhood() {
+    let x = mutex("x", 1, &[("a", 10, "a-x")], &[("b", 20, "b-x")]);
+    let mut asked = Vec::new();
+    let near = neighbourhood(
+        x.clone(),
+        |p| {
+            asked.push(p.name.clone());
+            vec![x.lock.clone()]
+        },
+        |_| panic!("no lock but its own is read"),
+    );
+    assert_eq!(near.len(), 1);
+    assert_eq!(asked, ["ns/a"], "only the holder is looked up, once");
+}
+
+#[test]
+fn the_neighbourhood_follows_holders_round_a_ring_and_no_further() {
+    let ring = vec![
+        mutex("x", 1, &[("a", 10, "a-x")], &[("c", 30, "c-x")]),
+        mutex("y", 1, &[("b", 20, "b-y")], &[("a", 10, "a-y")]),
+        mutex("z", 1, &[("c", 30, "c-z")], &[("b", 20, "b-z")]),
+        // Held and waited on too, but by nobody on the ring.
+        mutex("w", 1, &[("d", 40, "d-w")], &[("e", 50, "e-w")]),
+    ];
+    let near = neighbourhood(ring[0].clone(), |_| ids(&ring), |id| by_id(&ring, id));
+    let names: BTreeSet<String> = near.iter().map(|l| l.lock.name.clone()).collect();
+    assert_eq!(names, BTreeSet::from(["x".into(), "y".into(), "z".into()]));
+    assert_eq!(find(&near), find(&ring));
+}
+
+proptest! {
+    /// Random holds (capacity 1 or 2) and waits of five PipelineRuns on five keys: every lock's
+    /// sync finds, over its neighbourhood alone, exactly the deadlocks it acts on over all
+    /// locks (same victim, same runs, same cycle in words).
+    #[test]
+    fn a_neighbourhood_decides_as_all_locks_do(
+        capacity in proptest::collection::vec(1u32..=2, 5),
+        holds in proptest::collection::vec(proptest::collection::vec(0usize..5, 0..=2), 5),
+        waits in proptest::collection::vec(proptest::collection::vec(0usize..5, 0..3), 5),
+    ) {
+        let prs = ["a", "b", "c", "d", "e"];
+        let locks: Vec<LockWaits> = (0..5).map(|k| {
+            let key = format!("k{k}");
+            let mut held: Vec<usize> = holds[k].clone();
+            held.sort();
+            held.dedup();
+            held.truncate(capacity[k] as usize);
+            let h: Vec<(&str, i64, String)> = held.iter().map(|p| (prs[*p], *p as i64, format!("{}-{key}", prs[*p]))).collect();
+            let q: Vec<(&str, i64, String)> = (0..5).filter(|p| waits[*p].contains(&k) && !held.contains(p)).map(|p| (prs[p], p as i64, format!("{}-{key}-w", prs[p]))).collect();
+            let h: Vec<(&str, i64, &str)> = h.iter().map(|(a, b, c)| (*a, *b, c.as_str())).collect();
+            let q: Vec<(&str, i64, &str)> = q.iter().map(|(a, b, c)| (*a, *b, c.as_str())).collect();
+            mutex(&key, capacity[k], &h, &q)
+        }).collect();
+        let everywhere = find(&locks);
+        for here in &locks {
+            let near = neighbourhood(here.clone(), |_| ids(&locks), |id| by_id(&locks, id));
+            prop_assert_eq!(
+                acting_on(find(&near), &here.lock),
+                acting_on(everywhere.clone(), &here.lock),
+                "lock {}", here.lock.describe()
+            );
+        }
+    }
+}
