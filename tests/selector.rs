@@ -511,3 +511,71 @@ async fn a_run_whose_selector_is_gone_before_it_is_queued_is_told_so() -> Result
     assert_waiting(&ns, "orphan").await?;
     Ok(())
 }
+
+/// A selector or a namespaceSelector left empty in YAML (`selector:` with its parts commented
+/// out, sent as null) means what leaving it out means, to the API server's admission policy as
+/// to the controller: the API server drops the null as it stores the lock (a server-side apply
+/// is refused instead), so a Mutex with a null selector takes no PipelineRun, and a ClusterMutex
+/// with a null namespaceSelector allows no namespace but those it names (issue 46, items 3 and
+/// 4: both held every run Pending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_selector_left_empty_in_yaml_takes_nothing() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let ns = TestNamespace::create("selector-null").await?;
+    let _ctl = ControllerProcess::start(ns.name()).await?; // installs the CRD of config/
+    ns.apply(&gated_pipeline("gated")).await?;
+    let _policy = QueueAtCreate::install(&ns).await?;
+    let suffix = ns.name().rsplit('-').next().unwrap_or("x").to_string();
+    let cluster_name = format!("null-ns-{suffix}");
+    let api = ns
+        .dynamic("tekton-mutex.dev/v1alpha1", "ClusterMutex")
+        .await?;
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex",
+        "metadata": {"name": cluster_name},
+        "spec": {"namespaceSelector": null, "selector": {"matchLabels": {"team": suffix.clone()}}}}))?;
+    let stored = api.create(&PostParams::default(), &cluster).await?;
+    let _guard = ClusterMutexGuard(kube::Api::all(ns.client()), cluster_name.clone());
+    ensure!(
+        stored.data.pointer("/spec/namespaceSelector").is_none(),
+        "the null namespaceSelector was stored: {:?}",
+        stored.data["spec"]
+    );
+    let mutexes = ns.dynamic("tekton-mutex.dev/v1alpha1", "Mutex").await?;
+    let staging = serde_json::from_value(staging_mutex(json!({"selector": null})))?;
+    let stored = mutexes.create(&PostParams::default(), &staging).await?;
+    ensure!(
+        stored.data.pointer("/spec/selector").is_none(),
+        "the null selector was stored: {:?}",
+        stored.data["spec"]
+    );
+    // A server-side apply keeps the null to the schema check, which refuses it by name.
+    let refused = ns
+        .apply(&staging_mutex(json!({"selector": null})).to_string())
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    ensure!(
+        refused.contains("spec.selector"),
+        "a null selector was applied: {refused:?}"
+    );
+    // A lock that does select, applied last: once admission takes it, it has seen the others.
+    ns.apply(
+        &json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+                "metadata": {"name": "barrier"}, "spec": {"selector": {"matchLabels": {"env": "barrier"}}}})
+        .to_string(),
+    )
+    .await?;
+    wait_admission(&ns, &triggered_run("probe", json!({"env": "barrier"}))).await?;
+    for labels in [json!({"env": "staging"}), json!({"team": suffix})] {
+        let run = create(&ns, &triggered_run("free", labels.clone()), true).await?;
+        ensure!(
+            !is_pending(&run),
+            "a run labelled {labels} was made Pending: {:?}",
+            run.annotations()
+        );
+    }
+    Ok(())
+}

@@ -5,6 +5,7 @@
 pub mod cluster_mutex;
 pub mod lock_kind;
 pub mod mutex;
+pub mod null_fields;
 pub mod requests;
 pub mod selector;
 pub mod tekton;
