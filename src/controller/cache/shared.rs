@@ -90,6 +90,8 @@ async fn fan_out<K>(
                 continue;
             }
         };
+        // What the cache held before a relist replaces it, to tell what the new list lacks.
+        let before_relist = matches!(event, watcher::Event::InitDone).then(|| store.state());
         index.apply(&mut writer, &event);
         let changed: Vec<Arc<K>> = match event {
             watcher::Event::Apply(o) => store.get(&ObjectRef::from_obj(&o)).into_iter().collect(),
@@ -104,10 +106,12 @@ async fn fan_out<K>(
             }
             watcher::Event::InitDone => {
                 listed.send_replace(true);
-                std::mem::take(&mut relisted)
+                let mut changed: Vec<Arc<K>> = std::mem::take(&mut relisted)
                     .iter()
                     .filter_map(|r| store.get(r))
-                    .collect()
+                    .collect();
+                changed.extend(gone_from(before_relist.unwrap_or_default(), &store));
+                changed
             }
         };
         for o in changed {
@@ -119,6 +123,20 @@ async fn fan_out<K>(
             }
         }
     }
+}
+
+/// The objects `before` held that the cache no longer has: deleted while the watch was broken
+/// (a relist after `410 Gone` sends no deletion for them, as client-go's informers send
+/// `DeletedFinalStateUnknown`). Told as deletions, so that a holder gone during an outage is
+/// released once the watch is back, not at the next resync.
+fn gone_from<K>(before: Vec<Arc<K>>, store: &reflector::Store<K>) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    before
+        .into_iter()
+        .filter(|o| store.get(&ObjectRef::from_obj(o.as_ref())).is_none())
+        .collect()
 }
 
 /// The objects a reflected event stream applied, each once the reflector has it
@@ -244,6 +262,49 @@ mod tests {
             assert_eq!(c.next().await.unwrap().metadata.name.as_deref(), Some("a"));
             assert_eq!(cached_version(&store, "a"), None);
         }
+    }
+
+    /// A relist after the watch expired (`410 Gone`) sends no deletion for what went meanwhile:
+    /// every consumer hears of each object the cache held and the new list lacks, once the
+    /// cache has let it go, besides the listed objects it always tells of.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_relist_tells_of_the_objects_deleted_while_the_watch_was_broken() {
+        let (store, writer) = reflector::store::<CustomRun>();
+        let (source, events) = mpsc::unbounded();
+        let (senders, mut changes): (Vec<_>, Vec<_>) = (0..2).map(|_| mpsc::unbounded()).unzip();
+        tokio::spawn(fan_out(
+            events,
+            writer,
+            Index::new(|_| vec![]),
+            senders,
+            listed(),
+        ));
+        let send = |e| source.unbounded_send(Ok(e)).unwrap();
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(run("kept", "1")));
+        send(watcher::Event::InitApply(run("gone", "1")));
+        send(watcher::Event::InitDone);
+        for c in &mut changes {
+            c.next().await.unwrap();
+            c.next().await.unwrap();
+        }
+        // The watch expired; "gone" was deleted meanwhile, "new" created.
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(run("kept", "1")));
+        send(watcher::Event::InitApply(run("new", "1")));
+        send(watcher::Event::InitDone);
+        for c in &mut changes {
+            let mut heard = Vec::new();
+            for _ in 0..3 {
+                let next = tokio::time::timeout(std::time::Duration::from_secs(5), c.next());
+                let o = next.await.expect("told of fewer than 3 objects").unwrap();
+                heard.push(o.metadata.name.clone().unwrap());
+            }
+            heard.sort();
+            assert_eq!(heard, ["gone", "kept", "new"]);
+            assert!(c.try_recv().is_err(), "told more than the relist changed");
+        }
+        assert_eq!(cached_version(&store, "gone"), None);
     }
 
     /// The stall under control-plane restarts: every task waiting for the first
