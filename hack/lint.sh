@@ -48,7 +48,7 @@ gate "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets --quiet -- -D warnings
 gate "cargo doc --workspace --no-deps (warnings denied)" \
   env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-gate "shellcheck hack/*.sh" shellcheck -x hack/*.sh
+gate "shellcheck hack/*.sh tests/build_cache/*.sh" shellcheck -x hack/*.sh tests/build_cache/*.sh
 # pure_crates [CRATE...]: the crates of crates/ hold no I/O, so no async runtime, HTTP stack or
 # kube client may be among their dependencies (their clippy.toml forbids reading the clock).
 pure_crates() {

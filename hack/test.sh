@@ -55,6 +55,8 @@ phase "build"
 "$here/picture.sh" test # the timeline picture's tests (tests/picture/): no cluster needed
 phase "picture tests"
 "$here/docs.sh" # every relative link in README.md and docs/ resolves (tests/docs/check_links.py)
+"$REPO_ROOT/tests/build_cache/two_builds_at_once.sh" # the binary cache is written under a lock
+phase "build cache test"
 TEKTON_MUTEX_SKIP_BUILD=1 "$here/cluster.sh" up
 phase "cluster up"
 

@@ -34,6 +34,8 @@ pub const CLUSTER: &[(&str, &str)] = config![
     // Refuses a queue-control request that names another requester: see the file.
     "400-admission-policy.yaml",
     "400-config-info.yaml",
+    // Refuses starting a PipelineRun that waits for a lock, but by its grant: see the file.
+    "401-admission-only-a-grant-starts.yaml",
     "500-controller.yaml",
 ];
 
@@ -255,6 +257,11 @@ mod tests {
             (vap, "tekton-mutex-requester"),
             ("ValidatingAdmissionPolicyBinding", "tekton-mutex-requester"),
             ("ConfigMap", INFO_CONFIG_MAP),
+            (vap, "tekton-mutex-only-a-grant-starts"),
+            (
+                "ValidatingAdmissionPolicyBinding",
+                "tekton-mutex-only-a-grant-starts",
+            ),
             ("Deployment", "tekton-mutex"),
             ("Service", "tekton-mutex"),
         ];

@@ -654,3 +654,148 @@ async fn a_wiped_status_never_hands_a_queued_runs_token_out_again() -> Result<()
     }
     Ok(())
 }
+
+/// config/401-admission-only-a-grant-starts.yaml, renamed for one namespace and bound to it
+/// alone (it is cluster-wide), with the controller's identity that of this test's controller
+/// (it runs as the kubeconfig's user, not the release's ServiceAccount); removed at the end.
+struct OnlyAGrantStarts(Vec<(String, String)>);
+
+impl OnlyAGrantStarts {
+    async fn install(ns: &TestNamespace) -> Result<OnlyAGrantStarts> {
+        let file = repo_root().join("config/401-admission-only-a-grant-starts.yaml");
+        let controller = kubectl(&[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])?;
+        let text = std::fs::read_to_string(file)?.replace(
+            "system:serviceaccount:tekton-mutex:tekton-mutex",
+            controller.trim(),
+        );
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text)?;
+        let mut names = Vec::new();
+        for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let name = format!(
+                "{}-{}",
+                doc["metadata"]["name"].as_str().unwrap_or(""),
+                ns.name()
+            );
+            doc["metadata"]["name"] = json!(name);
+            if let Some(policy) = doc.pointer_mut("/spec/policyName") {
+                *policy = json!(name.clone());
+                doc["spec"]["matchResources"] = json!({"namespaceSelector": {"matchLabels":
+                    {"kubernetes.io/metadata.name": ns.name()}}});
+            }
+            names.push((doc["kind"].as_str().unwrap_or("").to_lowercase(), name));
+            apply_yaml(&ns.client(), None, &doc.to_string()).await?;
+        }
+        Ok(OnlyAGrantStarts(names))
+    }
+}
+
+impl Drop for OnlyAGrantStarts {
+    fn drop(&mut self) {
+        for (kind, name) in &self.0 {
+            if let Err(e) = kubectl(&["delete", "--ignore-not-found", kind, name]) {
+                eprintln!("could not remove {kind} {name}: {e:#}");
+            }
+        }
+    }
+}
+
+/// A ServiceAccount of `ns` that may edit its PipelineRuns, as a tenant: `kubectl` as it.
+fn tenant(ns: &TestNamespace) -> Result<impl Fn(&[&str]) -> Result<String>> {
+    ns.kubectl(&["create", "serviceaccount", "tenant"])?;
+    ns.kubectl(&[
+        "create",
+        "role",
+        "pipelinerun-editor",
+        "--resource=pipelineruns.tekton.dev",
+        "--verb=get,list,watch,patch,update",
+    ])?;
+    let sa = format!("{}:tenant", ns.name());
+    ns.kubectl(&[
+        "create",
+        "rolebinding",
+        "tenant",
+        "--role=pipelinerun-editor",
+        &format!("--serviceaccount={sa}"),
+    ])?;
+    let config = support::ops::service_account_kubeconfig(ns.name(), "tenant")?;
+    let namespace = ns.name().to_string();
+    Ok(move |args: &[&str]| {
+        let mut all = vec![
+            "--kubeconfig",
+            config.to_str().unwrap_or(""),
+            "-n",
+            &namespace,
+        ];
+        all.extend_from_slice(args);
+        kubectl(&all)
+    })
+}
+
+/// Only the grant starts a queued PipelineRun (issue 46, item 1): with the cluster install's
+/// admission policy, its author can neither clear its `spec.status` nor take its key annotation
+/// off while it waits, and it is refused with a message that says how to stop waiting; cancelling
+/// it stays allowed, and the grant still starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn an_author_cannot_start_its_own_queued_pipeline_run() -> Result<()> {
+    let (ns, _c) = setup("queued-author").await?;
+    let _policy = OnlyAGrantStarts::install(&ns).await?;
+    let as_tenant = tenant(&ns)?;
+    hold(&ns, "holder").await?;
+    let lock = [(KEY, "env"), ("tekton-mutex.dev/supersede", "none")];
+    for name in ["v2", "v3"] {
+        ns.apply(&queued_run(name, "gated", &lock, json!({})))
+            .await?;
+        wait_annotation(&ns, name, "tekton-mutex.dev/waiting", slow()).await?;
+    }
+    let start = |extra: &[&str]| {
+        let mut args = vec![
+            "patch",
+            "pipelinerun",
+            "v2",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"status":null}}"#,
+        ];
+        args.extend_from_slice(extra);
+        as_tenant(&args)
+    };
+    let refused = |r: Result<String>, what: &str| match r {
+        Err(e) if e.to_string().contains(what) => Ok(Some(())),
+        Err(e) => Err(e),
+        Ok(_) => Ok(None),
+    };
+    wait_until("the admission policy to take effect", slow(), || async {
+        refused(start(&["--dry-run=server"]), "only its grant starts it")
+    })
+    .await?;
+    ensure!(
+        refused(start(&[]), "waits for its turn on key env")?.is_some(),
+        "v2 was started"
+    );
+    let unkeyed = as_tenant(&["annotate", "pipelinerun", "v2", &format!("{KEY}-")]);
+    ensure!(
+        refused(unkeyed, "cannot change while it waits")?.is_some(),
+        "the key came off v2"
+    );
+    assert_still_pending(&ns, "v2").await?;
+    as_tenant(&[
+        "patch",
+        "pipelinerun",
+        "v3",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"status":"Cancelled"}}"#,
+    ])?;
+    ends_cancelled(&ns, "v3").await?;
+    release(&ns, "holder").await?;
+    wait_granted(&ns, "v2").await?;
+    release(&ns, "v2").await?;
+    succeeds(&ns, "v2").await?;
+    Ok(())
+}

@@ -109,10 +109,15 @@ impl Counters {
     }
 
     /// The writes the controller makes (the benchmark itself only creates and deletes runs):
-    /// CustomRun status patches, other CustomRun updates, Mutex status and object writes, Events.
+    /// CustomRun status patches, other CustomRun updates, Mutex status and object writes, the
+    /// token ledger's ConfigMaps, Events. Leases are counted too, but the control plane's own
+    /// components renew theirs as well, so they stay out of the totals.
     pub fn controller_writes(&self) -> Writes {
         let updates = &["PUT", "PATCH", "APPLY"];
+        let any = &["POST", "PUT", "PATCH", "APPLY"];
         Writes {
+            configmaps: self.writes("configmaps", "", any),
+            leases: self.writes("leases", "", any),
             customrun_status: self.writes("customruns", "status", updates),
             customrun_other: self.writes("customruns", "", updates),
             mutex_status: self.writes("mutexes", "status", updates),
@@ -133,6 +138,7 @@ impl Counters {
             "taskruns",
             "pods",
             "events",
+            "configmaps",
         ];
         self.0
             .iter()
@@ -164,6 +170,10 @@ impl Counters {
 /// Writes by kind, as counted by the API server.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Writes {
+    /// The token ledgers (one ConfigMap per namespace, one for the ClusterMutexes).
+    pub configmaps: f64,
+    /// Every Lease write, whoever made it (the controller's leader Lease among them).
+    pub leases: f64,
     pub customrun_status: f64,
     pub customrun_other: f64,
     pub mutex_status: f64,
@@ -175,14 +185,17 @@ pub struct Writes {
 }
 
 impl Writes {
-    /// CustomRun status patches plus Mutex status writes: the figure the targets are set on.
+    /// CustomRun status patches, Mutex status writes and ledger writes: the figure the targets
+    /// are set on.
     pub fn status_writes(&self) -> f64 {
-        self.customrun_status + self.mutex_status
+        self.customrun_status + self.mutex_status + self.configmaps
     }
 
     pub fn per(&self, n: f64) -> Writes {
         let d = n.max(1.0);
         Writes {
+            configmaps: self.configmaps / d,
+            leases: self.leases / d,
             customrun_status: self.customrun_status / d,
             customrun_other: self.customrun_other / d,
             mutex_status: self.mutex_status / d,
@@ -196,19 +209,23 @@ impl Writes {
     /// One line for the table.
     pub fn line(&self) -> String {
         format!(
-            "{:>7.2}  (CustomRun status {:.2}, Mutex status {:.2}; other: CustomRun {:.2}, Mutex {:.2}, Events {:.2}; 409s {:.2})",
+            "{:>7.2}  (CustomRun status {:.2}, Mutex status {:.2}, ledger {:.2}; other: CustomRun {:.2}, Mutex {:.2}, Events {:.2}, Leases of any writer {:.2}; 409s {:.2})",
             self.status_writes(),
             self.customrun_status,
             self.mutex_status,
+            self.configmaps,
             self.customrun_other,
             self.mutex_object,
             self.events,
+            self.leases,
             self.conflicts
         )
     }
 
     pub fn to_json(self) -> Value {
         json!({
+            "configmaps": self.configmaps,
+            "leases": self.leases,
             "customrun_status": self.customrun_status,
             "customrun_other": self.customrun_other,
             "mutex_status": self.mutex_status,
