@@ -53,13 +53,17 @@ pub async fn unprotect<L: LockObject>(
     if !status.holders.is_empty() || !status.queue.is_empty() || !status.reservations.is_empty() {
         return Err(Error::Conflict);
     }
-    let what = format!(
-        "record the last token ({}) in the token ledger",
-        status.last_token
-    );
-    let stuck = "its finalizer stays on, and a delete waits, until then";
-    token_floor::record(ctx, scope, key, status.last_token)
-        .await
-        .inspect_err(|e| events::ledger_failed(ctx, &lock, &what, stuck, e))?;
+    // Its status says the ledger holds its last token already (a reserved block): no write.
+    let covered = status.ledger_read_for.is_some() && status.ledger_read_for == lock.uid();
+    if !covered || status.ledger_covers.is_none_or(|c| c < status.last_token) {
+        let what = format!(
+            "record the last token ({}) in the token ledger",
+            status.last_token
+        );
+        let stuck = "its finalizer stays on, and a delete waits, until then";
+        token_floor::record(ctx, scope, key, status.last_token)
+            .await
+            .inspect_err(|e| events::ledger_failed(ctx, &lock, &what, stuck, e))?;
+    }
     lock_meta::remove_finalizer(ctx, &lock, status.last_token).await
 }

@@ -19,7 +19,7 @@ use crate::core::ready;
 use crate::core::requests::{Request, Unreadable, requests_from};
 use crate::core::run_status;
 use crate::core::scope::Scope;
-use crate::model::mutex::{MutexStatus, RunKind, RunRef};
+use crate::model::mutex::{MutexStatus, RunKind, RunRef, ledger_reserve};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -240,6 +240,12 @@ fn decide_on<L: LockObject>(
         // lastToken now stands above the ledger's floor, for this very object.
         decision.status.ledger_read_for = lock.uid();
     }
+    let covered = ledger_covered(current, facts);
+    decision.status.ledger_covers = match ledger_reserve(covered, decision.status.last_token) {
+        Some(end) => Some(end),
+        None if facts.ledger_read => Some(covered),
+        None => current.ledger_covers,
+    };
     let readiness = ready::of(&decision.status);
     ready::stamp(&mut decision.status, readiness, lock.meta().generation, now);
     if decision.status.last_token >= crate::model::mutex::MAX_TOKEN
@@ -254,25 +260,31 @@ fn decide_on<L: LockObject>(
     decision
 }
 
-/// Does `next` say what `current` says? Naming the object the ledger was read for (a status
-/// write of its own) changes no one's place on the lock.
+/// Does `next` say what `current` says? Naming the object the ledger was read for, and how far
+/// it covers the tokens (status writes of its own), changes no one's place on the lock.
 fn same_lock_state(next: &MutexStatus, current: &MutexStatus) -> bool {
     let stamped = MutexStatus {
         ledger_read_for: next.ledger_read_for.clone(),
+        ledger_covers: next.ledger_covers,
         ..current.clone()
     };
     *next == stamped
 }
 
-/// Does this decision hand out a token above every one the ledger may hold? Then the token goes
-/// into the ledger before the lock state that hands it out. The lock's status is not the only
-/// record that may be lost: it can be wiped or restored from an older copy, and the runs it is
-/// rebuilt from may be gone by then (a pruned PipelineRun takes its lock run's token with it; a
-/// queued PipelineRun's own annotations are its author's to write, so they are not believed).
-/// An idle lock may be deleted at any time. With the token in the ledger first, the floor read
-/// after any of these is above every token handed out (chaos seeds 206601710 and 85783656).
-fn raises_the_token(current: &MutexStatus, decision: &Decision, facts: MutexFacts) -> bool {
-    decision.status.last_token > current.last_token.max(facts.token_floor)
+/// The highest token the ledger is known to hold for this lock object. Every token goes into
+/// the ledger before the lock state that hands it out: the lock's status is not the only record
+/// that may be lost. It can be wiped or restored from an older copy, and the runs it is rebuilt
+/// from may be gone by then (a pruned PipelineRun takes its lock run's token with it; a queued
+/// PipelineRun's own annotations are its author's to write, so they are not believed). An idle
+/// lock may be deleted at any time. With the token in the ledger first, the floor read after any
+/// of these is above every token handed out (chaos seeds 206601710 and 85783656). Tokens are
+/// reserved in blocks ([`ledger_reserve`]): `ledgerCovers` says how far, for the object that
+/// `ledgerReadFor` names (a status without it was written when every token was recorded).
+fn ledger_covered(current: &MutexStatus, facts: MutexFacts) -> i64 {
+    match facts.ledger_read {
+        true => facts.token_floor,
+        false => current.ledger_covers.unwrap_or(current.last_token),
+    }
 }
 
 /// Write the decision: the lock state first (its compare-and-swap failing ends
@@ -296,9 +308,9 @@ async fn apply<L: LockObject>(
     } else {
         lock
     };
-    if raises_the_token(current, decision, facts) {
-        let token = decision.status.last_token;
-        let what = format!("record the last token ({token}) in the token ledger");
+    let covered = ledger_covered(current, facts);
+    if let Some(token) = ledger_reserve(covered, decision.status.last_token) {
+        let what = format!("reserve tokens up to {token} in the token ledger");
         let stuck = "its lock state is not written until then";
         token_floor::record(ctx, &scope, &name, token)
             .await

@@ -12,7 +12,7 @@ use crate::controller::reconcile::{finalizer, token_floor};
 use crate::controller::reconcile::{intake, lock as sync};
 use crate::controller::wiring::{error_policy, intake_when_acting};
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::Mutex;
+use crate::model::mutex::{Mutex, TOKEN_BLOCK};
 use crate::model::tekton::customrun::CustomRun;
 use crate::model::tekton::pipelinerun::PipelineRun;
 use ::http::{Request, Response};
@@ -775,6 +775,32 @@ async fn an_embedded_spec_that_disagrees_with_the_mutex_is_invalid_params() {
     );
 }
 
+/// A grant whose token the ledger already covers (a block reserved by an earlier grant) writes
+/// no ledger: the lock's status and the run's, 2 writes.
+#[tokio::test]
+async fn a_grant_inside_the_reserved_block_writes_no_ledger() {
+    let (ctx, handle) = context(
+        vec![lock_run("a", "none", json!({}))],
+        vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
+        vec![],
+    );
+    let m = mutex("1", json!({"lastToken": 1, "ledgerCovers": TOKEN_BLOCK}));
+    let (result, seen) = exchange(ctx, handle, ok, |ctx| sync::reconcile(cached(m), ctx)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        lines(&seen),
+        [
+            format!("PUT {MUTEXES}/k/status"),
+            format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
+        ]
+    );
+    let status = &seen[0].1["status"];
+    assert_eq!(
+        (&status["lastToken"], &status["ledgerCovers"]),
+        (&json!(2), &json!(TOKEN_BLOCK))
+    );
+}
+
 #[tokio::test]
 async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
     let (ctx, handle) = context(
@@ -804,7 +830,12 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
         json!(["someone-else", finalizer::LOCK_STATE_FINALIZER])
     );
     assert_eq!(patch["resourceVersion"], "1", "a compare-and-swap");
-    assert_eq!(seen[2].1["data"]["mutex.k"], "1", "the token, recorded");
+    assert_eq!(
+        seen[2].1["data"]["mutex.k"],
+        TOKEN_BLOCK.to_string(),
+        "the token's block, reserved"
+    );
+    assert_eq!(seen[3].1["status"]["ledgerCovers"], TOKEN_BLOCK);
     assert_eq!(
         seen[3].1["metadata"]["resourceVersion"], "2",
         "the status write follows the finalizer's resourceVersion"
@@ -851,7 +882,10 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
-    assert_eq!(seen[2].1["data"]["clustermutex.prod"], "1");
+    assert_eq!(
+        seen[2].1["data"]["clustermutex.prod"],
+        TOKEN_BLOCK.to_string()
+    );
     assert_eq!(
         seen[0].1["metadata"]["finalizers"],
         json!([finalizer::LOCK_STATE_FINALIZER])
@@ -1144,7 +1178,13 @@ async fn above_the_ledger_case(kind: Kind) {
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
-    assert_eq!(seen[3].1["data"][&entry], "8", "token 8, recorded first");
+    let block_end = 8 + TOKEN_BLOCK - 1;
+    assert_eq!(
+        seen[3].1["data"][&entry],
+        block_end.to_string(),
+        "token 8's block, reserved first"
+    );
+    assert_eq!(seen[4].1["status"]["ledgerCovers"], block_end);
     let st = &seen[4].1["status"];
     assert_eq!(
         (&st["lastToken"], &st["holders"][0]["token"]),
