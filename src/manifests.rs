@@ -36,6 +36,8 @@ pub const CLUSTER: &[(&str, &str)] = config![
     "400-config-info.yaml",
     // Refuses starting a PipelineRun that waits for a lock, but by its grant: see the file.
     "401-admission-only-a-grant-starts.yaml",
+    // Refuses lowering or removing the token ledger's entries, but by the controller.
+    "402-admission-token-ledger.yaml",
     "500-controller.yaml",
 ];
 
@@ -261,6 +263,11 @@ mod tests {
             (
                 "ValidatingAdmissionPolicyBinding",
                 "tekton-mutex-only-a-grant-starts",
+            ),
+            (vap, "tekton-mutex-token-ledger"),
+            (
+                "ValidatingAdmissionPolicyBinding",
+                "tekton-mutex-token-ledger",
             ),
             ("Deployment", "tekton-mutex"),
             ("Service", "tekton-mutex"),

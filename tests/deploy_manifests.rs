@@ -50,7 +50,7 @@ async fn exercise_every_write(ns: &TestNamespace, c: &ControllerProcess) -> Resu
     );
     release(ns, "a").await?;
     wait_reason(ns, &lock_run("c"), "Acquired", slow()).await?;
-    // Idle again: the last token goes into the ledger ConfigMap, the finalizer comes off.
+    // Idle again: the ledger ConfigMap covers the last token, the finalizer comes off.
     release(ns, "c").await?;
     let (mutexes, key) = (ns.api::<Mutex>(), ns.name());
     wait_until("the idle Mutex to lose its finalizer", slow(), || async {
@@ -70,9 +70,11 @@ async fn exercise_every_write(ns: &TestNamespace, c: &ControllerProcess) -> Resu
         .data
         .unwrap_or_default()
         .remove(&format!("mutex.{key}"));
+    // c's token 2, inside the block of tokens the first grant reserved.
+    let held: Option<i64> = entry.as_deref().and_then(|e| e.parse().ok());
     ensure!(
-        entry.as_deref() == Some("2"),
-        "the ledger holds c's token: {entry:?}"
+        held.is_some_and(|t| t >= 2),
+        "the ledger does not cover c's token 2: {entry:?}"
     );
     let log = c.log_text();
     ensure!(

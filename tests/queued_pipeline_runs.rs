@@ -12,6 +12,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::controller::ControllerProcess;
 use support::pipelines::*;
+use support::policies::{NamespacePolicy, tenant};
 use support::*;
 
 const KEY: &str = "tekton-mutex.dev/key";
@@ -655,87 +656,6 @@ async fn a_wiped_status_never_hands_a_queued_runs_token_out_again() -> Result<()
     Ok(())
 }
 
-/// config/401-admission-only-a-grant-starts.yaml, renamed for one namespace and bound to it
-/// alone (it is cluster-wide), with the controller's identity that of this test's controller
-/// (it runs as the kubeconfig's user, not the release's ServiceAccount); removed at the end.
-struct OnlyAGrantStarts(Vec<(String, String)>);
-
-impl OnlyAGrantStarts {
-    async fn install(ns: &TestNamespace) -> Result<OnlyAGrantStarts> {
-        let file = repo_root().join("config/401-admission-only-a-grant-starts.yaml");
-        let controller = kubectl(&[
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])?;
-        let text = std::fs::read_to_string(file)?.replace(
-            "system:serviceaccount:tekton-mutex:tekton-mutex",
-            controller.trim(),
-        );
-        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text)?;
-        let mut names = Vec::new();
-        for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
-            let name = format!(
-                "{}-{}",
-                doc["metadata"]["name"].as_str().unwrap_or(""),
-                ns.name()
-            );
-            doc["metadata"]["name"] = json!(name);
-            if let Some(policy) = doc.pointer_mut("/spec/policyName") {
-                *policy = json!(name.clone());
-                doc["spec"]["matchResources"] = json!({"namespaceSelector": {"matchLabels":
-                    {"kubernetes.io/metadata.name": ns.name()}}});
-            }
-            names.push((doc["kind"].as_str().unwrap_or("").to_lowercase(), name));
-            apply_yaml(&ns.client(), None, &doc.to_string()).await?;
-        }
-        Ok(OnlyAGrantStarts(names))
-    }
-}
-
-impl Drop for OnlyAGrantStarts {
-    fn drop(&mut self) {
-        for (kind, name) in &self.0 {
-            if let Err(e) = kubectl(&["delete", "--ignore-not-found", kind, name]) {
-                eprintln!("could not remove {kind} {name}: {e:#}");
-            }
-        }
-    }
-}
-
-/// A ServiceAccount of `ns` that may edit its PipelineRuns, as a tenant: `kubectl` as it.
-fn tenant(ns: &TestNamespace) -> Result<impl Fn(&[&str]) -> Result<String>> {
-    ns.kubectl(&["create", "serviceaccount", "tenant"])?;
-    ns.kubectl(&[
-        "create",
-        "role",
-        "pipelinerun-editor",
-        "--resource=pipelineruns.tekton.dev",
-        "--verb=get,list,watch,patch,update",
-    ])?;
-    let sa = format!("{}:tenant", ns.name());
-    ns.kubectl(&[
-        "create",
-        "rolebinding",
-        "tenant",
-        "--role=pipelinerun-editor",
-        &format!("--serviceaccount={sa}"),
-    ])?;
-    let config = support::ops::service_account_kubeconfig(ns.name(), "tenant")?;
-    let namespace = ns.name().to_string();
-    Ok(move |args: &[&str]| {
-        let mut all = vec![
-            "--kubeconfig",
-            config.to_str().unwrap_or(""),
-            "-n",
-            &namespace,
-        ];
-        all.extend_from_slice(args);
-        kubectl(&all)
-    })
-}
-
 /// Only the grant starts a queued PipelineRun (issue 46, item 1): with the cluster install's
 /// admission policy, its author can neither clear its `spec.status` nor take its key annotation
 /// off while it waits, and it is refused with a message that says how to stop waiting; cancelling
@@ -744,8 +664,13 @@ fn tenant(ns: &TestNamespace) -> Result<impl Fn(&[&str]) -> Result<String>> {
 #[ignore = "needs hack/cluster.sh up"]
 async fn an_author_cannot_start_its_own_queued_pipeline_run() -> Result<()> {
     let (ns, _c) = setup("queued-author").await?;
-    let _policy = OnlyAGrantStarts::install(&ns).await?;
-    let as_tenant = tenant(&ns)?;
+    let policy = "401-admission-only-a-grant-starts.yaml";
+    let _policy = NamespacePolicy::install(&ns, policy).await?;
+    let as_tenant = tenant(
+        &ns,
+        "pipelineruns.tekton.dev",
+        "get,list,watch,patch,update",
+    )?;
     hold(&ns, "holder").await?;
     let lock = [(KEY, "env"), ("tekton-mutex.dev/supersede", "none")];
     for name in ["v2", "v3"] {

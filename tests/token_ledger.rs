@@ -578,3 +578,70 @@ async fn a_frozen_mutex_is_never_deleted_for_being_idle() -> Result<()> {
     ensure!(kept.spec.lock.frozen, "still frozen: {:?}", kept.spec);
     Ok(())
 }
+
+/// A namespace editor cannot make tokens repeat (issue 46, item 8). With the cluster install's
+/// policy (config/402-admission-token-ledger.yaml), one who may write the namespace's ConfigMaps
+/// is refused lowering the key's ledger entry, removing it and deleting the ledger; raising it
+/// passes (tokens skip, never repeat); the next grant still rises; and the namespace, its ledger
+/// with it, is still deleted as a whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_namespace_editor_cannot_lower_the_token_ledger() -> Result<()> {
+    let ns = TestNamespace::create("ledger-tenant").await?;
+    let controller = ControllerProcess::start(ns.name()).await?;
+    let policy = "402-admission-token-ledger.yaml";
+    let _policy = support::policies::NamespacePolicy::install(&ns, policy).await?;
+    mutex_pipeline(&ns).await?;
+    let a = pass(&ns, "a").await?;
+    let entry = format!("mutex.{KEY}");
+    let covered = ledger_entry(ns.name(), &entry)
+        .await?
+        .context("no ledger entry after a grant")?;
+    let as_tenant = support::policies::tenant(&ns, "configmaps", "get,list,patch,update,delete")?;
+    let patch = |value: serde_json::Value| {
+        let data = json!({"data": {entry.clone(): value}}).to_string();
+        as_tenant(&["patch", "configmap", LEDGER, "--type=merge", "-p", &data])
+    };
+    let refused = |r: Result<String>, what: &str| match r {
+        Err(e) if e.to_string().contains(what) => Ok(Some(())),
+        Err(e) => Err(e),
+        Ok(_) => Ok(None),
+    };
+    let lower = || patch(json!("1"));
+    wait_until("the admission policy to take effect", slow(), || async {
+        let dry = as_tenant(&[
+            "patch",
+            "configmap",
+            LEDGER,
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            &json!({"data": {entry.clone(): "1"}}).to_string(),
+        ]);
+        refused(dry, "never be lowered or removed")
+    })
+    .await?;
+    ensure!(
+        refused(lower(), "never be lowered")?.is_some(),
+        "the entry was lowered"
+    );
+    ensure!(
+        refused(patch(json!(null)), "never be lowered")?.is_some(),
+        "the entry was removed"
+    );
+    let deleted = as_tenant(&["delete", "configmap", LEDGER]);
+    ensure!(
+        refused(deleted, "goes with its namespace")?.is_some(),
+        "the ledger was deleted"
+    );
+    patch(json!((covered + 1).to_string()))?;
+    ensure!(
+        ledger_entry(ns.name(), &entry).await? == Some(covered + 1),
+        "a raise was refused"
+    );
+    let b = pass(&ns, "b").await?;
+    ensure!(b > a, "b's token {b} is not above a's {a}");
+    drop(controller);
+    namespace_state(ns.name(), false).await?;
+    Ok(())
+}

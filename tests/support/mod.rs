@@ -25,6 +25,7 @@ pub mod controller;
 pub mod locks;
 pub mod ops;
 pub mod pipelines;
+pub mod policies;
 pub mod timeline;
 
 use std::future::Future;

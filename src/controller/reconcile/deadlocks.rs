@@ -5,7 +5,7 @@
 //! waits on: this sync wakes the others, and before it ends a run of its own it reads the other
 //! locks afresh, since a cycle seen in caches may already be gone.
 
-use crate::controller::cache::index::Tag;
+use crate::controller::cache::index::{Indexed, Tag};
 use crate::controller::cache::triggers::{queued_tags, run_tags};
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::LockObject;
@@ -93,30 +93,28 @@ fn cached_queues_of(ctx: &Context, party: &Party) -> Vec<LockId> {
     let Some((ns, name)) = party.name.split_once('/') else {
         return Vec::new();
     };
-    let of_pr = Tag::pipeline_run(ns, name);
     let mut tags = HashSet::new();
     if let Some(c) = &ctx.custom_runs {
-        tags.extend(c.get(&of_pr).iter().flat_map(|r| run_tags(r.as_ref())));
-        tags.extend(
-            c.store
-                .get(&ObjectRef::new(name).within(ns))
-                .iter()
-                .flat_map(|r| run_tags(r.as_ref())),
-        );
+        tags.extend(tags_of_runs(c, ns, name));
     }
     if let Some(c) = &ctx.runs {
-        tags.extend(c.get(&of_pr).iter().flat_map(|r| run_tags(r.as_ref())));
-        tags.extend(
-            c.store
-                .get(&ObjectRef::new(name).within(ns))
-                .iter()
-                .flat_map(|r| run_tags(r.as_ref())),
-        );
+        tags.extend(tags_of_runs(c, ns, name));
     }
     if let Some(pr) = ctx.pipeline_runs.get(&ObjectRef::new(name).within(ns)) {
         tags.extend(queued_tags(&pr));
     }
     tags.into_iter().filter_map(lock_id).collect()
+}
+
+/// The tags of the lock runs of PipelineRun `ns/name`, and of a standalone run of that name.
+fn tags_of_runs<K>(cache: &Indexed<K>, ns: &str, name: &str) -> Vec<Tag>
+where
+    K: Observe + kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let standalone = cache.store.get(&ObjectRef::new(name).within(ns));
+    let of_pipeline_run = cache.get(&Tag::pipeline_run(ns, name));
+    let runs = of_pipeline_run.into_iter().chain(standalone);
+    runs.flat_map(|r| run_tags(r.as_ref())).collect()
 }
 
 fn lock_id(tag: Tag) -> Option<LockId> {
