@@ -579,3 +579,47 @@ async fn a_selector_left_empty_in_yaml_takes_nothing() -> Result<()> {
     }
     Ok(())
 }
+
+/// An operator's delete is final (issue 46, item 5): a selecting Mutex deleted while a run holds
+/// it, with a selected run arriving during the drain, goes once empty; what comes back for the
+/// run that waited is the plain Mutex a run creates, with no selector, so nothing new is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_deleted_selecting_mutex_does_not_come_back_with_its_selector() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let selector = json!({"capacity": 1, "selector": {"matchLabels": {"env": "staging"}}});
+    let (ns, _policy) = setup("selector-deleted", staging_mutex(selector)).await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let staging = json!({"env": "staging"});
+    wait_admission(&ns, &triggered_run("probe", staging.clone())).await?;
+    create(&ns, &triggered_run("s1", staging.clone()), false).await?;
+    wait_granted(&ns, "s1").await?;
+    ns.kubectl(&["delete", "mutex", "staging", "--wait=false"])?;
+    let s2 = create(&ns, &triggered_run("s2", staging.clone()), false).await?;
+    ensure!(
+        is_pending(&s2),
+        "s2, selected while the Mutex drains, was not made Pending"
+    );
+    finish(&ns, "s1").await?;
+    let mutexes = ns.dynamic("tekton-mutex.dev/v1alpha1", "Mutex").await?;
+    wait_until("the drained Mutex to go", slow(), || async {
+        let m = mutexes.get_opt("staging").await?;
+        Ok(m.is_none_or(|m| m.metadata.deletion_timestamp.is_none())
+            .then_some(()))
+    })
+    .await?;
+    if let Some(back) = mutexes.get_opt("staging").await? {
+        ensure!(
+            back.data.pointer("/spec/selector").is_none(),
+            "the Mutex came back with the deleted one's selector: {:?}",
+            back.data["spec"]
+        );
+    }
+    // Admission sees the Mutexes a moment after they change: no selector takes s3 for long.
+    let s3 = triggered_run("s3", staging);
+    wait_until("no selector to take a new run", slow(), || async {
+        Ok((!is_pending(&create(&ns, &s3, true).await?)).then_some(()))
+    })
+    .await?;
+    Ok(())
+}

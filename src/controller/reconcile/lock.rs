@@ -99,8 +99,9 @@ async fn sync_lock<L: LockObject>(
 
 /// An idle lock loses its finalizer (its last token recorded first), so it may
 /// be deleted with no controller. One marked for deletion then goes; the runs it
-/// kept out (told it is being deleted) get a new one where runs may create one,
-/// whose lock state is rebuilt from the runs and whose tokens continue above the floor.
+/// kept out (told it is being deleted) get a new one where runs may create one (a plain
+/// Mutex with defaults, as a run creates it: never the deleted object's spec), whose lock
+/// state is rebuilt from the runs and whose tokens continue above the floor.
 async fn hand_over<L: LockObject>(
     ctx: &Context,
     idle: &L,

@@ -13,7 +13,7 @@ use crate::core::observe::{ObservedRun, cluster_mutex_targets};
 use crate::core::params::RunConfig;
 use crate::core::scope::Scope;
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::{DEFAULT_IDLE_DELETE_DAYS, Mutex};
+use crate::model::mutex::{DEFAULT_IDLE_DELETE_DAYS, Mutex, MutexSpec};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
@@ -65,7 +65,14 @@ impl LockObject for Mutex {
 
     async fn recreate_for_waiters(ctx: &Context, gone: &Self) {
         let (ns, key) = (&gone.namespace().unwrap_or_default(), &gone.name_any());
-        match writes::ensure_mutex(ctx, ns, key, &gone.spec).await {
+        // An operator's delete is final: what comes back for the runs that name the key is the
+        // plain Mutex they would create on demand (defaults, the key it stands for), never the
+        // deleted object's selector, keyFrom, sequenceFrom, freeze or settings (issue 46 item 5).
+        let plain = MutexSpec {
+            key: gone.spec.key.clone(),
+            ..MutexSpec::default()
+        };
+        match writes::ensure_mutex(ctx, ns, key, &plain).await {
             Ok(writes::Ensured::Created) => {
                 info!(
                     key,
