@@ -645,3 +645,34 @@ async fn a_namespace_editor_cannot_lower_the_token_ledger() -> Result<()> {
     namespace_state(ns.name(), false).await?;
     Ok(())
 }
+
+/// Issue 46 item 6: nothing creates a ClusterMutex again but its administrator. A run that
+/// arrives while one in use is being deleted ends `LockDeleted` at once, instead of waiting for a
+/// ClusterMutex that never comes; the holder keeps its slot until it is done, and the
+/// ClusterMutex then goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_run_arriving_while_its_cluster_mutex_is_deleted_ends_at_once() -> Result<()> {
+    let _alone = CLUSTER_WIDE.write().await;
+    let ns = TestNamespace::create("cluster-deleting").await?;
+    let name = cluster_mutex_name("deleting", &ns);
+    let api: Api<ClusterMutex> = Api::all(ns.client());
+    create_cluster_mutex(&api, &name, &ns).await?;
+    let _guard = ClusterMutexGuard(api.clone(), name.clone());
+    let _c = ControllerProcess::start_cluster_wide("cluster-deleting").await?;
+    cluster_mutex_pipeline(&ns, &name).await?;
+    ns.apply(&pipeline_run("a", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("a"), "Acquired", slow()).await?;
+    kubectl(&["delete", "clustermutex", &name, "--wait=false"])?;
+    ns.apply(&pipeline_run("b", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("b"), "LockDeleted", slow()).await?;
+    let held = api.get(&name).await?.status.unwrap_or_default();
+    ensure!(held.holders.len() == 1, "a lost its slot: {held:?}");
+    release(&ns, "a").await?;
+    succeeded(&ns, "a").await?;
+    wait_until("the drained ClusterMutex to go", slow(), || async {
+        Ok(api.get_opt(&name).await?.is_none().then_some(()))
+    })
+    .await?;
+    Ok(())
+}

@@ -97,6 +97,7 @@ fn tells(cfg: &Config, r: &Read<'_>, d: &Decision) -> (Vec<Write>, Vec<Write>) {
             | Outcome::TimedOut
             | Outcome::NotAcquired { .. }
             | Outcome::QueueFull { .. }
+            | Outcome::LockDeleted
             | Outcome::Cleared { .. }
             | Outcome::Deadlock { .. } => Told::Ended { superseded: false },
             _ => continue,

@@ -160,6 +160,9 @@ pub enum Outcome {
     /// Not admitted yet: the Mutex is being deleted. It is created again once
     /// its holders and waiters are gone, and the run joins that one.
     MutexDeleting,
+    /// Not admitted, for good: the ClusterMutex is being deleted, and nothing but its
+    /// administrator creates a ClusterMutex again (issue 46 item 6).
+    LockDeleted,
     /// Queued, but the key is frozen (`spec.frozen`): nothing new is granted.
     Frozen {
         /// At the head of the queue: the first grant after the thaw is its.
@@ -216,6 +219,15 @@ pub struct MutexFacts {
     /// A ClusterMutex's share of its queue for one namespace: one tenant cannot
     /// fill the queue and deny the lock to the others. None for a Mutex.
     pub namespace_share: Option<u32>,
+}
+
+impl MutexFacts {
+    /// Does the lock come back once it is deleted? A Mutex does: the runs that name its key
+    /// create it again. A ClusterMutex (the one kind with a namespace share) only by its
+    /// administrator, so a run that arrives while it is deleted waits for nothing.
+    pub fn comes_back_when_deleted(&self) -> bool {
+        self.namespace_share.is_none()
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -36,6 +36,8 @@ pub enum Reason {
     Released,
     /// The youngest of PipelineRuns that wait on each other's keys: its wait ends (`core::deadlock`).
     Deadlock,
+    /// Arrived while its ClusterMutex was being deleted: nothing would ever grant it.
+    LockDeleted,
 }
 
 impl Reason {
@@ -58,6 +60,7 @@ impl Reason {
             Reason::Cleared => "Cleared",
             Reason::Released => "Released",
             Reason::Deadlock => "Deadlock",
+            Reason::LockDeleted => "LockDeleted",
         }
     }
 
@@ -73,7 +76,8 @@ impl Reason {
             | Reason::TimedOut(_)
             | Reason::Cleared
             | Reason::Released
-            | Reason::Deadlock => "False",
+            | Reason::Deadlock
+            | Reason::LockDeleted => "False",
         }
     }
 }
@@ -234,6 +238,13 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                 "left the queue for {key} to break a deadlock: {cycle}; this PipelineRun is the \
                  youngest in the cycle. Take the keys in one order in every pipeline, or take \
                  them together with `keys`"
+            ),
+        ),
+        Outcome::LockDeleted => (
+            Reason::LockDeleted,
+            format!(
+                "not admitted to {key}: it is being deleted and takes no new runs, and nothing \
+                 creates a ClusterMutex again but its administrator; run again once it is back"
             ),
         ),
         Outcome::MutexDeleting => (

@@ -51,6 +51,7 @@ pub fn for_outcome(
         Outcome::TimedOut => ("TimedOut", EventType::Warning),
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
         Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
+        Outcome::LockDeleted => (Reason::LockDeleted.as_str(), EventType::Warning),
         Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
         Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),
         Outcome::Frozen { .. } if was.as_deref() == Some(Reason::Frozen.as_str()) => return None,

@@ -176,10 +176,14 @@ impl<'a> Decider<'a> {
                 continue;
             }
             match self.leaving(r) {
-                // A Mutex being deleted releases nothing and admits no one: it goes
-                // once empty, and a new one takes the newcomers.
+                // A lock being deleted releases nothing and admits no one: it goes once
+                // empty, and a new Mutex takes the newcomers; no new ClusterMutex does.
                 Leaving::Stay if self.facts.deleting => {
-                    self.outcomes.push((r.run.clone(), Outcome::MutexDeleting));
+                    let outcome = match self.facts.comes_back_when_deleted() {
+                        true => Outcome::MutexDeleting,
+                        false => Outcome::LockDeleted,
+                    };
+                    self.outcomes.push((r.run.clone(), outcome));
                 }
                 Leaving::Stay if r.wait => match self.queue_full(r) {
                     Some(full) => self.outcomes.push((r.run.clone(), full)),

@@ -1501,6 +1501,35 @@ fn a_mutex_being_deleted_admits_no_one_new_and_releases_nothing() {
     expect(&d5, &[(2, acquired(3, 3))]);
 }
 
+/// Issue 46 item 6: nothing creates a ClusterMutex again but its administrator, so a run that
+/// arrives while one is being deleted is not kept waiting for it: it ends `LockDeleted`, while
+/// the holder keeps its slot and the waiter its place, as on a Mutex.
+#[test]
+fn a_cluster_mutex_being_deleted_ends_a_newcomers_wait_at_once() {
+    let spec = LockSpec::default();
+    let mut runs = vec![run(0), run(1)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(1));
+    apply(&mut runs, &d);
+    runs.push(run(2));
+    let deleting = MutexFacts {
+        deleting: true,
+        namespace_share: Some(250),
+        ..Default::default()
+    };
+    assert!(!deleting.comes_back_when_deleted());
+    let d2 = decide_with(&spec, &d.status, &runs, t(2), deleting);
+    assert_eq!(holders(&d2), ["pr0"], "the holder keeps the slot");
+    assert_eq!(queue(&d2), ["pr1"], "the waiter keeps its place");
+    expect(&d2, &[(2, Told::Is(Outcome::LockDeleted))]);
+    let (reason, message) =
+        crate::run_status::condition(RunKind::CustomRun, "prod", &Outcome::LockDeleted);
+    assert_eq!((reason.as_str(), reason.status()), ("LockDeleted", "False"));
+    assert!(
+        message.contains("nothing creates a ClusterMutex again"),
+        "{message}"
+    );
+}
+
 /// Chaos seed 303: a Mutex in use was deleted, its holder's PipelineRun too (and with it the
 /// only run that showed token 1); the new Mutex of the key granted token 1 again. Tokens continue
 /// from the deleted Mutex's last token, which the controller passes on as the token floor.
