@@ -623,3 +623,182 @@ async fn a_deleted_selecting_mutex_does_not_come_back_with_its_selector() -> Res
     .await?;
     Ok(())
 }
+
+/// One meaning for a selector (issue 46): the admission policy's CEL, evaluated by the real API
+/// server, and the controller's `RunSelector::matches` agree on generated selectors (null, empty
+/// and given parts: labels, expressions of each operator, pipelines), labels and pipelineRefs.
+/// Each case is a Mutex alone in a namespace of its own; a PipelineRun created there (dry run)
+/// comes back Pending exactly when Rust, reading the Mutex as the API server stored it, says the
+/// selector takes it. A selector with no part is refused by the API server, as Rust calls it
+/// empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn the_admission_policy_and_the_controller_read_a_selector_alike() -> Result<()> {
+    use tekton_mutex::model::mutex::Mutex;
+    let _shared = CLUSTER_WIDE.read().await;
+    support::controller::install_crd(&repo_root().join("config/300-crd.yaml")).await?;
+    const CASES: usize = 40;
+    let mut rng = Lcg(0x5eed_0f_5e1e);
+    let mut spaces = Vec::new();
+    for _ in 0..=CASES {
+        spaces.push(TestNamespace::create("selector-diff").await?);
+    }
+    let names: Vec<&str> = spaces.iter().map(|ns| ns.name()).collect();
+    let _policy = QueueAtCreate::install_for(&spaces[0], &names).await?;
+    let mut cases = Vec::new();
+    for ns in &spaces[..CASES] {
+        let selector = rng.selector();
+        let mutexes = ns.dynamic("tekton-mutex.dev/v1alpha1", "Mutex").await?;
+        let sent = serde_json::from_value(staging_mutex(json!({"selector": selector})))?;
+        match mutexes.create(&PostParams::default(), &sent).await {
+            Ok(stored) => {
+                let stored: Mutex = serde_json::from_value(serde_json::to_value(&stored)?)?;
+                let rule = stored.spec.selector.clone();
+                ensure!(
+                    rule.as_ref().is_none_or(|r| !r.is_empty()),
+                    "{selector} was stored empty"
+                );
+                cases.push((ns, selector, rule));
+            }
+            Err(e) => ensure!(
+                e.to_string()
+                    .contains("an empty selector would take every PipelineRun"),
+                "{selector} was refused: {e}"
+            ),
+        }
+    }
+    // The last namespace's Mutex, created after every other: once admission takes it, it has
+    // seen them all (one watch of Mutexes, in order).
+    let barrier = &spaces[CASES];
+    barrier
+        .apply(&staging_mutex(json!({"selector": {"matchLabels": {"barrier": "yes"}}})).to_string())
+        .await?;
+    wait_admission(barrier, &triggered_run("probe", json!({"barrier": "yes"}))).await?;
+    ensure!(
+        cases.len() >= CASES / 2,
+        "only {} of {CASES} selectors were stored",
+        cases.len()
+    );
+    let mut taken = 0;
+    for (i, (ns, selector, rule)) in cases.iter().enumerate() {
+        for j in 0..4 {
+            let (labels, pipeline) = rng.run();
+            let mut run = triggered_run(&format!("r{i}-{j}"), json!(labels));
+            match &pipeline {
+                Some(p) => run["spec"]["pipelineRef"]["name"] = json!(p),
+                None => run["spec"] = json!({"pipelineSpec": {"tasks": []}}),
+            }
+            let by_cel = is_pending(&create(ns, &run, true).await?);
+            let by_rust = rule
+                .as_ref()
+                .is_some_and(|r| r.matches(&labels, pipeline.as_deref()));
+            ensure!(
+                by_cel == by_rust,
+                "selector {selector} on labels {labels:?}, pipeline {pipeline:?}: CEL says {by_cel}, Rust {by_rust}"
+            );
+            taken += usize::from(by_cel);
+        }
+    }
+    let runs = cases.len() * 4;
+    eprintln!(
+        "{} selectors stored of {CASES}; {taken} of {runs} runs taken",
+        cases.len()
+    );
+    ensure!(
+        taken > 0 && taken < runs,
+        "the cases never tell taken from not taken"
+    );
+    Ok(())
+}
+
+/// A small deterministic generator (the cases are the same on every run).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+
+    fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+        of[self.below(of.len() as u64) as usize]
+    }
+
+    /// A part: left out, null, `empty`, or `given`.
+    fn part(&mut self, empty: Value, given: impl FnOnce(&mut Self) -> Value) -> Option<Value> {
+        match self.below(5) {
+            0 => None,
+            1 => Some(Value::Null),
+            2 => Some(empty),
+            _ => Some(given(self)),
+        }
+    }
+
+    /// A selector; now and then null as a whole (YAML's `selector:` with every part commented out).
+    fn selector(&mut self) -> Value {
+        if self.below(8) == 0 {
+            return Value::Null;
+        }
+        let mut s = serde_json::Map::new();
+        let labels = self.part(json!({}), |g| {
+            let n = g.below(3);
+            let m: serde_json::Map<String, Value> = (0..n)
+                .map(|_| {
+                    (
+                        g.pick(&["env", "team", "tier"]).to_string(),
+                        json!(g.pick(&["a", "b"])),
+                    )
+                })
+                .collect();
+            Value::Object(m)
+        });
+        let expressions = self.part(json!([]), |g| {
+            let n = g.below(3);
+            let list: Vec<Value> = (0..n)
+                .map(|_| {
+                    let op = g.pick(&["In", "NotIn", "Exists", "DoesNotExist"]);
+                    let mut e = json!({"key": g.pick(&["env", "team", "tier"]), "operator": op});
+                    match g.below(3) {
+                        0 => {}
+                        1 => e["values"] = Value::Null,
+                        _ => e["values"] = json!([g.pick(&["a", "b"]), g.pick(&["a", "c"])]),
+                    }
+                    e
+                })
+                .collect();
+            json!(list)
+        });
+        let pipelines = self.part(json!([]), |g| {
+            let n = g.below(3);
+            json!((0..n).map(|_| g.pick(&["p1", "p2"])).collect::<Vec<_>>())
+        });
+        for (name, part) in [
+            ("matchLabels", labels),
+            ("matchExpressions", expressions),
+            ("pipelines", pipelines),
+        ] {
+            if let Some(p) = part {
+                s.insert(name.into(), p);
+            }
+        }
+        Value::Object(s)
+    }
+
+    /// A PipelineRun's labels and the Pipeline it names (None: an inline spec).
+    fn run(&mut self) -> (std::collections::BTreeMap<String, String>, Option<String>) {
+        let mut labels = std::collections::BTreeMap::new();
+        for key in ["env", "team", "tier"] {
+            if self.below(2) == 0 {
+                labels.insert(key.to_string(), self.pick(&["a", "b", "c"]).to_string());
+            }
+        }
+        let pipeline = match self.below(3) {
+            0 => None,
+            n => Some(format!("p{n}")),
+        };
+        (labels, pipeline)
+    }
+}
