@@ -638,7 +638,7 @@ async fn the_admission_policy_and_the_controller_read_a_selector_alike() -> Resu
     let _shared = CLUSTER_WIDE.read().await;
     support::controller::install_crd(&repo_root().join("config/300-crd.yaml")).await?;
     const CASES: usize = 40;
-    let mut rng = Lcg(0x5eed_0f_5e1e);
+    let mut rng = Lcg(0x5eed_5e1e);
     let mut spaces = Vec::new();
     for _ in 0..=CASES {
         spaces.push(TestNamespace::create("selector-diff").await?);
