@@ -37,6 +37,8 @@ impl QueueAtCreate {
 
     /// Named after `ns`, bound to `namespaces`.
     async fn install_for(ns: &TestNamespace, namespaces: &[&str]) -> Result<QueueAtCreate> {
+        // Its params are Mutexes: without their CRD it refuses every PipelineRun create.
+        support::controller::install_crd(&repo_root().join("config/300-crd.yaml")).await?;
         let file = repo_root().join("config/admission/queue-at-create.yaml");
         let docs: Vec<Value> = serde_saphyr::from_str_multiple(&std::fs::read_to_string(file)?)?;
         let mut names = Vec::new();
@@ -102,7 +104,20 @@ async fn wait_admission(ns: &TestNamespace, run: &Value) -> Result<()> {
     wait_until(
         "the admission policy to make a selected run Pending",
         slow(),
-        || async { Ok(is_pending(&create(ns, run, true).await?).then_some(())) },
+        || async {
+            match create(ns, run, true).await {
+                Ok(stored) => Ok(is_pending(&stored).then_some(())),
+                // A CRD the API server has only just established: its admission has not
+                // found the params' kind yet.
+                Err(e)
+                    if format!("{e:#}")
+                        .contains("failed to find resource referenced by paramKind") =>
+                {
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            }
+        },
     )
     .await
 }

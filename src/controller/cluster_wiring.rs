@@ -3,7 +3,7 @@
 //! It runs only where ClusterMutexes can be read (the cluster-wide install).
 
 use crate::controller::cache::index::{Indexed, Tag};
-use crate::controller::cache::shared::ChangeStream;
+use crate::controller::cache::shared::{self, ChangeStream};
 use crate::controller::context::Error;
 use crate::controller::context::scoped;
 use crate::core::observe::{LIVE_PODS, Observe};
@@ -96,13 +96,15 @@ pub struct Feeds {
 /// The ClusterMutex controller, woken by what wakes a Mutex's sync: the runs
 /// and PipelineRuns of the shared watches (each kind is watched once), and the
 /// live pods of those PipelineRuns.
+/// With it, the signal that its cache holds its first full list (selection reads it).
 pub fn controller(
     client: &Client,
     namespace: &Option<String>,
     feeds: Feeds,
-) -> Controller<ClusterMutex> {
+) -> (Controller<ClusterMutex>, shared::Listed) {
     let wc = watcher::Config::default();
-    let mut c = Controller::new(Api::<ClusterMutex>::all(client.clone()), wc.clone());
+    let (clusters, store, listed) = listed_cluster_mutexes(client, &wc);
+    let mut c = Controller::for_stream(clusters, store);
     let (custom_runs, cr_changes) = feeds.custom_runs.unzip();
     let (runs, run_changes) = feeds.runs.unzip();
     let by_pr = ByPipelineRun {
@@ -127,10 +129,34 @@ pub fn controller(
     let pods: Api<PartialObjectMeta<Pod>> = scoped(client, namespace);
     let live = wc.labels(PIPELINE_RUN_LABEL).fields(LIVE_PODS);
     let pods = watcher(pods, live).default_backoff().touched_objects();
-    c.watches_stream(pods.boxed(), move |pod: PartialObjectMeta<Pod>| {
+    let c = c.watches_stream(pods.boxed(), move |pod: PartialObjectMeta<Pod>| {
         match pod.labels().get(PIPELINE_RUN_LABEL) {
             Some(pr) => by_pr.refs(pod.namespace(), pr),
             None => Vec::new(),
         }
-    })
+    });
+    (c, listed)
+}
+
+/// The ClusterMutexes, cached, and a signal that turns true once the cache holds its first
+/// full list. (kube's `Store::wait_until_ready` wakes one waiter, and the controller is it.)
+fn listed_cluster_mutexes(
+    client: &Client,
+    wc: &watcher::Config,
+) -> (
+    impl futures::Stream<Item = Result<ClusterMutex, watcher::Error>> + Send + 'static,
+    Store<ClusterMutex>,
+    shared::Listed,
+) {
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
+    let (store, writer) = kube::runtime::reflector::store();
+    let events = watcher(Api::<ClusterMutex>::all(client.clone()), wc.clone())
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |e| {
+            if matches!(e, Ok(watcher::Event::InitDone)) {
+                listed_tx.send_replace(true);
+            }
+        });
+    (shared::applied_once_stored(events), store, listed)
 }

@@ -141,8 +141,11 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
         },
         "starting tekton-mutex"
     );
-    let (acting_tx, acting_rx) = watch::channel(opts.leader_election.is_none());
-    let leading = opts.leader_election.is_some().then_some(acting_rx.clone());
+    // Nobody acts before every cache holds its first list: a run decided on a cache that
+    // lacks its lock (or the selector that takes it) would be decided wrong, and once only.
+    // Turning to acting reconciles everything, as a new leader does.
+    let (acting_tx, acting_rx) = watch::channel(false);
+    let leading = Some(acting_rx.clone());
     let controllers = Controllers::new(&client, &opts.namespace, &kinds, &state.metrics, &leading);
     let ctx = context(
         &client,
@@ -165,7 +168,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), Error> {
     let loops = controllers.run(ctx, leading);
     let result = match opts.leader_election {
         None => {
-            loops.await;
+            act_once_synced(synced, acting_tx, loops).await;
             Ok(())
         }
         Some(le) => leader::act_while_leading(client, le, synced, acting_tx, loops).await,
@@ -243,6 +246,23 @@ fn reporter() -> Reporter {
         instance: std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok()),
+    }
+}
+
+/// A lone replica (no leader election) acts from the moment its caches are listed.
+async fn act_once_synced(
+    synced: impl Future<Output = ()>,
+    acting: watch::Sender<bool>,
+    loops: impl Future<Output = ()>,
+) {
+    let act = async move {
+        synced.await;
+        acting.send_replace(true);
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        () = loops => {}
+        () = act => {}
     }
 }
 
@@ -381,7 +401,9 @@ impl Controllers {
                 runs: run_cache.clone().zip(cluster_runs),
                 pipeline_runs: pr_changes.pop().expect("one stream per consumer"),
             };
-            cluster_wiring::controller(client, namespace, feeds).reconcile_on(woken.cluster_mutexes)
+            let (cluster, cluster_listed) = cluster_wiring::controller(client, namespace, feeds);
+            listed.push(cluster_listed);
+            cluster.reconcile_on(woken.cluster_mutexes)
         });
         Controllers {
             wake,
@@ -400,9 +422,9 @@ impl Controllers {
     }
 
     /// Every controller loop, ending when a signal has drained them all.
-    /// Under leader election, `leading` makes them reconcile everything
-    /// each time this replica becomes the leader (intake hears of its runs
-    /// through its own triggers).
+    /// `leading` makes them reconcile everything each time this replica starts to
+    /// act: once its caches are listed, and under leader election each time it
+    /// becomes the leader (intake hears of its runs through its own triggers).
     fn run(
         self,
         ctx: Arc<Context>,
@@ -743,4 +765,32 @@ pub(super) fn error_policy<K: Resource<DynamicType = ()>>(
     };
     warn!(%object, error = %err, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lone replica acts only once its caches are listed (a run decided on a cache that
+    /// still lacks its lock was decided wrong), and from then on while its loops run.
+    #[tokio::test]
+    async fn a_lone_replica_acts_once_its_caches_are_listed() {
+        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel::<()>();
+        let (acting_tx, mut acting) = watch::channel(false);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let synced = async move {
+            let _ = listed_rx.await;
+        };
+        let loops = async move {
+            let _ = stop_rx.await;
+        };
+        let task = tokio::spawn(act_once_synced(synced, acting_tx, loops));
+        tokio::task::yield_now().await;
+        assert!(!*acting.borrow(), "acting before the caches were listed");
+        listed_tx.send(()).unwrap();
+        acting.wait_for(|a| *a).await.unwrap();
+        assert!(!task.is_finished(), "stopped acting while its loops ran");
+        stop_tx.send(()).unwrap();
+        task.await.unwrap();
+    }
 }
