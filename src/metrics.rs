@@ -67,6 +67,7 @@ pub struct Metrics {
     pub supersedes: Family<Ns, Counter>,
     pub cancels: Family<Ns, Counter>,
     pub timeouts: Family<Ns, Counter>,
+    pub started_without_grant: Family<Ns, Counter>,
     pub invalid_params: Family<Param, Counter>,
     pub reconcile_errors: Family<ErrorKind, Counter>,
     pub api_writes: Family<Write, Counter>,
@@ -94,6 +95,7 @@ impl Metrics {
             supersedes: Family::default(),
             cancels: Family::default(),
             timeouts: Family::default(),
+            started_without_grant: Family::default(),
             invalid_params: Family::default(),
             reconcile_errors: Family::default(),
             api_writes: Family::default(),
@@ -124,6 +126,11 @@ impl Metrics {
             "tekton_mutex_timeouts",
             "Runs that timed out waiting",
             m.timeouts.clone(),
+        );
+        r.register(
+            "tekton_mutex_started_without_grant",
+            "Queued PipelineRuns someone else started while they waited: cancelled",
+            m.started_without_grant.clone(),
         );
         r.register(
             "tekton_mutex_invalid_params",

@@ -724,3 +724,51 @@ async fn an_author_cannot_start_its_own_queued_pipeline_run() -> Result<()> {
     succeeds(&ns, "v2").await?;
     Ok(())
 }
+
+/// Only the grant starts a queued PipelineRun, on any install (issue 46, item 1): without the
+/// cluster install's admission policy (a namespaced install), an author who clears the
+/// `spec.status` of its waiting PipelineRun gets no place in the lock: the controller cancels
+/// it (`cancel-reason` StartedWithoutGrant, a Warning naming the key), it never holds, and the
+/// slot goes to the run behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_queued_pipeline_run_its_author_starts_is_cancelled_and_never_holds() -> Result<()> {
+    let (ns, _c) = setup("queued-intruder").await?;
+    hold(&ns, "holder").await?;
+    let lock = [(KEY, "env"), ("tekton-mutex.dev/supersede", "none")];
+    for name in ["v2", "v3"] {
+        ns.apply(&queued_run(name, "gated", &lock, json!({})))
+            .await?;
+        wait_annotation(&ns, name, WAITING, slow()).await?;
+    }
+    ns.kubectl(&[
+        "patch",
+        "pipelinerun",
+        "v2",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"status":null}}"#,
+    ])?;
+    ends_cancelled(&ns, "v2").await?;
+    let reason = wait_annotation(&ns, "v2", "tekton-mutex.dev/cancel-reason", slow()).await?;
+    ensure!(
+        reason == "StartedWithoutGrant",
+        "v2's cancel reason: {reason}"
+    );
+    wait_event(&ns, "v2", "StartedWithoutGrant").await?;
+    let (holders, _) = lock_state(&ns, "env").await?;
+    ensure!(
+        holders.len() == 1 && holders[0] != "v2",
+        "holders {holders:?}"
+    );
+    release(&ns, "holder").await?;
+    wait_granted(&ns, "v3").await?;
+    let v2 = pipeline_run_object(&ns, "v2").await?;
+    ensure!(
+        !v2.annotations().contains_key("tekton-mutex.dev/token"),
+        "v2 was granted"
+    );
+    release(&ns, "v3").await?;
+    succeeds(&ns, "v3").await?;
+    Ok(())
+}

@@ -271,6 +271,7 @@ pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
         } else {
             token_for(cfg, &f.obj, i, k)
         },
+        started: false,
     }
 }
 

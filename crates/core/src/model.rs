@@ -44,6 +44,9 @@ pub struct RunView {
     /// The token this run was told `Acquired` with (its `token` result), if any:
     /// the lock state is rebuilt from it when the status was lost.
     pub acquired_token: Option<i64>,
+    /// A PipelineRun queued as a whole that Tekton runs: its `spec.status` is no longer
+    /// Pending. Only its grant may do that; false for a lock run.
+    pub started: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -160,6 +163,9 @@ pub enum Outcome {
     /// Not admitted yet: the Mutex is being deleted. It is created again once
     /// its holders and waiters are gone, and the run joins that one.
     MutexDeleting,
+    /// A PipelineRun queued as a whole that someone else started (cleared its
+    /// `spec.status`) while it waited: it holds nothing, waits no more, and is cancelled.
+    StartedWithoutGrant,
     /// Not admitted, for good: the ClusterMutex is being deleted, and nothing but its
     /// administrator creates a ClusterMutex again (issue 46 item 6).
     LockDeleted,

@@ -46,6 +46,9 @@ pub struct ObservedRun<'a> {
     pub status: RunStatus,
     /// Why its settings cannot be read at all (a queued PipelineRun's bad annotation).
     pub refused: Option<&'a str>,
+    /// A PipelineRun queued as a whole that Tekton runs (no longer Pending); false for a
+    /// lock run.
+    pub started: bool,
 }
 
 impl<'a> ObservedRun<'a> {
@@ -133,6 +136,7 @@ impl<'a> ObservedRun<'a> {
             status_message: status_message.filter(|m| !m.is_empty()),
             status: status.unwrap_or_default(),
             refused: None,
+            started: false,
         }
     }
 

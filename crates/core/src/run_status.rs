@@ -38,6 +38,8 @@ pub enum Reason {
     Deadlock,
     /// Arrived while its ClusterMutex was being deleted: nothing would ever grant it.
     LockDeleted,
+    /// A queued PipelineRun started by someone else than its grant: cancelled.
+    StartedWithoutGrant,
 }
 
 impl Reason {
@@ -61,6 +63,7 @@ impl Reason {
             Reason::Released => "Released",
             Reason::Deadlock => "Deadlock",
             Reason::LockDeleted => "LockDeleted",
+            Reason::StartedWithoutGrant => "StartedWithoutGrant",
         }
     }
 
@@ -77,7 +80,8 @@ impl Reason {
             | Reason::Cleared
             | Reason::Released
             | Reason::Deadlock
-            | Reason::LockDeleted => "False",
+            | Reason::LockDeleted
+            | Reason::StartedWithoutGrant => "False",
         }
     }
 }
@@ -238,6 +242,16 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                 "left the queue for {key} to break a deadlock: {cycle}; this PipelineRun is the \
                  youngest in the cycle. Take the keys in one order in every pipeline, or take \
                  them together with `keys`"
+            ),
+        ),
+        Outcome::StartedWithoutGrant => (
+            Reason::StartedWithoutGrant,
+            format!(
+                "started without its grant: its spec.status was cleared while it waited for \
+                 {key}, by someone other than tekton-mutex, so it would run beside the holder; \
+                 it is cancelled and holds nothing. Only its grant starts a queued \
+                 PipelineRun: run it again to queue it, or without the key annotation to run \
+                 it unlocked"
             ),
         ),
         Outcome::LockDeleted => (

@@ -64,6 +64,7 @@ pub fn member_view(
                 _ => phase(o, cfg, deadline, now),
             },
             acquired_token: run_status::acquired_token(&o.status),
+            started: o.started,
         },
         deadline,
     }
@@ -106,6 +107,7 @@ pub fn deleted_member_view(w: &Waiter, since: Timestamp, parent: FetchedParent<'
             cancel_message: None,
             // The hold is the status's own entry: nothing to rebuild it from.
             acquired_token: None,
+            started: false,
         },
         deadline: None,
     }

@@ -52,6 +52,7 @@ pub fn for_outcome(
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
         Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
         Outcome::LockDeleted => (Reason::LockDeleted.as_str(), EventType::Warning),
+        Outcome::StartedWithoutGrant => (Reason::StartedWithoutGrant.as_str(), EventType::Warning),
         Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
         Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),
         Outcome::Frozen { .. } if was.as_deref() == Some(Reason::Frozen.as_str()) => return None,
@@ -214,6 +215,7 @@ pub fn run_transition(
     match outcome {
         Outcome::Superseded { .. } => ctx.metrics.supersedes.get_or_create(&ns).inc(),
         Outcome::TimedOut => ctx.metrics.timeouts.get_or_create(&ns).inc(),
+        Outcome::StartedWithoutGrant => ctx.metrics.started_without_grant.get_or_create(&ns).inc(),
         _ => 0,
     };
     if let Some(t) = for_outcome(run.kind, key, outcome, before) {

@@ -266,6 +266,9 @@ impl<'a> Decider<'a> {
         else {
             return Leaving::Leave;
         };
+        if self.started_without_grant(r) {
+            return Leaving::LeaveWith(Outcome::StartedWithoutGrant);
+        }
         // Superseded wins over the cancel that superseding itself causes: the
         // PipelineRun is cancelled first, and Tekton then cancels the run too.
         if let Some(by) = self.stale(r) {
@@ -296,6 +299,15 @@ impl<'a> Decider<'a> {
             }
             _ => Leaving::Stay,
         }
+    }
+
+    /// A queued PipelineRun that runs though the lock never granted it: someone cleared its
+    /// `spec.status` (issue 46 item 1). One the status lists as a holder was granted (its
+    /// start may just have come before the grant's own patch). A record claiming a grant
+    /// the status does not list is left as it was (a status wiped by hand forgets a hold).
+    fn started_without_grant(&self, r: &RunView) -> bool {
+        let listed = self.st.holders.iter().any(|h| h.run.uid == r.run.uid);
+        r.started && r.acquired_token.is_none() && !listed
     }
 
     /// Record why a run left (or never joined) the queue; a superseded run's

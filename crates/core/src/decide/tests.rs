@@ -48,6 +48,7 @@ pub(super) fn run(i: usize) -> RunView {
             timeout: Timeout::NotYet,
         },
         acquired_token: None,
+        started: false,
     }
 }
 
@@ -1910,4 +1911,62 @@ fn a_queued_holder_whose_record_was_rewritten_is_told_its_grant_again() {
         assert_eq!(d2.status.last_token, 1);
         expect(&d2, &[(0, acquired(1, 1))]);
     }
+}
+
+/// Issue 46 item 1: a queued PipelineRun someone else started while it waited (its
+/// `spec.status` cleared, no grant) is no waiter and no holder: it is told
+/// `StartedWithoutGrant` (its PipelineRun is cancelled), and the slot goes to the run behind
+/// it when the holder ends. A holder the status lists, started a moment before its grant's own
+/// patch landed, keeps its slot.
+#[test]
+fn a_queued_pipeline_run_started_without_its_grant_is_cancelled_never_granted() {
+    let spec = LockSpec::default();
+    let mut runs: Vec<RunView> = (0..3).map(queued_pipeline_run).collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    assert_eq!(
+        (holders(&d), queue(&d)),
+        (vec!["pr0".into()], vec!["pr1".into(), "pr2".into()])
+    );
+    // pr0 started by its grant, its record not yet written; pr1 started by its author.
+    runs[0].started = true;
+    runs[1].started = true;
+    let d2 = decide(&spec, &d.status, &runs, t(4));
+    assert_eq!(
+        (holders(&d2), queue(&d2)),
+        (vec!["pr0".into()], vec!["pr2".into()])
+    );
+    let told = |uid: &str| {
+        d2.outcomes
+            .iter()
+            .filter(|(r, _)| r.uid == uid)
+            .map(|(_, o)| o.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        told("pr1-uid")
+            .iter()
+            .all(|o| *o == Outcome::StartedWithoutGrant),
+        "{:?}",
+        told("pr1-uid")
+    );
+    assert!(
+        !told("pr1-uid").is_empty()
+            && told("pr0-uid")
+                .iter()
+                .all(|o| matches!(o, Outcome::Acquired { token: 1, .. }))
+    );
+    let (reason, message) =
+        crate::run_status::condition(RunKind::PipelineRun, "prod", &Outcome::StartedWithoutGrant);
+    assert_eq!(
+        (reason.as_str(), reason.status()),
+        ("StartedWithoutGrant", "False")
+    );
+    assert!(
+        message.contains("without its grant") && message.contains("prod"),
+        "{message}"
+    );
+    apply(&mut runs, &d2);
+    finish(&mut runs, 0);
+    let d3 = decide(&spec, &d2.status, &runs, t(5));
+    assert_eq!(holders(&d3), ["pr2"], "{:?}", d3.status);
 }

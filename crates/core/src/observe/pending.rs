@@ -96,6 +96,8 @@ impl PendingRun {
             status_message: None,
             status: self.record.clone().unwrap_or_default(),
             refused,
+            // A stop (Cancelled, ...) is no start: anyone may cancel a waiting run.
+            started: !self.object.is_pending() && !self.object.stop_requested(),
         }
     }
 

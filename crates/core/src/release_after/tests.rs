@@ -139,6 +139,7 @@ fn run(i: i64, state: ParentState) -> RunView {
             timeout: Timeout::NotYet,
         },
         acquired_token: None,
+        started: false,
     }
 }
 

@@ -165,6 +165,7 @@ impl World {
                 },
             },
             acquired_token: r.seen().acquired.as_ref().and_then(|t| t.get(key).copied()),
+            started: false,
         }
     }
 
@@ -643,6 +644,7 @@ fn pending(i: usize, acquired: Option<i64>) -> RunView {
             },
         },
         acquired_token: acquired,
+        started: false,
     }
 }
 

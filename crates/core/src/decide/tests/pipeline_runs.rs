@@ -373,6 +373,7 @@ impl World {
             cancel_message: None,
             phase: phase_of(r),
             acquired_token: token_of(&r.said),
+            started: false,
         };
         Member {
             run: Some(i),
