@@ -12,6 +12,7 @@ use decider::{Decider, siblings_share_age};
 
 mod cancel;
 mod decider;
+mod fair_share;
 mod multi_key;
 mod queue_control;
 mod queued_record;

@@ -463,10 +463,14 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// Priority first, then age in the Mutex's order.
+    /// Priority first, then age in the Mutex's order; a ClusterMutex's namespaces take turns.
     pub(super) fn sort_queue(&mut self) {
         let order = self.spec.order;
         self.st.queue.sort_by(|a, b| queue_order(order, a, b));
+        if self.facts.namespace_share.is_some() {
+            let queue = std::mem::take(&mut self.st.queue);
+            self.st.queue = super::fair_share::across_namespaces(order, queue);
+        }
         self.promoted_first();
     }
 

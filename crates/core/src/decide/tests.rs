@@ -1970,3 +1970,48 @@ fn a_queued_pipeline_run_started_without_its_grant_is_cancelled_never_granted() 
     let d3 = decide(&spec, &d2.status, &runs, t(5));
     assert_eq!(holders(&d3), ["pr2"], "{:?}", d3.status);
 }
+
+/// Issue 46 item 7: on a ClusterMutex, a namespace's `sequence` (and `priority`) order its own
+/// runs only. Tenant A's runs, created after tenant B's waiter with smaller build numbers (or
+/// none), do not pass it: B's waiter is granted next, then A's in A's own order.
+#[test]
+fn on_a_cluster_mutex_one_namespaces_sequence_does_not_pass_another_namespaces_waiter() {
+    let spec = LockSpec::default();
+    let cluster = MutexFacts {
+        namespace_share: Some(250),
+        ..Default::default()
+    };
+    let tenant = |i: usize, ns: &str, sequence: Option<i64>, priority: i64| {
+        with(run(i), |r| {
+            r.run.name = format!("{ns}/pr{i}-lock");
+            r.group = format!("{ns}/deploy-{i}");
+            r.age.sequence = sequence;
+            r.priority = priority;
+        })
+    };
+    let runs = vec![
+        tenant(0, "team-a", Some(1), 0),
+        tenant(1, "team-b", Some(900), 0),
+        tenant(2, "team-a", Some(3), 5),
+        tenant(3, "team-a", Some(2), 0),
+        tenant(4, "team-a", None, 0),
+    ];
+    let first = decide_with(&spec, &MutexStatus::default(), &runs[..1], t(0), cluster);
+    assert_eq!(holders(&first), ["pr0"]);
+    let d = decide_with(&spec, &first.status, &runs, t(5), cluster);
+    assert_eq!(
+        queue(&d),
+        ["pr1", "pr2", "pr4", "pr3"],
+        "{:?}",
+        d.status.queue
+    );
+    // On a Mutex (one namespace) the runs' own claims order the whole queue, as before.
+    let first = decide(&spec, &MutexStatus::default(), &runs[..1], t(0));
+    let d = decide(&spec, &first.status, &runs, t(5));
+    assert_eq!(
+        queue(&d),
+        ["pr2", "pr4", "pr3", "pr1"],
+        "{:?}",
+        d.status.queue
+    );
+}
