@@ -71,6 +71,7 @@ pub struct Metrics {
     pub invalid_params: Family<Param, Counter>,
     pub reconcile_errors: Family<ErrorKind, Counter>,
     pub api_writes: Family<Write, Counter>,
+    pub api_write_failures: Family<Write, Counter>,
     pub wait_seconds: Seconds,
     pub handover_seconds: Seconds,
     /// When the watch first showed a holder's PipelineRun done, by (namespace, key, PipelineRun).
@@ -99,6 +100,7 @@ impl Metrics {
             invalid_params: Family::default(),
             reconcile_errors: Family::default(),
             api_writes: Family::default(),
+            api_write_failures: Family::default(),
             wait_seconds: Family::new_with_constructor(wait_buckets),
             handover_seconds: Family::new_with_constructor(handover_buckets),
             done_seen: Default::default(),
@@ -148,6 +150,11 @@ impl Metrics {
             m.api_writes.clone(),
         );
         r.register(
+            "tekton_mutex_api_write_failures",
+            "Writes the API server refused (conflicts aside), by verb and resource",
+            m.api_write_failures.clone(),
+        );
+        r.register(
             "tekton_mutex_wait_seconds",
             "How long a run waited before it was granted (its waitedSeconds)",
             m.wait_seconds.clone(),
@@ -193,6 +200,16 @@ impl Metrics {
         #[cfg(test)]
         write_sites::announce(std::panic::Location::caller(), verb, resource);
         self.api_writes
+            .get_or_create(&Write {
+                verb: verb.into(),
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    /// A write the API server refused for a reason other than a conflict.
+    pub fn api_write_failed(&self, verb: &str, resource: &str) {
+        self.api_write_failures
             .get_or_create(&Write {
                 verb: verb.into(),
                 resource: resource.into(),

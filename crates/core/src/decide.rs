@@ -25,6 +25,11 @@ pub use multi_key::{commit as commit_multikey, rank, settle, slot_for};
 #[cfg(feature = "guard-switches")]
 pub mod guard_switches;
 
+/// The largest status a lock writes, in bytes of JSON: etcd refuses a request above 1.5 MiB by
+/// default, and the object carries its spec and metadata too. An arrival that would grow the
+/// status past it is refused `QueueFull` (issue 49 item 1): a long queue never wedges the key.
+pub const STATUS_BYTES: usize = 1024 * 1024;
+
 /// The decision, as a script of named steps over one working state; `requests`
 /// are the queue-control requests on the Mutex, `multi` what runs of several keys say.
 pub fn decide(input: &Input) -> Decision {

@@ -160,6 +160,11 @@ pub enum Outcome {
         limit: u32,
         namespace: Option<String>,
     },
+    /// Not admitted: one more waiter would make the lock's status larger than the
+    /// API server and etcd accept (`bytes`, [`crate::decide::STATUS_BYTES`]).
+    StatusFull {
+        bytes: usize,
+    },
     /// Not admitted yet: the Mutex is being deleted. It is created again once
     /// its holders and waiters are gone, and the run joins that one.
     MutexDeleting,

@@ -220,6 +220,15 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             Reason::QueueFull,
             queue_full(key, *limit, namespace.as_deref()),
         ),
+        Outcome::StatusFull { bytes } => (
+            Reason::QueueFull,
+            format!(
+                "the queue for {key} is full: one more waiter would make its status larger than \
+                 {} KiB, beyond what the API server and etcd accept (their names are long); \
+                 retry once one is granted, or lower spec.maxQueue",
+                bytes / 1024
+            ),
+        ),
         Outcome::Frozen {
             next,
             holders,

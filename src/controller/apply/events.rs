@@ -50,7 +50,9 @@ pub fn for_outcome(
         }
         Outcome::TimedOut => ("TimedOut", EventType::Warning),
         Outcome::Cancelled { .. } => ("Cancelled", EventType::Normal),
-        Outcome::QueueFull { .. } => (Reason::QueueFull.as_str(), EventType::Warning),
+        Outcome::QueueFull { .. } | Outcome::StatusFull { .. } => {
+            (Reason::QueueFull.as_str(), EventType::Warning)
+        }
         Outcome::LockDeleted => (Reason::LockDeleted.as_str(), EventType::Warning),
         Outcome::StartedWithoutGrant => (Reason::StartedWithoutGrant.as_str(), EventType::Warning),
         Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
@@ -153,6 +155,28 @@ pub const LEDGER_FAILED: &str = "TokenLedgerFailed";
 /// lock object `lock`: logged by the error policy, and said on the lock object too, since its
 /// status cannot say it. `stuck` says what waits for the ledger; the error names the ConfigMap
 /// and the fix. Errors other than the ledger's are left to the caller.
+/// The reason of the Warning on a lock object whose status write the API server refused.
+pub const STATUS_WRITE_FAILED: &str = "StatusWriteFailed";
+
+/// The API server refused the lock object's status write (not a conflict): said on the lock
+/// object, since its status cannot say it.
+pub fn status_write_failed<L>(ctx: &Context, lock: &L, error: &crate::controller::context::Error)
+where
+    L: kube::Resource<DynamicType = ()>,
+{
+    let kind = L::kind(&());
+    let note = format!(
+        "tekton-mutex could not write the status of this {kind}, so nothing changes on it \
+         (retrying with backoff): {error}"
+    );
+    let t = Transition {
+        reason: STATUS_WRITE_FAILED,
+        note,
+        type_: EventType::Warning,
+    };
+    record_on(ctx, lock.object_ref(&()), t);
+}
+
 pub fn ledger_failed<L>(
     ctx: &Context,
     lock: &L,

@@ -81,7 +81,11 @@ pub async fn lock_status<L: LockObject>(ctx: &Context, lock: &L) -> Result<(), E
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
-        Err(e) => Err(e.into()),
+        Err(e) => {
+            let resource = format!("{}/status", L::PLURAL);
+            ctx.metrics.api_write_failed("update", &resource);
+            Err(e.into())
+        }
     }
 }
 
@@ -120,7 +124,10 @@ pub async fn run_status(
             );
             Ok(false)
         }
-        Err(e) => Err(e.into()),
+        Err(e) => {
+            ctx.metrics.api_write_failed("patch", status_resource(kind));
+            Err(e.into())
+        }
     }
 }
 

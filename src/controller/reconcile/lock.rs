@@ -192,10 +192,21 @@ async fn not_ready_for_the_ledger<L: LockObject>(
     error: &Error,
     now: Timestamp,
 ) {
-    let current = lock.lock_status().cloned().unwrap_or_default();
-    let mut next = current.clone();
     let message = format!("the token ledger cannot be read, so nothing is granted: {error}");
     let readiness = ready::not_ready(events::LEDGER_FAILED, message);
+    mark_not_ready(ctx, lock, readiness, now).await;
+}
+
+/// The lock's status as it stands, with `Ready` False as `readiness` says, written if that
+/// changes it. Best effort: the Event and the retry are the report.
+async fn mark_not_ready<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    readiness: ready::Readiness,
+    now: Timestamp,
+) {
+    let current = lock.lock_status().cloned().unwrap_or_default();
+    let mut next = current.clone();
     ready::stamp(&mut next, readiness, lock.meta().generation, now);
     if ready::condition(&next) == ready::condition(&current) {
         return;
@@ -445,8 +456,18 @@ async fn write_lock_state<L: LockObject>(
     if decision.status == *current {
         return Ok(());
     }
+    let before = lock.clone();
     lock.set_lock_status(decision.status.clone());
-    writes::lock_status(ctx, &lock).await?;
+    if let Err(e) = writes::lock_status(ctx, &lock).await {
+        if !matches!(e, Error::Conflict) {
+            // Too large, refused by a policy, ...: the lock says so where people look.
+            events::status_write_failed(ctx, &before, &e);
+            let message = format!("the controller cannot write this lock's status: {e}");
+            let readiness = ready::not_ready(events::STATUS_WRITE_FAILED, message);
+            mark_not_ready(ctx, &before, readiness, now).await;
+        }
+        return Err(e);
+    }
     let (scope, key) = (lock.scope(), lock.name_any());
     events::status_written(ctx, &scope, &key, current, &decision.status, now);
     for h in decision

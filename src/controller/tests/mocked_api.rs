@@ -1455,3 +1455,79 @@ async fn a_run_waiting_for_its_pipeline_to_be_recorded_is_rechecked_ever_more_ra
     assert_eq!(delays, expected);
     assert_eq!(seen.len(), 4, "one read per look: {seen:?}");
 }
+
+/// Issue 49 item 1: a lock status write the API server refuses for good (too large, a policy)
+/// is said where people look: a Warning on the lock object, `Ready` False with the API's
+/// message in the status as it stood, and the failed-writes metric; the error is returned,
+/// so the key is retried with backoff.
+#[tokio::test]
+async fn a_lock_status_the_api_refuses_is_said_on_the_lock() {
+    let runs = vec![
+        lock_run("a", "pending", json!({})),
+        lock_run("b", "pending", json!({})),
+    ];
+    let prs = vec![
+        pipeline_run("a", "2026-11-30T11:58:00Z"),
+        pipeline_run("b", "2026-11-30T11:59:00Z"),
+    ];
+    let (ctx, handle) = context(runs, prs, vec![]);
+    let metrics = ctx.metrics.clone();
+    let mut puts = 0;
+    let respond = move |line: &str, body: &Value| match line {
+        l if l == format!("PUT {MUTEXES}/k/status") => {
+            puts += 1;
+            match puts {
+                1 => (413, status(413, "RequestEntityTooLarge")),
+                _ => ok(line, body),
+            }
+        }
+        _ => ok(line, body),
+    };
+    let (result, seen) = exchange(ctx, handle, respond, |ctx| {
+        sync::reconcile(cached(mutex("1", ledger_read(json!({})))), ctx)
+    })
+    .await;
+    assert!(
+        matches!(&result, Err(Error::Kube(kube::Error::Api(e))) if e.code == 413),
+        "{result:?}"
+    );
+    let puts: Vec<&Value> = seen
+        .iter()
+        .filter(|(l, _)| *l == format!("PUT {MUTEXES}/k/status"))
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(puts.len(), 2, "{:?}", lines(&seen));
+    let conditions = puts[1]["status"]["conditions"].as_array().unwrap();
+    let ready = conditions.iter().find(|c| c["type"] == "Ready").unwrap();
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], events::STATUS_WRITE_FAILED);
+    assert!(
+        ready["message"].as_str().unwrap().contains("mocked 413"),
+        "{ready}"
+    );
+    assert!(
+        puts[1]["status"]["holders"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "only Ready changes: {}",
+        puts[1]["status"]
+    );
+    let event = seen
+        .iter()
+        .find(|(_, b)| b["reason"] == events::STATUS_WRITE_FAILED)
+        .map(|(_, b)| b)
+        .unwrap_or_else(|| panic!("a StatusWriteFailed Event: {seen:?}"));
+    assert_eq!(
+        (event["type"].as_str(), event["regarding"]["kind"].as_str()),
+        (Some("Warning"), Some("Mutex"))
+    );
+    let failed = crate::metrics::Write {
+        verb: "update".into(),
+        resource: "mutexes/status".into(),
+    };
+    assert_eq!(metrics.api_write_failures.get_or_create(&failed).get(), 1);
+    assert!(
+        !seen.iter().any(|(l, _)| l.contains("customruns")),
+        "no run is told what the lock could not record"
+    );
+}

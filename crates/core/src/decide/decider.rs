@@ -38,6 +38,9 @@ pub(super) struct Decider<'a> {
     pub(super) revokes: Vec<Revoke>,
     /// Waiters to let go as the victims of a deadlock across keys, with the cycle.
     pub(super) deadlocked: &'a BTreeMap<String, String>,
+    /// How large the status is as written: measured once a newcomer would wait, then grown by
+    /// each newcomer (an upper bound: leavers are not taken off).
+    pub(super) status_bytes: std::cell::Cell<Option<usize>>,
 }
 
 impl<'a> Decider<'a> {
@@ -54,6 +57,7 @@ impl<'a> Decider<'a> {
             multi,
             deadlocked,
             revokes: Vec::new(),
+            status_bytes: Default::default(),
             spec,
             facts,
             st: prev.clone(),
@@ -332,6 +336,11 @@ impl<'a> Decider<'a> {
                 namespace: None,
             });
         }
+        if self.status_full_with(r) {
+            return Some(Outcome::StatusFull {
+                bytes: super::STATUS_BYTES,
+            });
+        }
         let share = self.facts.namespace_share?;
         let own = namespace_of(&r.run.name)?;
         let waiting = self
@@ -345,6 +354,26 @@ impl<'a> Decider<'a> {
             limit: share,
             namespace: Some(own.to_string()),
         })
+    }
+
+    /// Would waiting make the status larger than the API server and etcd accept? Measured only
+    /// for a newcomer that would wait (a free slot grants it, and the status stays as large).
+    fn status_full_with(&self, r: &RunView) -> bool {
+        let would_wait = self.spec.frozen
+            || !self.st.queue.is_empty()
+            || self.st.holders.len() >= slots(self.spec.capacity);
+        if !would_wait {
+            return false;
+        }
+        let bytes = match self.status_bytes.get() {
+            Some(bytes) => bytes,
+            None => {
+                let bytes = entry_bytes(&self.st);
+                self.status_bytes.set(Some(bytes));
+                bytes
+            }
+        };
+        bytes + entry_bytes(&waiter_of(r)) > super::STATUS_BYTES
     }
 
     /// A second Mutex task of a PipelineRun that already holds this key (a
@@ -394,6 +423,9 @@ impl<'a> Decider<'a> {
     /// older waiters of it.
     pub(super) fn arrive(&mut self, r: &RunView) {
         let newcomer = waiter_of(r);
+        if let Some(bytes) = self.status_bytes.get() {
+            self.status_bytes.set(Some(bytes + entry_bytes(&newcomer)));
+        }
         if r.supersede != Supersede::None {
             self.supersede_older_waiters(&newcomer);
         }
@@ -526,6 +558,11 @@ pub(super) fn still_holds(r: &RunView) -> bool {
 }
 
 /// The namespace of a run as a ClusterMutex's status names it (`namespace/name`).
+/// The bytes an entry takes in the status as written (JSON), with its separator.
+fn entry_bytes(entry: &impl serde::Serialize) -> usize {
+    serde_json::to_vec(entry).map_or(0, |v| v.len() + 1)
+}
+
 fn namespace_of(name: &str) -> Option<&str> {
     tekton_mutex_api::cluster_mutex::unqualify(name).map(|(ns, _)| ns)
 }

@@ -2015,3 +2015,49 @@ fn on_a_cluster_mutex_one_namespaces_sequence_does_not_pass_another_namespaces_w
         d.status.queue
     );
 }
+
+/// Issue 49 item 1: a lock's status never grows past what the API server and etcd accept. With
+/// names as long as Kubernetes allows (253 characters: run, PipelineRun, Pipeline) and a
+/// `maxQueue` far above it, arrivals past [`crate::decide::STATUS_BYTES`] are refused
+/// `StatusFull` (reason `QueueFull`), the status as written stays under it, and the README
+/// says how many waiters that is.
+#[test]
+fn a_long_queue_of_long_names_stops_short_of_the_status_limit() {
+    let spec = LockSpec {
+        max_queue: 100_000,
+        ..LockSpec::default()
+    };
+    let long = |i: usize, what: &str| format!("{what}-{i:06}-{}", "x".repeat(253 - 8 - what.len()));
+    let runs: Vec<RunView> = (0..6_000)
+        .map(|i| {
+            with(run(i), |r| {
+                r.run.name = long(i, "run");
+                r.group = long(i, "pipeline");
+                r.age.name = long(i, "pr");
+                if let Some(p) = &mut r.parent {
+                    p.name = long(i, "pr");
+                }
+            })
+        })
+        .collect();
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(6_000));
+    let written = serde_json::to_vec(&d.status).unwrap().len();
+    assert!(written <= crate::decide::STATUS_BYTES, "{written} bytes");
+    let refused = d
+        .outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::StatusFull { .. }))
+        .count();
+    let waiters = d.status.queue.len();
+    assert!(
+        refused > 0 && waiters + refused + 1 == runs.len(),
+        "{waiters} waiting, {refused} refused"
+    );
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let said = format!("{} waiters", waiters / 100 * 100);
+    assert!(
+        readme.contains(&said),
+        "the README should say \"{said}\" (at least, at the longest names)"
+    );
+}
