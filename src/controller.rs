@@ -26,6 +26,7 @@ mod reconcile;
 mod recorder;
 #[cfg(test)]
 mod tests;
+mod undelivered;
 mod wake;
 mod wiring;
 

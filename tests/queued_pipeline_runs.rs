@@ -772,3 +772,75 @@ async fn a_queued_pipeline_run_its_author_starts_is_cancelled_and_never_holds() 
     succeeds(&ns, "v3").await?;
     Ok(())
 }
+
+/// A grant that can never be delivered is taken back (issue 49, item 2): an admission policy
+/// refuses to start PipelineRun v2. When the holder ends, v2 is granted, the grant's patch is
+/// refused, and the lock takes the slot back: v2 is cancelled, never started, and v3 holds
+/// with a higher token than any handed out before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_grant_the_api_refuses_to_deliver_is_taken_back() -> Result<()> {
+    let (ns, _c) = setup("queued-undelivered").await?;
+    let policy = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: refuse-to-start-v2}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - {apiGroups: [tekton.dev], apiVersions: ["*"], operations: [UPDATE], resources: [pipelineruns]}
+  validations:
+    - expression: "object.metadata.name != 'v2' || has(object.spec.status)"
+      message: "v2 may not start"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: refuse-to-start-v2}
+spec:
+  policyName: refuse-to-start-v2
+  validationActions: [Deny]
+"#;
+    let _policy = NamespacePolicy::install_yaml(&ns, policy).await?;
+    let lock = [(KEY, "env"), ("tekton-mutex.dev/supersede", "none")];
+    ns.apply(&queued_run("v1", "gated", &lock, json!({})))
+        .await?;
+    let t1 = wait_granted(&ns, "v1").await?;
+    for name in ["v2", "v3"] {
+        ns.apply(&queued_run(name, "gated", &lock, json!({})))
+            .await?;
+        wait_annotation(&ns, name, WAITING, slow()).await?;
+    }
+    wait_until("the policy to refuse starting v2", slow(), || async {
+        let start = ns.kubectl(&[
+            "patch",
+            "pipelinerun",
+            "v2",
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            r#"{"spec":{"status":null}}"#,
+        ]);
+        Ok(start
+            .err()
+            .filter(|e| e.to_string().contains("v2 may not start"))
+            .map(|_| ()))
+    })
+    .await?;
+    release(&ns, "v1").await?;
+    succeeds(&ns, "v1").await?;
+    let t3 = wait_granted(&ns, "v3").await?;
+    ensure!(
+        t3 > t1 + 1,
+        "v3's token {t3} after v1's {t1}: v2's revoked grant took one"
+    );
+    ends_cancelled(&ns, "v2").await?;
+    let v2 = pipeline_run_object(&ns, "v2").await?;
+    ensure!(
+        !v2.annotations().contains_key("tekton-mutex.dev/token"),
+        "v2 was told a grant"
+    );
+    release(&ns, "v3").await?;
+    succeeds(&ns, "v3").await?;
+    Ok(())
+}

@@ -106,6 +106,8 @@ pub struct Context {
     pub(crate) previous_cluster_ledger: Option<String>,
     /// The token ledgers' writes, one at a time per ledger (ledger_batch.rs).
     pub(crate) ledger_writes: LedgerWrites,
+    /// Grants the API server refused to deliver for good, to take back (undelivered.rs).
+    pub(crate) undelivered: super::undelivered::Undelivered,
 }
 
 impl Context {
@@ -148,6 +150,7 @@ impl Context {
             cluster_ledger_namespace: cluster_ledger_namespace.into(),
             previous_cluster_ledger: None,
             ledger_writes: Default::default(),
+            undelivered: Default::default(),
         }
     }
 }

@@ -213,6 +213,7 @@ fn context(
         previous_cluster_ledger: token_floor::previous_cluster_ledger(&cluster_ledger),
         cluster_ledger_namespace: cluster_ledger,
         ledger_writes: Default::default(),
+        undelivered: Default::default(),
     })
 }
 

@@ -24,7 +24,12 @@ impl NamespacePolicy {
         let controller = kubectl(&whoami)?;
         let text = std::fs::read_to_string(repo_root().join("config").join(file))?
             .replace(RELEASE_CONTROLLER, controller.trim());
-        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text)?;
+        Self::install_yaml(ns, &text).await
+    }
+
+    /// Installs the policy and binding of `text` for `ns`.
+    pub async fn install_yaml(ns: &TestNamespace, text: &str) -> Result<NamespacePolicy> {
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(text)?;
         let mut names = Vec::new();
         for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
             let base = doc["metadata"]["name"].as_str().unwrap_or("");

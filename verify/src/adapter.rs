@@ -28,6 +28,7 @@ pub fn decide_step(
         requests: &[],
         multi,
         deadlocked: &Default::default(),
+        undelivered: &Default::default(),
     })
 }
 

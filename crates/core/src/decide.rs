@@ -41,15 +41,18 @@ pub fn decide(input: &Input) -> Decision {
         requests,
         multi,
         deadlocked,
+        undelivered,
         ..
     } = *input;
     let runs = queued_record::as_the_status_says(siblings_share_age(input.runs), status);
     let mut d = Decider::new(spec, status, &runs, now, facts, multi, deadlocked);
+    d.undelivered = undelivered;
     d.convert_granted_reservations();
     d.rebuild_from_runs();
     d.take_requests(requests);
     d.carry_out_dismissals();
     d.release_ended_holders();
+    d.revoke_undelivered();
     d.drop_leavers();
     d.settle_reservations();
     d.reenter_queued_siblings();
@@ -140,6 +143,7 @@ pub(crate) mod test_entry {
             requests,
             multi,
             deadlocked: &Default::default(),
+            undelivered: &Default::default(),
         })
     }
 }

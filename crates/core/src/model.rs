@@ -22,6 +22,9 @@ pub struct Input<'a> {
     /// Waiting runs that are the victims of a deadlock across keys (`core::deadlock`), by
     /// uid, with the cycle in words.
     pub deadlocked: &'a BTreeMap<String, String>,
+    /// Holders whose grant the API server refused to deliver for good (an admission policy,
+    /// a size limit), by uid, with the API's word: their slot is taken back.
+    pub undelivered: &'a BTreeMap<String, String>,
 }
 
 /// One Mutex run of this key, as observed now.

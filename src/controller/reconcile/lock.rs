@@ -65,9 +65,14 @@ async fn sync_lock<L: LockObject>(
     let requests = requests_from(lock.annotations());
     let facts = lock_facts(ctx, &lock, now).await?;
     let deadlocked = deadlocks::victims(ctx, &lock, &current).await?;
+    let live = |m: &Member| matches!(m.facts.view.phase, Phase::Live { .. });
+    let undelivered = ctx
+        .undelivered
+        .of(members.iter().map(|m| (m.run().uid.as_str(), live(m))));
     let asked = Asked {
         requests: &requests,
         deadlocked: &deadlocked,
+        undelivered: &undelivered,
     };
     let decision = decide_on(&lock, &current, &members, now, facts, asked);
     let unchanged = same_lock_state(&decision.status, &current);
@@ -224,6 +229,7 @@ async fn mark_not_ready<L: LockObject>(
 struct Asked<'a> {
     requests: &'a [Result<Request, Unreadable>],
     deadlocked: &'a BTreeMap<String, String>,
+    undelivered: &'a BTreeMap<String, String>,
 }
 
 fn decide_on<L: LockObject>(
@@ -247,6 +253,7 @@ fn decide_on<L: LockObject>(
         requests: asked.requests,
         multi: &multi,
         deadlocked: asked.deadlocked,
+        undelivered: asked.undelivered,
     });
     if facts.ledger_read {
         // lastToken now stands above the ledger's floor, for this very object.
@@ -507,6 +514,10 @@ impl Tell<'_> {
                 continue;
             };
             if let Err(e) = self.run(m, outcome).await {
+                if matches!(outcome, Outcome::Acquired { .. }) {
+                    // Taken back by the next sync, if no retry can deliver it.
+                    self.ctx.undelivered.note(&run.uid, &e);
+                }
                 let what = format!("update the status of {} on mutex {}", m.name, self.key);
                 let reference = events::run_reference(&m.namespace, &m.local_run());
                 events::write_failed(self.ctx, reference, &what, &e);

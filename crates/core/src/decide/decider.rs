@@ -24,6 +24,9 @@ pub(super) enum Leaving {
     LeaveWith(Outcome),
 }
 
+/// No holder's grant was refused (the default of a decision).
+static NONE_UNDELIVERED: BTreeMap<String, String> = BTreeMap::new();
+
 pub(super) struct Decider<'a> {
     pub(super) spec: &'a LockSpec,
     pub(super) facts: MutexFacts,
@@ -38,6 +41,8 @@ pub(super) struct Decider<'a> {
     pub(super) revokes: Vec<Revoke>,
     /// Waiters to let go as the victims of a deadlock across keys, with the cycle.
     pub(super) deadlocked: &'a BTreeMap<String, String>,
+    /// Holders whose grant could not be delivered, by uid, with why (`Input::undelivered`).
+    pub(super) undelivered: &'a BTreeMap<String, String>,
     /// How large the status is as written: measured once a newcomer would wait, then grown by
     /// each newcomer (an upper bound: leavers are not taken off).
     pub(super) status_bytes: std::cell::Cell<Option<usize>>,
@@ -58,6 +63,7 @@ impl<'a> Decider<'a> {
             deadlocked,
             revokes: Vec::new(),
             status_bytes: Default::default(),
+            undelivered: &NONE_UNDELIVERED,
             spec,
             facts,
             st: prev.clone(),
@@ -141,6 +147,28 @@ impl<'a> Decider<'a> {
             .retain(|h| all.iter().any(|r| shares_hold(h, r) && still_holds(r)));
     }
 
+    /// Holders whose grant the API server refused to deliver for good (issue 49 item 2): the
+    /// slot is taken back for the next waiter, the token is not handed out again, and the run
+    /// is told why (a queued PipelineRun is cancelled, never started). It does not come back
+    /// as a newcomer while the refusal stands.
+    pub(super) fn revoke_undelivered(&mut self) {
+        if self.undelivered.is_empty() {
+            return;
+        }
+        let undelivered = self.undelivered;
+        let (revoked, kept): (Vec<Holder>, Vec<Holder>) = std::mem::take(&mut self.st.holders)
+            .into_iter()
+            .partition(|h| undelivered.contains_key(&h.run.uid));
+        self.st.holders = kept;
+        for h in revoked {
+            let why = format!(
+                "its grant (token {}) could not be delivered, so the slot went to the next run: {}",
+                h.token, undelivered[&h.run.uid]
+            );
+            self.outcomes.push((h.run, Outcome::Cancelled { why }));
+        }
+    }
+
     /// Waiters leave when deleted, done, cancelled, timed out, superseded, or
     /// when their PipelineRun ended or is stopping.
     pub(super) fn drop_leavers(&mut self) {
@@ -172,6 +200,7 @@ impl<'a> Decider<'a> {
                 matches!(r.phase, Phase::Live { .. })
                     && !known.contains(r.run.uid.as_str())
                     && !self.dismissed(r)
+                    && !self.undelivered.contains_key(&r.run.uid)
             })
             .collect();
         arrivals.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.run.name.cmp(&b.run.name)));

@@ -2061,3 +2061,49 @@ fn a_long_queue_of_long_names_stops_short_of_the_status_limit() {
         "the README should say \"{said}\" (at least, at the longest names)"
     );
 }
+
+/// Issue 49 item 2: a holder whose grant the API server refused to deliver for good is no
+/// holder: the slot goes to the next waiter with the next token (never the same one), the
+/// refused run is told why, and it does not come back as a newcomer while the refusal stands.
+#[test]
+fn a_grant_that_cannot_be_delivered_is_taken_back() {
+    let spec = LockSpec::default();
+    let runs = vec![run(0), run(1), run(2)];
+    let d = decide(&spec, &MutexStatus::default(), &runs, t(3));
+    assert_eq!((holders(&d), d.status.last_token), (vec!["pr0".into()], 1));
+    let refused = BTreeMap::from([("uid-0".to_string(), "denied by policy (403)".to_string())]);
+    let (deadlocked, multi) = (BTreeMap::new(), MultiKeys::default());
+    let input = |status| Input {
+        spec: &spec,
+        status,
+        runs: &runs,
+        now: t(4),
+        facts: MutexFacts::default(),
+        requests: &[],
+        multi: &multi,
+        deadlocked: &deadlocked,
+        undelivered: &refused,
+    };
+    let d2 = crate::decide::decide(&input(&d.status));
+    assert_eq!(
+        (holders(&d2), queue(&d2)),
+        (vec!["pr1".into()], vec!["pr2".into()])
+    );
+    assert_eq!(d2.status.last_token, 2, "a new token for the next holder");
+    let told: Vec<&Outcome> = d2
+        .outcomes
+        .iter()
+        .filter(|(r, _)| r.uid == "uid-0")
+        .map(|(_, o)| o)
+        .collect();
+    assert!(
+        matches!(told[..], [Outcome::Cancelled { why }] if why.contains("could not be delivered") && why.contains("denied by policy")),
+        "{told:?}"
+    );
+    let d3 = crate::decide::decide(&input(&d2.status));
+    assert_eq!(
+        (holders(&d3), queue(&d3)),
+        (vec!["pr1".into()], vec!["pr2".into()]),
+        "pr0 stays out"
+    );
+}
