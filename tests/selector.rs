@@ -817,3 +817,52 @@ impl Lcg {
         (labels, pipeline)
     }
 }
+
+/// A run its producer holds Pending for reasons of its own (Pipelines-as-Code's
+/// `concurrency_limit`) is left to it, and is queued the moment the producer starts it (issue
+/// 46, item 2: it escaped the selector): the API server keeps it Pending and marks it, the
+/// controller queues it, and it starts at its grant, after the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs hack/cluster.sh up"]
+async fn a_run_its_producer_held_pending_is_queued_when_the_producer_starts_it() -> Result<()> {
+    let _shared = CLUSTER_WIDE.read().await;
+    let selector = json!({"selector": {"matchLabels": {"env": "staging"}}});
+    let (ns, _policy) = setup("selector-producer", staging_mutex(selector)).await?;
+    let _controller = ControllerProcess::start(ns.name()).await?;
+    let staging = json!({"env": "staging"});
+    wait_admission(&ns, &triggered_run("probe", staging.clone())).await?;
+    create(&ns, &triggered_run("s1", staging.clone()), false).await?;
+    wait_granted(&ns, "s1").await?;
+    let mut held = triggered_run("held", staging);
+    held["spec"]["status"] = json!(PENDING);
+    let stored = create(&ns, &held, false).await?;
+    ensure!(
+        is_pending(&stored) && ours(&stored).is_empty(),
+        "a run its producer holds was marked: {:?}",
+        stored.annotations()
+    );
+    // The producer starts it.
+    let start = r#"{"spec":{"status":null}}"#;
+    ns.kubectl(&["patch", "pipelinerun", "held", "--type=merge", "-p", start])?;
+    let started = pipeline_run(&ns, "held").await?;
+    ensure!(
+        is_pending(&started)
+            && started
+                .annotations()
+                .get("tekton-mutex.dev/pending-for")
+                .map(String::as_str)
+                == Some("Mutex/staging"),
+        "the producer's start was not queued: {:?} {:?}",
+        started.data.pointer("/spec/status"),
+        started.annotations()
+    );
+    wait_until("held to be queued", slow(), || async {
+        let pr = pipeline_run(&ns, "held").await?;
+        Ok(pr.annotations().contains_key(KEY).then_some(()))
+    })
+    .await?;
+    assert_waiting(&ns, "held").await?;
+    finish(&ns, "s1").await?;
+    wait_granted(&ns, "held").await?;
+    Ok(())
+}
