@@ -339,8 +339,9 @@ impl<'a> Decider<'a> {
     /// start may just have come before the grant's own patch). A record claiming a grant
     /// the status does not list is left as it was (a status wiped by hand forgets a hold).
     fn started_without_grant(&self, r: &RunView) -> bool {
-        let listed = self.st.holders.iter().any(|h| h.run.uid == r.run.uid);
-        r.started && r.acquired_token.is_none() && !listed
+        r.started
+            && r.acquired_token.is_none()
+            && !self.st.holders.iter().any(|h| h.run.uid == r.run.uid)
     }
 
     /// Record why a run left (or never joined) the queue; a superseded run's

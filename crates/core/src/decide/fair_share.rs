@@ -6,67 +6,51 @@
 //! granted after at most the runs of other namespaces created before it (oldest first), however
 //! many those namespaces keep sending.
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use tekton_mutex_api::cluster_mutex::unqualify;
 use tekton_mutex_api::mutex::{Order, Waiter};
 
 /// `queue`, already in each namespace's own order, merged across namespaces: of the
-/// namespaces' next runs, the one created first (last, `newest-first`) goes first.
+/// namespaces' next runs, the one created first (last, `newest-first`) goes first. Waiters are
+/// moved, never cloned: the queue is sorted on every grant.
 pub(super) fn across_namespaces(order: Order, queue: Vec<Waiter>) -> Vec<Waiter> {
-    let mut by_namespace: BTreeMap<&str, VecDeque<&Waiter>> = BTreeMap::new();
-    for w in &queue {
+    let mut lines: BTreeMap<&str, VecDeque<usize>> = BTreeMap::new();
+    for (i, w) in queue.iter().enumerate() {
         let ns = unqualify(&w.run.name).map_or("", |(ns, _)| ns);
-        by_namespace.entry(ns).or_default().push_back(w);
+        lines.entry(ns).or_default().push_back(i);
     }
-    if by_namespace.len() < 2 {
+    if lines.len() < 2 {
         return queue;
     }
-    let mut heads: BinaryHeap<Turn> = BinaryHeap::new();
-    let mut lines: Vec<VecDeque<&Waiter>> = by_namespace.into_values().collect();
+    let turn_of = turns(order, &queue);
+    let mut lines: Vec<VecDeque<usize>> = lines.into_values().collect();
+    // The heap pops the greatest: the smallest turn first.
+    let mut heads: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
     for (line, runs) in lines.iter().enumerate() {
-        heads.extend(runs.front().map(|w| Turn::of(order, w, line)));
+        heads.extend(runs.front().map(|&i| Reverse((turn_of[i], line))));
     }
     let mut merged = Vec::with_capacity(queue.len());
-    while let Some(turn) = heads.pop() {
-        let line = &mut lines[turn.line];
-        merged.extend(line.pop_front().cloned());
-        heads.extend(line.front().map(|w| Turn::of(order, w, turn.line)));
+    while let Some(Reverse((_, line))) = heads.pop() {
+        let line_runs = &mut lines[line];
+        merged.extend(line_runs.pop_front());
+        heads.extend(line_runs.front().map(|&i| Reverse((turn_of[i], line))));
     }
-    merged
+    let mut slots: Vec<Option<Waiter>> = queue.into_iter().map(Some).collect();
+    merged.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
-/// A namespace's next run, as the merge ranks it: the heap pops the greatest, so the
-/// earliest-created (oldest first) or the latest-created (newest first) is greatest.
-#[derive(PartialEq, Eq)]
-struct Turn {
-    when: (jiff::Timestamp, String),
-    newest_first: bool,
-    line: usize,
-}
-
-impl Turn {
-    fn of(order: Order, w: &Waiter, line: usize) -> Turn {
-        Turn {
-            when: (w.age.created, w.age.name.clone()),
-            newest_first: order == Order::NewestFirst,
-            line,
-        }
+/// Each waiter's turn across namespaces: its rank by creation time, then name, in `order`.
+fn turns(order: Order, queue: &[Waiter]) -> Vec<usize> {
+    let mut by_age: Vec<usize> = (0..queue.len()).collect();
+    let when = |i: &usize| (queue[*i].age.created, queue[*i].age.name.as_str());
+    match order {
+        Order::OldestFirst => by_age.sort_by(|a, b| when(a).cmp(&when(b))),
+        Order::NewestFirst => by_age.sort_by(|a, b| when(b).cmp(&when(a))),
     }
-}
-
-impl Ord for Turn {
-    fn cmp(&self, other: &Self) -> Ordering {
-        let by_when = match self.newest_first {
-            true => self.when.cmp(&other.when),
-            false => other.when.cmp(&self.when),
-        };
-        by_when.then_with(|| other.line.cmp(&self.line))
+    let mut turn = vec![0; queue.len()];
+    for (rank, i) in by_age.into_iter().enumerate() {
+        turn[i] = rank;
     }
-}
-
-impl PartialOrd for Turn {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
+    turn
 }
