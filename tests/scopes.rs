@@ -232,9 +232,9 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
     let _guard = ClusterMutexGuard(api.clone(), name.clone());
     let task_ref =
         json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "ClusterMutex", "name": name});
-    // The same Pipeline name (so the same supersede group) in every namespace.
-    // b's runs go first (priority 1): queue order by age alone would tie when
-    // runs of two namespaces start within the same second.
+    // The same Pipeline name (so the same supersede group) in every namespace. b's
+    // priority orders b's own runs only: across namespaces, each one's next run goes
+    // by its PipelineRun's creation (fair share), so a2 is created a second after b1.
     for (ns, lock_params) in [(&a, &[][..]), (&b, &[("priority", "1")][..]), (&c, &[][..])] {
         ns.apply(&section_pipeline("env", task_ref.clone(), lock_params))
             .await?;
@@ -244,6 +244,19 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
     b.apply(&pipeline_run("b1", "env")).await?;
     wait_reason(&b, &lock_run("b1"), "Waiting", slow()).await?;
     // A newer run of the group in another namespace does not supersede b1.
+    let prs = b.dynamic("tekton.dev/v1", "PipelineRun").await?;
+    let b1_created = prs
+        .get("b1")
+        .await?
+        .metadata
+        .creation_timestamp
+        .context("created")?
+        .0;
+    wait_until("a second after b1's creation", secs(5), || async {
+        let later = jiff::Timestamp::now().as_second() > b1_created.as_second();
+        Ok(later.then_some(()))
+    })
+    .await?;
     a.apply(&pipeline_run("a2", "env")).await?;
     wait_reason(&a, &lock_run("a2"), "Waiting", slow()).await?;
     let st = api.get(&name).await?.status.unwrap_or_default();
