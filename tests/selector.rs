@@ -6,7 +6,7 @@
 
 mod support;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use kube::ResourceExt;
 use kube::api::{DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -833,6 +833,19 @@ async fn a_run_its_producer_held_pending_is_queued_when_the_producer_starts_it()
     wait_admission(&ns, &triggered_run("probe", staging.clone())).await?;
     create(&ns, &triggered_run("s1", staging.clone()), false).await?;
     wait_granted(&ns, "s1").await?;
+    // Created a second after s1 (creation times are whole seconds; within one, the name
+    // decides), so that s1, granted first, does not supersede it as newer.
+    let s1_created = pipeline_run(&ns, "s1")
+        .await?
+        .metadata
+        .creation_timestamp
+        .clone();
+    let s1_created = s1_created.context("s1's creation time")?.0;
+    wait_until("a second after s1's creation", secs(5), || async {
+        let later = jiff::Timestamp::now().as_second() > s1_created.as_second();
+        Ok(later.then_some(()))
+    })
+    .await?;
     let mut held = triggered_run("held", staging);
     held["spec"]["status"] = json!(PENDING);
     let stored = create(&ns, &held, false).await?;
