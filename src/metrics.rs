@@ -108,6 +108,13 @@ impl Metrics {
             mutexes: Default::default(),
             cluster_mutexes: Default::default(),
         };
+        m.register_all();
+        m
+    }
+
+    /// Every metric, in the registry /metrics renders.
+    fn register_all(&mut self) {
+        let m = self;
         let r = &mut m.registry;
         r.register(
             "tekton_mutex_grants",
@@ -169,7 +176,6 @@ impl Metrics {
             mutexes: m.mutexes.clone(),
             cluster_mutexes: m.cluster_mutexes.clone(),
         }));
-        m
     }
 
     /// The holders and waiters gauges read the Mutex cache from now on.

@@ -5,7 +5,6 @@
 //! sync of the lock takes the slot back (`decide`'s `revoke_undelivered`). In memory only: after
 //! a restart the run waits again, is granted again, and is refused again, at the cost of a grant.
 
-use crate::controller::context::Error;
 use std::collections::{BTreeMap, HashMap};
 
 #[derive(Default)]
@@ -13,7 +12,7 @@ pub struct Undelivered(std::sync::Mutex<HashMap<String, String>>);
 
 impl Undelivered {
     /// Notes that `uid`'s grant was refused with `error`, if no retry can cure it.
-    pub fn note(&self, uid: &str, error: &Error) {
+    pub fn note(&self, uid: &str, error: &kube::Error) {
         if let Some(why) = incurable(error) {
             self.lock().insert(uid.to_string(), why);
         }
@@ -54,8 +53,8 @@ impl Undelivered {
 /// The API's word for a refusal that retrying cannot cure: 400 (bad request), 403 (an
 /// admission policy or webhook, RBAC), 413 (too large), 422 (invalid). A conflict, a
 /// throttle, a vanished object or a transport failure is retried instead.
-fn incurable(error: &Error) -> Option<String> {
-    let Error::Kube(kube::Error::Api(e)) = error else {
+fn incurable(error: &kube::Error) -> Option<String> {
+    let kube::Error::Api(e) = error else {
         return None;
     };
     matches!(e.code, 400 | 403 | 413 | 422).then(|| format!("{} ({})", e.message, e.code))
@@ -65,10 +64,10 @@ fn incurable(error: &Error) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn api(code: u16) -> Error {
-        Error::Kube(kube::Error::Api(Box::new(
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
             kube::core::Status::failure(&format!("refused {code}"), "Refused").with_code(code),
-        )))
+        ))
     }
 
     #[test]

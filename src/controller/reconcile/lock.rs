@@ -514,9 +514,9 @@ impl Tell<'_> {
                 continue;
             };
             if let Err(e) = self.run(m, outcome).await {
-                if matches!(outcome, Outcome::Acquired { .. }) {
+                if let (Outcome::Acquired { .. }, Error::Kube(refusal)) = (outcome, &e) {
                     // Taken back by the next sync, if no retry can deliver it.
-                    self.ctx.undelivered.note(&run.uid, &e);
+                    self.ctx.undelivered.note(&run.uid, refusal);
                 }
                 let what = format!("update the status of {} on mutex {}", m.name, self.key);
                 let reference = events::run_reference(&m.namespace, &m.local_run());
