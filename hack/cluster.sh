@@ -319,7 +319,9 @@ install_tekton() {
   done
   kc wait --for=condition=Established crd --all --timeout=60s >/dev/null
   local f
-  for f in "$cfg"/config-*.yaml; do
+  # Tekton's aggregated roles too, as its release installs them: the built-in `edit` role then
+  # covers PipelineRuns, as on a real cluster (tests of what a tenant with `edit` can do).
+  for f in "$cfg"/config-*.yaml "$cfg"/clusterrole-aggregate-*.yaml; do
     kc apply -f "$f" >/dev/null
   done
   if [[ $LANE == real ]]; then
