@@ -529,34 +529,28 @@ mod real_kubelet {
     /// namespace gone, and `namespaces` (the tests') deleted within a bound.
     async fn uninstall(r: &Release, namespaces: &[&str]) -> Result<()> {
         let t0 = Instant::now();
-        // 1. With the controller still running (the tests' runs have ended).
+        // 1. The selectors' admission policy: not installed by this test.
+        // 2. The lock CRDs, with the controller still running (the tests' runs have ended).
         kubectl(&[
             "delete",
-            "clustermutexes",
-            "--all",
+            "crd",
+            "clustermutexes.tekton-mutex.dev",
+            "mutexes.tekton-mutex.dev",
             "--wait",
             "--timeout=120s",
         ])
-        .context("README uninstall step 1: kubectl delete clustermutexes --all")?;
+        .context("README uninstall step 2: kubectl delete crd ... --wait")?;
+        // 3. The controller and the rest.
         kubectl(&[
             "delete",
-            "mutexes",
-            "--all",
-            "-A",
-            "--wait",
-            "--timeout=120s",
-        ])
-        .context("README uninstall step 1: kubectl delete mutexes --all -A")?;
-        // 2. The controller and the CRDs.
-        kubectl(&[
-            "delete",
+            "--ignore-not-found",
             "-f",
             r.yaml.to_str().unwrap(),
             "--wait",
             "--timeout=180s",
         ])
-        .context("README uninstall step 2: kubectl delete -f release.yaml")?;
-        // 3. The token ledgers.
+        .context("README uninstall step 3: kubectl delete --ignore-not-found -f release.yaml")?;
+        // 4. The token ledgers.
         kubectl(&[
             "delete",
             "configmaps",
@@ -564,7 +558,7 @@ mod real_kubelet {
             "-l",
             "app.kubernetes.io/component=token-ledger",
         ])
-        .context("README uninstall step 3")?;
+        .context("README uninstall step 4")?;
         for crd in [
             "mutexes.tekton-mutex.dev",
             "clustermutexes.tekton-mutex.dev",

@@ -50,6 +50,7 @@ pub trait LockObject: LockKind {
     /// Names and group of a run of namespace `ns`, as this lock's status writes them.
     fn qualify(&self, ns: &str, view: &mut RunView);
     /// After an emptied object marked for deletion went: give the runs it kept
-    /// out a new one, when runs may create one.
-    fn recreate_for_waiters(ctx: &Context, gone: &Self) -> impl Future<Output = ()> + Send;
+    /// out a new one, when runs may create one. False when none can be created any more
+    /// (the kind's CustomResourceDefinition is being deleted: the README's uninstall).
+    fn recreate_for_waiters(ctx: &Context, gone: &Self) -> impl Future<Output = bool> + Send;
 }

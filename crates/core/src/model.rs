@@ -177,6 +177,10 @@ pub enum Outcome {
     /// Not admitted, for good: the ClusterMutex is being deleted, and nothing but its
     /// administrator creates a ClusterMutex again (issue 46 item 6).
     LockDeleted,
+    /// Not admitted, for good: the lock kind itself is being uninstalled (its
+    /// CustomResourceDefinition is being deleted or gone), so no lock of the key can be created
+    /// again; a waiter of a Mutex being deleted learns it once the Mutex is gone.
+    Uninstalling,
     /// Queued, but the key is frozen (`spec.frozen`): nothing new is granted.
     Frozen {
         /// At the head of the queue: the first grant after the thaw is its.

@@ -43,7 +43,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Reason::Waiting => "Waiting",
             Reason::Acquired => "Acquired",
@@ -268,6 +268,14 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
             format!(
                 "not admitted to {key}: it is being deleted and takes no new runs, and nothing \
                  creates a ClusterMutex again but its administrator; run again once it is back"
+            ),
+        ),
+        Outcome::Uninstalling => (
+            Reason::LockDeleted,
+            format!(
+                "not admitted to {key}: tekton-mutex is being uninstalled (the lock's \
+                 CustomResourceDefinition is being deleted, or is gone), so no lock of {key} can \
+                 be created again; run again after a reinstall"
             ),
         ),
         Outcome::MutexDeleting => (

@@ -53,7 +53,9 @@ pub fn for_outcome(
         Outcome::QueueFull { .. } | Outcome::StatusFull { .. } => {
             (Reason::QueueFull.as_str(), EventType::Warning)
         }
-        Outcome::LockDeleted => (Reason::LockDeleted.as_str(), EventType::Warning),
+        Outcome::LockDeleted | Outcome::Uninstalling => {
+            (Reason::LockDeleted.as_str(), EventType::Warning)
+        }
         Outcome::StartedWithoutGrant => (Reason::StartedWithoutGrant.as_str(), EventType::Warning),
         Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
         Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),

@@ -67,6 +67,17 @@ pub async fn ensure_mutex(
     }
 }
 
+/// The API server's answer to creating a lock whose CustomResourceDefinition is being deleted,
+/// or is gone (the README's uninstall deletes it while the controller still runs).
+pub fn lock_kind_uninstalled(e: &Error) -> bool {
+    matches!(e, Error::Kube(kube::Error::Api(s))
+        if (s.code == 403 && s.message.contains("custom resource definition is terminating"))
+            // Gone: the kind (could not find the requested resource), or its whole API group
+            // (the bare "404 page not found", once no CRD of tekton-mutex.dev is left).
+            || (s.code == 404 && (s.message.contains("could not find the requested resource")
+                || s.message.contains("404 page not found"))))
+}
+
 /// Write a lock's status, only if nobody changed the object since we read it.
 pub async fn lock_status<L: LockObject>(ctx: &Context, lock: &L) -> Result<(), Error> {
     let api = L::api(&ctx.client, &lock.scope());
@@ -275,5 +286,35 @@ pub async fn token_ledger(
             api.replace(name, &PostParams::default(), ledger).await
         }
         false => api.create(&PostParams::default(), ledger).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(code: u16, message: &str) -> Error {
+        Error::Kube(kube::Error::Api(
+            serde_json::from_value(serde_json::json!({
+                "status": "Failure", "code": code, "message": message, "reason": ""
+            }))
+            .unwrap(),
+        ))
+    }
+
+    /// The API server's three answers to a create of a lock once the README's uninstall deleted
+    /// its CRD (as the local control plane gives them), and look-alikes that are something else.
+    #[test]
+    fn an_uninstalled_lock_kind_is_told_from_other_refusals() {
+        let terminating = "mutexes.tekton-mutex.dev \"env\" is forbidden: create not allowed \
+                           while custom resource definition is terminating";
+        assert!(lock_kind_uninstalled(&answer(403, terminating)));
+        let kind_gone = "the server could not find the requested resource";
+        assert!(lock_kind_uninstalled(&answer(404, kind_gone)));
+        assert!(lock_kind_uninstalled(&answer(404, "404 page not found")));
+        let rbac = "mutexes.tekton-mutex.dev is forbidden: User \"x\" cannot create resource";
+        assert!(!lock_kind_uninstalled(&answer(403, rbac)));
+        let namespace = "namespaces \"gone\" not found";
+        assert!(!lock_kind_uninstalled(&answer(404, namespace)));
     }
 }

@@ -1,17 +1,21 @@
 //! Per-run reconcile: reject bad input, make sure the key's Mutex object exists.
 //! Everything about waiting and holding is the Mutex reconcile's job.
 
-use crate::controller::apply::events;
+use crate::controller::apply::events::{self, Transition};
 use crate::controller::apply::writes;
 use crate::controller::context::Context;
 use crate::controller::context::Error;
 use crate::controller::reconcile::release_after_progress;
+use crate::core::model::Outcome;
 use crate::core::observe::{Observe, ObservedRun};
 use crate::core::params::RunConfig;
 use crate::core::release_after::NamesCheck;
+use crate::core::run_status;
 use futures::{Stream, StreamExt};
+use jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -91,6 +95,10 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
                     debug!(run = %o.name, namespace = %o.namespace, "namespace is being deleted; run left alone");
                     return Ok(Action::await_change());
                 }
+                Err(e) if writes::lock_kind_uninstalled(&e) => {
+                    tell_uninstalling(&ctx, &o, &cfg.key).await?;
+                    return Ok(Action::await_change());
+                }
                 other => other?,
             },
         },
@@ -101,7 +109,26 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
             events::invalid(&ctx, &o, &message);
         }
     }
-    Ok(Action::await_change())
+    let keys = o.config().map(|cfg| cfg.keys).unwrap_or_default();
+    Ok(recheck_while_deleting(&ctx, &o.namespace, &keys))
+}
+
+/// How soon a run whose Mutex is being deleted is looked at again.
+const DELETING_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A run that arrives while its Mutex is being deleted may come after that lock's last sync,
+/// and nothing else would tell it anything: it is looked at again shortly, until the Mutex is
+/// gone, then joins the one created again for it or is told none can be (an uninstall).
+pub(crate) fn recheck_while_deleting(ctx: &Context, namespace: &str, keys: &[String]) -> Action {
+    let deleting = keys.iter().any(|key| {
+        ctx.mutexes
+            .get(&ObjectRef::new(key).within(namespace))
+            .is_some_and(|m| m.metadata.deletion_timestamp.is_some())
+    });
+    match deleting {
+        true => Action::requeue(DELETING_RECHECK),
+        false => Action::await_change(),
+    }
 }
 
 /// Make sure the run's Mutex exists. Returns why the run cannot use it, if it cannot.
@@ -127,6 +154,32 @@ pub(crate) async fn mutex_for(
         },
     };
     Ok(cfg.spec_conflict(&existing))
+}
+
+/// The run's Mutex cannot be created because the Mutex CRD itself is being deleted (the README's
+/// uninstall): the run is told so, for good, instead of waiting for a lock that cannot come.
+pub(crate) async fn tell_uninstalling(
+    ctx: &Context,
+    o: &ObservedRun<'_>,
+    key: &str,
+) -> Result<(), Error> {
+    let outcome = Outcome::Uninstalling;
+    let rv = o.resource_version.as_deref();
+    let Some(patch) = run_status::patch(o.kind, key, &outcome, &o.status, rv, Timestamp::now())
+    else {
+        return Ok(());
+    };
+    let (_, message) = run_status::condition(o.kind, key, &outcome);
+    warn!(run = %o.name, namespace = %o.namespace, %message, "lock kind being uninstalled");
+    if writes::run_status(ctx, o.kind, &o.namespace, &o.name, &patch).await? {
+        let said = Transition {
+            reason: run_status::Reason::LockDeleted.as_str(),
+            note: message,
+            type_: EventType::Warning,
+        };
+        events::record(ctx, &o.namespace, &o.run_ref(), said);
+    }
+    Ok(())
 }
 
 /// The API server's answer to a create in a namespace that is being deleted.

@@ -94,7 +94,12 @@ async fn sync_lock<L: LockObject>(
         acknowledge::acknowledge(ctx, &asked, &current, &decision, &requests).await?;
     }
     if let Some(idle) = settles {
-        hand_over(ctx, &idle, &decision, facts.deleting).await?;
+        let gone = Gone {
+            decision: &decision,
+            members: &members,
+            now,
+        };
+        hand_over(ctx, &idle, gone, facts.deleting).await?;
     }
     if let Some(idle) = lingers {
         idle_deletion::settle(ctx, &idle, now).await?;
@@ -102,28 +107,50 @@ async fn sync_lock<L: LockObject>(
     Ok(next_wake(&members, &decision, now))
 }
 
+/// The last decision of a lock that is going, and the runs it was about.
+struct Gone<'a> {
+    decision: &'a Decision,
+    members: &'a [Member],
+    now: Timestamp,
+}
+
 /// An idle lock loses its finalizer (its last token recorded first), so it may
 /// be deleted with no controller. One marked for deletion then goes; the runs it
 /// kept out (told it is being deleted) get a new one where runs may create one (a plain
 /// Mutex with defaults, as a run creates it: never the deleted object's spec), whose lock
-/// state is rebuilt from the runs and whose tokens continue above the floor.
+/// state is rebuilt from the runs and whose tokens continue above the floor. Where none can
+/// be created any more (the README's uninstall deletes the CRD), they are told so, for good.
 async fn hand_over<L: LockObject>(
     ctx: &Context,
     idle: &L,
-    decision: &Decision,
+    gone: Gone<'_>,
     deleting: bool,
 ) -> Result<(), Error> {
     if !finalizer::unprotect::<L>(ctx, &idle.scope(), &idle.name_any()).await? || !deleting {
         return Ok(());
     }
-    let kept_out = decision
+    let kept_out: Vec<(RunRef, Outcome)> = gone
+        .decision
         .outcomes
         .iter()
-        .any(|(_, o)| *o == Outcome::MutexDeleting);
-    if kept_out {
-        L::recreate_for_waiters(ctx, idle).await;
+        .filter(|(_, o)| *o == Outcome::MutexDeleting)
+        .map(|(run, _)| (run.clone(), Outcome::Uninstalling))
+        .collect();
+    if kept_out.is_empty() || L::recreate_for_waiters(ctx, idle).await {
+        return Ok(());
     }
-    Ok(())
+    let name = idle.name_any();
+    let tell = Tell {
+        ctx,
+        key: &name,
+        lock_kind: L::kind(&()),
+        members: gone.members,
+        now: gone.now,
+    };
+    let mut first_error = None;
+    tell.runs(&kept_out.iter().collect::<Vec<_>>(), &mut first_error)
+        .await;
+    first_error.map_or(Ok(()), Err)
 }
 
 /// The lock object to decide on: the cached one if given, else the API

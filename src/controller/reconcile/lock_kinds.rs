@@ -63,7 +63,7 @@ impl LockObject for Mutex {
 
     fn qualify(&self, _: &str, _: &mut RunView) {}
 
-    async fn recreate_for_waiters(ctx: &Context, gone: &Self) {
+    async fn recreate_for_waiters(ctx: &Context, gone: &Self) -> bool {
         let (ns, key) = (&gone.namespace().unwrap_or_default(), &gone.name_any());
         // An operator's delete is final: what comes back for the runs that name the key is the
         // plain Mutex they would create on demand (defaults, the key it stands for), never the
@@ -81,9 +81,11 @@ impl LockObject for Mutex {
                 );
             }
             Ok(writes::Ensured::Existing(_)) => {}
+            Err(e) if writes::lock_kind_uninstalled(&e) => return false,
             // Say a namespace being deleted: the next run event tries again.
             Err(e) => warn!(key, namespace = ns, error = %e, "could not create the Mutex again"),
         }
+        true
     }
 }
 
@@ -133,5 +135,7 @@ impl LockObject for ClusterMutex {
     }
 
     /// Runs never create a ClusterMutex: an administrator does.
-    async fn recreate_for_waiters(_: &Context, _: &Self) {}
+    async fn recreate_for_waiters(_: &Context, _: &Self) -> bool {
+        true
+    }
 }

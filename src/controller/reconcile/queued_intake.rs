@@ -8,10 +8,11 @@ use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::controller::reconcile::selection::{self, Step};
 use crate::controller::reconcile::{cluster_admission, intake};
+use crate::core::model::Outcome;
 use crate::core::observe::cluster_mutex_targets;
 use crate::core::observe::pending::PendingRun;
 use crate::core::params::annotations::{self, ERROR, KEY};
-use crate::core::run_status::queued::refused_patch;
+use crate::core::run_status::{self, queued::refused_patch};
 use crate::model::mutex::{RunKind, RunRef};
 use crate::model::tekton::pipelinerun::PipelineRun;
 use kube::ResourceExt;
@@ -22,6 +23,8 @@ use tracing::warn;
 
 /// The reason of the Warning on a PipelineRun that started before it could be queued.
 pub const NOT_QUEUED: &str = "NotQueued";
+/// The reason said on a run no lock can be created for any more (the README's uninstall).
+const LOCK_DELETED: &str = run_status::Reason::LockDeleted.as_str();
 
 pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action, Error> {
     if pr.is_done() || pr.metadata.deletion_timestamp.is_some() {
@@ -64,7 +67,15 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
                     if let Some(lock) = selection::template(&ctx, &pr) {
                         cfg.spec.lock = lock;
                     }
-                    intake::mutex_for(&ctx, &o, &cfg).await?
+                    match intake::mutex_for(&ctx, &o, &cfg).await {
+                        // The README's uninstall: it stays Pending, said to wait for nothing.
+                        Err(e) if writes::lock_kind_uninstalled(&e) => {
+                            let uninstalling = Outcome::Uninstalling;
+                            let (_, m) = run_status::condition(o.kind, &cfg.key, &uninstalling);
+                            return refuse_once(&ctx, &pr, LOCK_DELETED, m).await;
+                        }
+                        other => other?,
+                    }
                 }
             }
             .map(|m| ("InvalidParams", m)),
@@ -78,7 +89,8 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
         None if said.is_some() => clear_error(&ctx, &queued).await?,
         _ => {}
     }
-    Ok(Action::await_change())
+    let keys = o.config().map(|cfg| cfg.keys).unwrap_or_default();
+    Ok(intake::recheck_while_deleting(&ctx, &o.namespace, &keys))
 }
 
 /// Write the error on the PipelineRun (it stays as it is), with a Warning Event.
