@@ -32,6 +32,11 @@ pub enum Selection {
     NotQueued(String),
     /// It cannot be queued as the selectors say; the message says why and what to do.
     Refused(String),
+    /// The admission policy made it Pending for `lock` (`Mutex/<name>` or
+    /// `ClusterMutex/<name>`), whose selector no longer takes it (changed, or the lock is
+    /// gone), and no other lock does: no lock holds it back, so it is let go (started, its
+    /// mark removed), as it would have run had it been created now. The message says why.
+    LetGo { lock: String, message: String },
 }
 
 /// A lock that selects, as [`select`] reads it.
@@ -154,17 +159,19 @@ fn decide(pr: &PipelineRun, mut takers: Vec<Selecting>) -> Selection {
 }
 
 /// No selector takes it. One the admission policy made Pending for a selector that no longer
-/// takes it (changed, or its lock deleted) would wait for nothing: it is told so.
+/// takes it (changed, or its lock deleted) would wait for nothing: it is let go.
 fn unselected(pr: &PipelineRun, own: &BTreeMap<String, String>) -> Selection {
     match own.get(PENDING_FOR) {
-        Some(lock) if pr.is_pending() && !own.contains_key(KEY) => Selection::Refused(format!(
-            "the admission policy made this PipelineRun Pending at create because {}'s selector \
-             took it, but no selector takes it now (it changed, or the lock is gone), so nothing \
-             will start it: delete it, or start it without the lock (kubectl patch pipelinerun \
-             {} --type=merge -p '{{\"spec\":{{\"status\":null}}}}')",
-            bounded(lock),
-            pr.name_any()
-        )),
+        Some(lock) if pr.is_pending() && !own.contains_key(KEY) => Selection::LetGo {
+            lock: lock.clone(),
+            message: format!(
+                "let go without a lock: the admission policy made this PipelineRun Pending at \
+                 create because {}'s selector took it, but no selector takes it now (it \
+                 changed, or the lock is gone), so tekton-mutex started it, as it would have \
+                 run had it been created now",
+                bounded(lock)
+            ),
+        },
         _ => Selection::Unselected,
     }
 }

@@ -3,6 +3,7 @@
 //! ([`crate::core::selection`]), and stamp the annotations that queue it there.
 //! From then on it is an annotated queued PipelineRun like any other.
 
+use crate::controller::apply::events::{self, Transition};
 use crate::controller::apply::writes;
 use crate::controller::context::{Context, Error};
 use crate::controller::lock_object::NamespaceLabels;
@@ -10,9 +11,10 @@ use crate::controller::reconcile::cluster_admission;
 use crate::core::params::annotations;
 use crate::core::selection::{self, Selection};
 use crate::model::cluster_mutex::ClusterMutex;
-use crate::model::mutex::{Mutex, RunKind};
+use crate::model::mutex::{Mutex, RunKind, RunRef};
 use crate::model::tekton::pipelinerun::PipelineRun;
 use kube::ResourceExt;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 use tracing::info;
@@ -27,6 +29,8 @@ pub enum Step {
     Refused(String),
     /// A selector takes it, but Tekton started it before it could be queued: it is told so.
     NotQueued(String),
+    /// The cache may be behind the lock its mark names: look again shortly.
+    Later,
 }
 
 /// Which lock's selector takes `pr`, and its stamp written if it lacks it.
@@ -40,9 +44,76 @@ pub async fn step(ctx: &Context, pr: &PipelineRun) -> Result<Step, Error> {
                 stamp(ctx, pr, &by, &annotations).await?;
                 Step::Stamped
             }
+            Selection::LetGo { lock, message } => match cache_current(ctx, pr, &lock).await? {
+                true => {
+                    let_go(ctx, pr, &lock, &message).await?;
+                    Step::Stamped
+                }
+                false => Step::Later,
+            },
         },
     )
 }
+
+/// Is the cache's word on `lock` (`Mutex/<name>` or `ClusterMutex/<name>`, as a run's mark
+/// names it) the API server's? A run is let go only on that word: a cache that has not seen
+/// the lock yet, or its newest selector, must not start a run the lock takes.
+async fn cache_current(ctx: &Context, pr: &PipelineRun, lock: &str) -> Result<bool, Error> {
+    let ns = pr.namespace().unwrap_or_default();
+    let (cached, live) = if let Some(name) = lock.strip_prefix("Mutex/") {
+        let cached = ctx.mutexes.get(&ObjectRef::new(name).within(&ns));
+        let api: kube::Api<Mutex> = kube::Api::namespaced(ctx.client.clone(), &ns);
+        (
+            cached.map(|m| m.resource_version()),
+            api.get_opt(name).await?.map(|m| m.resource_version()),
+        )
+    } else if let Some(name) = lock.strip_prefix("ClusterMutex/") {
+        let store = ctx.cluster_mutexes.as_ref();
+        let cached = store.and_then(|s| s.get(&ObjectRef::new(name)));
+        let api: kube::Api<ClusterMutex> = kube::Api::all(ctx.client.clone());
+        (
+            cached.map(|c| c.resource_version()),
+            api.get_opt(name).await?.map(|c| c.resource_version()),
+        )
+    } else {
+        // A mark naming no lock kind: no lock can claim the run.
+        return Ok(true);
+    };
+    Ok(match live {
+        None => true,
+        Some(rv) => cached == Some(rv),
+    })
+}
+
+/// Starts a run no lock takes any more, its mark removed, if it is still the PipelineRun read
+/// (a compare-and-swap on its resourceVersion), with a Warning Event that says why.
+async fn let_go(ctx: &Context, pr: &PipelineRun, lock: &str, message: &str) -> Result<(), Error> {
+    let (ns, name) = (pr.namespace().unwrap_or_default(), pr.name_any());
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": pr.resource_version(), "annotations":
+            {annotations::PENDING_FOR: null, annotations::ERROR: null}},
+        "spec": {"status": null},
+    });
+    if writes::run_status(ctx, RunKind::PipelineRun, &ns, &name, &patch).await? {
+        info!(pipeline_run = %name, namespace = %ns, lock, "no selector takes it now: let go");
+        let said = Transition {
+            reason: LET_GO,
+            note: message.to_string(),
+            type_: EventType::Warning,
+        };
+        let uid = pr.uid().unwrap_or_default();
+        let run = RunRef {
+            kind: RunKind::PipelineRun,
+            name,
+            uid,
+        };
+        events::record(ctx, &ns, &run, said);
+    }
+    Ok(())
+}
+
+/// The reason of the Warning on a PipelineRun let go because no selector takes it now.
+pub const LET_GO: &str = "LetGo";
 
 /// Does selection refuse this Pending run? Then no lock may grant it, whatever its
 /// annotations say (a tenant cannot leave its selector's lock by annotating the run).

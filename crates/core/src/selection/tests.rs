@@ -256,14 +256,12 @@ fn only_a_run_the_policy_made_pending_or_annotated_is_taken() {
 }
 
 #[test]
-fn a_run_made_pending_for_a_selector_that_no_longer_takes_it_is_told_so() {
-    let Selection::Refused(m) = select(&staging_run(), &[], &[], |_| true) else {
-        panic!("a run waiting for nothing is told so")
+fn a_run_made_pending_for_a_selector_that_no_longer_takes_it_is_let_go() {
+    let Selection::LetGo { lock, message } = select(&staging_run(), &[], &[], |_| true) else {
+        panic!("a run waiting for nothing is let go")
     };
-    assert!(
-        m.contains("Mutex/staging") && m.contains("no selector takes it now"),
-        "{m}"
-    );
+    assert_eq!(lock, "Mutex/staging");
+    assert!(message.contains("no selector takes it now"), "{message}");
 }
 
 #[test]
