@@ -94,6 +94,9 @@ fn env(e: Env) -> String {
         Env::Forge(i) => {
             format!("tenant: writes a record on pr-{i} claiming Acquired, largest token")
         }
+        Env::StartOwn(i) => format!("tenant: clears spec.status of its queued pr-{i} (it starts)"),
+        Env::RaiseLedger(k) => format!("tenant: raises k{k}'s entry in the token ledger by one"),
+        Env::LowerLedger(k) => format!("tenant: removes k{k}'s entry from the token ledger"),
     }
 }
 

@@ -57,6 +57,11 @@ pub enum Broken {
     /// The record of a PipelineRun queued as a whole is believed as its author wrote it
     /// (members.rs's vouching by the lock's status skipped).
     TrustRecord,
+    /// The admission policies of a cluster install are missing (config/401 and 402): a tenant
+    /// may start its own queued PipelineRun (clear its `spec.status`) and lower or remove its
+    /// namespace's token ledger entries. Only the tenant's own writes change: the controller
+    /// still cancels a queued run that started without its grant (`StartedWithoutGrant`).
+    NoAdmission,
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +102,12 @@ pub struct Users {
     /// A tenant writes a record on its own queued PipelineRun claiming a grant with the
     /// largest token (it may edit its PipelineRuns' annotations).
     pub forge: bool,
+    /// A tenant clears `spec.status` on its own queued PipelineRun while it waits: policy 401
+    /// refuses it unless `Broken::NoAdmission`.
+    pub start_own: bool,
+    /// A tenant writes its namespace's token ledger ConfigMap: raising an entry is allowed,
+    /// lowering or removing one is refused by policy 402 unless `Broken::NoAdmission`.
+    pub ledger: bool,
 }
 
 impl Users {
@@ -109,6 +120,23 @@ impl Users {
         wipe: true,
         timeout: true,
         forge: true,
+        // The tenant's writes that only admission limits: the configurations of issue 46 alone.
+        start_own: false,
+        ledger: false,
+    };
+
+    /// No user action at all (Tekton and the pods still move).
+    pub const NONE: Users = Users {
+        cancel: false,
+        delete_run: false,
+        delete_pr: false,
+        prune_only: false,
+        delete_mutex: false,
+        wipe: false,
+        timeout: false,
+        forge: false,
+        start_own: false,
+        ledger: false,
     };
 }
 
@@ -366,6 +394,28 @@ impl Config {
         }
     }
 
+    /// Issue 46: config A-pending's tenant as the admission policies limit it, and no more. It
+    /// may start its own queued PipelineRuns (policy 401 refuses that), write its namespace's
+    /// token ledger (policy 402 lets an entry rise, never fall) and delete the Mutex, after
+    /// which the ledger's floor is what keeps tokens from repeating: two such acts per trace.
+    pub fn a_tenant() -> Config {
+        let users = Users {
+            start_own: true,
+            ledger: true,
+            delete_mutex: true,
+            ..Users::NONE
+        };
+        Config {
+            name: "A-tenant",
+            users,
+            disrupt: 2,
+            crashes: 0,
+            lags: 0,
+            lapses: 0,
+            ..Config::a_pending()
+        }
+    }
+
     /// What hack/verify.sh checks: each configuration exhaustively, with the
     /// fault kinds it names at one each (the full product of all of them in
     /// one configuration is beyond 10 minutes here). Every one passes on the
@@ -441,6 +491,19 @@ impl Config {
                 crashes: 0,
                 lapses: 0,
                 ..Config::a_floor()
+            },
+            // A crash and a lag apart: together, with the Mutex deleted, they find the Supersede
+            // counterexample that A-pending[users,crash] finds with a lag added (the new leader's
+            // lagging cache of lock runs hides the newer grant whose mark went with the Mutex).
+            Config {
+                name: "A-tenant[tenant,crash]",
+                crashes: 1,
+                ..Config::a_tenant()
+            },
+            Config {
+                name: "A-tenant[tenant,lag]",
+                lags: 1,
+                ..Config::a_tenant()
             },
         ]
     }

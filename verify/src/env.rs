@@ -34,6 +34,14 @@ pub enum Env {
     /// A tenant writes, on its own queued PipelineRun i, a record claiming a grant with
     /// the largest token (the record is an annotation it may edit).
     Forge(u8),
+    /// A tenant clears `spec.status` on its own queued PipelineRun i while it waits: Tekton
+    /// starts it, grant or not (refused by the admission policy config/401).
+    StartOwn(u8),
+    /// A tenant raises key k's entry in its namespace's token ledger (allowed: tokens skip).
+    RaiseLedger(u8),
+    /// A tenant removes key k's entry from the token ledger, or deletes the ledger: the
+    /// floor is 0 again (refused by the admission policy config/402).
+    LowerLedger(u8),
 }
 
 impl Env {
@@ -57,6 +65,7 @@ pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
         let lock_run = !cfg.runs[i as usize].pending;
         out.extend((u.delete_run && lock_run).then_some(Env::DeleteRun(i)));
         out.extend((u.forge && !lock_run).then_some(Env::Forge(i)));
+        out.extend((u.start_own && !lock_run).then_some(Env::StartOwn(i)));
         out.extend(u.timeout.then_some(Env::Timeout(i)));
         if !cfg.is_pr(i as usize) {
             continue; // a sibling lock run: its PipelineRun's events are its own
@@ -77,6 +86,9 @@ pub fn candidates(cfg: &Config, out: &mut Vec<Env>) {
     for k in 0..cfg.keys {
         out.extend(u.delete_mutex.then_some(Env::DeleteMutex(k)));
         out.extend(u.wipe.then_some(Env::Wipe(k)));
+        if u.ledger {
+            out.extend([Env::RaiseLedger(k), Env::LowerLedger(k)]);
+        }
     }
 }
 
@@ -121,6 +133,34 @@ pub fn apply(cfg: &Config, s: &mut State, e: Env) -> bool {
         },
         Env::Wipe(k) => wipe(cfg, api, k as usize),
         Env::Forge(i) => forge(cfg, api, i as usize),
+        Env::StartOwn(i) => start_own(cfg, api, i as usize),
+        Env::RaiseLedger(k) => {
+            api.ledger[k as usize] += 1;
+            true
+        }
+        Env::LowerLedger(k) => {
+            let entry = &mut api.ledger[k as usize];
+            // Policy 402: nobody but the controller lowers an entry or removes it.
+            !cfg.guarded(Broken::NoAdmission) && *entry != 0 && {
+                *entry = 0;
+                true
+            }
+        }
+    }
+}
+
+/// A tenant starts its queued PipelineRun i by hand, unless policy 401 refuses it. Its tasks
+/// run at once (the whole PipelineRun is the guarded section). The record's version moves
+/// with it: it is the same object, so a grant decided on the Pending one gets a 409.
+fn start_own(cfg: &Config, api: &mut crate::world::Api, i: usize) -> bool {
+    let pr = &mut api.prs[i];
+    let refused = cfg.guarded(Broken::NoAdmission);
+    !refused && pr.phase == PrPhase::Pending && {
+        pr.phase = PrPhase::Running;
+        pr.pod = Pod::Live;
+        pr.started_by_tenant = true;
+        api.runs[i].bump();
+        true
     }
 }
 

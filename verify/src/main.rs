@@ -1,4 +1,4 @@
-//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|A-sibling|A-pending|...|suite|all] [--broken status-cas|pod-check|token-floor|one-hold|trust-record] [--threads N]`
+//! `cargo run -p verify --release -- [A|B|A-floor|A-floor-failover|A-sibling|A-pending|A-tenant|...|suite|all] [--broken status-cas|pod-check|token-floor|one-hold|trust-record|no-admission] [--threads N]`
 //! `--first`: stop at the first counterexample (breadth-first, for the shortest trace).
 //! Prints one `<N> states` line per configuration and every counterexample;
 //! exits 1 if any property is broken.
@@ -25,6 +25,7 @@ fn main() {
             "A-sibling" => configs.push(Config::a_sibling()),
             "A-pending" => configs.push(Config::a_pending()),
             "A-pending-wipe" => configs.push(Config::a_pending_wipe()),
+            "A-tenant" => configs.push(Config::a_tenant()),
             "A-marks-wiped" => configs.push(Config::a_marks_wiped()),
             "A-wipe-race" => configs.push(Config::a_wipe_race()),
             "B-wipe-stale-cache" => configs.push(Config::b_wipe_stale_cache()),
@@ -86,6 +87,7 @@ fn guard(name: &str) -> Broken {
         "token-floor" => Broken::TokenFloor,
         "one-hold" => Broken::OneHold,
         "trust-record" => Broken::TrustRecord,
+        "no-admission" => Broken::NoAdmission,
         other => panic!("unknown guard {other}"),
     }
 }

@@ -99,7 +99,8 @@ fn tells(cfg: &Config, r: &Read<'_>, d: &Decision) -> (Vec<Write>, Vec<Write>) {
             | Outcome::QueueFull { .. }
             | Outcome::LockDeleted
             | Outcome::Cleared { .. }
-            | Outcome::Deadlock { .. } => Told::Ended { superseded: false },
+            | Outcome::Deadlock { .. }
+            | Outcome::StartedWithoutGrant => Told::Ended { superseded: false },
             _ => continue,
         };
         let write = Write::Tell {

@@ -86,10 +86,15 @@ pub fn summary(cfg: &Config, s: &State) -> String {
         };
         let _ = writeln!(
             out,
-            "      pr-{} {:?}{pod}{}; run-{i} {:?} {}{}",
+            "      pr-{} {:?}{pod}{}{}; run-{i} {:?} {}{}",
             cfg.pr_of(i),
             p.phase,
             if p.section_done { " section over" } else { "" },
+            if p.started_by_tenant {
+                " started by its tenant"
+            } else {
+                ""
+            },
             r.life,
             told_name(&r.told),
             if r.cancel { " cancel" } else { "" }

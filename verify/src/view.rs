@@ -271,8 +271,16 @@ pub fn run_view(cfg: &Config, api: &Api, f: &Fetched, k: u8) -> RunView {
         } else {
             token_for(cfg, &f.obj, i, k)
         },
-        started: false,
+        started: started(spec, f),
     }
+}
+
+/// observe/pending.rs's `started`: a queued PipelineRun whose `spec.status` is neither
+/// Pending nor a stop. The model writes no `Waiting` record, so one started before any
+/// record is taken as recorded (the product leaves that one alone as never queued).
+fn started(spec: &crate::config::RunSpec, f: &Fetched) -> bool {
+    let cleared = |p: &PrObj| p.phase == PrPhase::Running || p.started_by_tenant;
+    spec.pending && f.parent.as_ref().is_some_and(cleared)
 }
 
 /// src/view.rs's parent_state.

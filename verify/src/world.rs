@@ -144,6 +144,9 @@ pub struct PrObj {
     pub pod: Pod,
     /// The tasks a `release-after` lock run names are done and their pods ended.
     pub section_done: bool,
+    /// A queued PipelineRun whose tenant cleared `spec.status` (Env::StartOwn), and nobody
+    /// has set it to a stop since: Tekton runs it though the lock never granted it.
+    pub started_by_tenant: bool,
 }
 
 impl PrObj {
@@ -152,6 +155,7 @@ impl PrObj {
             phase: PrPhase::NotYet,
             pod: Pod::None,
             section_done: false,
+            started_by_tenant: false,
         }
     }
 

@@ -5,7 +5,7 @@
 //! check; VERIFY_FULL=1 runs them at the full bounds instead.
 
 use verify::check::{self, Report};
-use verify::config::{Broken, Config};
+use verify::config::{Broken, Config, Users};
 use verify::props;
 
 const THREADS: usize = 2;
@@ -231,5 +231,76 @@ fn known_limit_a_status_wipe_forgets_a_queued_pipeline_runs_hold() {
     breaks(
         Config::a_pending_wipe(),
         &[props::EXCLUSION, props::FENCING],
+    );
+}
+
+// Issue 46: a tenant limited by the admission policies alone (config/401, config/402).
+
+/// The tenant of config A-tenant that may only start its own queued PipelineRuns.
+fn tenant_starts_own() -> Config {
+    let users = Users {
+        start_own: true,
+        ..Users::NONE
+    };
+    Config {
+        users,
+        disrupt: 1,
+        ..Config::a_tenant()
+    }
+}
+
+/// The tenant of config A-tenant that may only write its token ledger and delete the Mutex.
+fn tenant_writes_the_ledger() -> Config {
+    let users = Users {
+        ledger: true,
+        delete_mutex: true,
+        ..Users::NONE
+    };
+    Config {
+        users,
+        ..Config::a_tenant()
+    }
+}
+
+#[test]
+fn a_tenant_holds_with_the_admission_policies() {
+    holds(bounded(Config::a_tenant(), 2, 0, 0, 0));
+}
+
+#[test]
+fn a_tenant_starting_its_own_run_holds_with_the_admission_policies() {
+    holds(tenant_starts_own());
+}
+
+#[test]
+fn a_tenant_raising_its_ledger_holds_with_the_admission_policies() {
+    holds(tenant_writes_the_ledger());
+}
+
+/// Without policy 401 a tenant starts its queued PipelineRun while another holds the key:
+/// the controller cancels it (`StartedWithoutGrant`), but it ran beside the holder first.
+#[test]
+fn without_admission_a_tenant_starts_its_queued_run_beside_the_holder() {
+    let trace = breaks(
+        tenant_starts_own().with_broken(Broken::NoAdmission),
+        &[props::EXCLUSION],
+    );
+    assert!(
+        trace.contains("clears spec.status"),
+        "the tenant starts it:\n{trace}"
+    );
+}
+
+/// Without policy 402 a tenant removes the key's ledger entry and deletes the idle Mutex:
+/// the new Mutex starts from a floor of 0 and hands out a token again.
+#[test]
+fn without_admission_a_lowered_ledger_repeats_a_token() {
+    let trace = breaks(
+        tenant_writes_the_ledger().with_broken(Broken::NoAdmission),
+        &[props::FENCING],
+    );
+    assert!(
+        trace.contains("removes k0's entry"),
+        "the tenant lowers the ledger:\n{trace}"
     );
 }
