@@ -42,6 +42,10 @@ pub trait LockObject: LockKind {
     fn namespace_share(&self) -> Option<u32> {
         None
     }
+    /// Does `priority` order runs across namespaces (a ClusterMutex that allows it)?
+    fn priority_across_namespaces(&self) -> bool {
+        false
+    }
     /// How long this lock may stay idle before the controller deletes it: only
     /// for one the controller created itself (see `reconcile::idle_deletion`).
     fn idle_delete_after(&self) -> Option<jiff::SignedDuration> {

@@ -124,8 +124,9 @@ pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
     let facts = MutexFacts {
         deleting: m.deleting,
         token_floor: token_floor(cfg, &s.api, k, &m),
-        namespace_share: None, // Mutexes only
-        ledger_read: false,    // the model's objects have no uid: the floor goes by `fresh`
+        namespace_share: None,             // Mutexes only
+        priority_across_namespaces: false, // Mutexes only
+        ledger_read: false, // the model's objects have no uid: the floor goes by `fresh`
     };
     let writes = decide_writes(cfg, &s.api, &s.replicas[rep].cache, k, &m, !retry, facts);
     if writes.is_empty() {

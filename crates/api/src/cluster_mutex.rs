@@ -57,6 +57,13 @@ pub struct ClusterMutexSpec {
     /// too; by default supersede stays within a namespace.
     #[serde(default)]
     pub cross_namespace_supersede: bool,
+    /// Let `priority` order runs across namespaces too (a platform team's own deploys ahead
+    /// of every tenant's). By default namespaces take turns, and a run's priority and
+    /// sequence, its tenant's own claims, order that namespace's runs only. Only for a
+    /// ClusterMutex whose namespaces trust each other: any of them may then send its runs
+    /// with a high priority.
+    #[serde(default)]
+    pub cross_namespace_priority: bool,
     /// How many runs of one namespace may wait at once; one more fails with
     /// reason `QueueFull`, naming the namespace. Default: `maxQueue / 4`, at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]

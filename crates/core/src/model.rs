@@ -237,6 +237,9 @@ pub struct MutexFacts {
     /// A ClusterMutex's share of its queue for one namespace: one tenant cannot
     /// fill the queue and deny the lock to the others. None for a Mutex.
     pub namespace_share: Option<u32>,
+    /// A ClusterMutex whose `spec.crossNamespacePriority` lets `priority` order runs across
+    /// namespaces too; otherwise namespaces take turns and priority stays within one.
+    pub priority_across_namespaces: bool,
 }
 
 impl MutexFacts {

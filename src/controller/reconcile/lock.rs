@@ -212,6 +212,7 @@ async fn lock_facts<L: LockObject>(
         token_floor,
         ledger_read,
         namespace_share: lock.namespace_share(),
+        priority_across_namespaces: lock.priority_across_namespaces(),
     })
 }
 

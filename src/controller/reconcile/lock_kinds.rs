@@ -124,6 +124,10 @@ impl LockObject for ClusterMutex {
         Some(self.spec.namespace_share())
     }
 
+    fn priority_across_namespaces(&self) -> bool {
+        self.spec.cross_namespace_priority
+    }
+
     fn qualify(&self, ns: &str, v: &mut RunView) {
         let scope = Scope::Cluster;
         v.run.name = scope.status_name(ns, &v.run.name);

@@ -531,7 +531,8 @@ impl<'a> Decider<'a> {
         self.st.queue.sort_by(|a, b| queue_order(order, a, b));
         if self.facts.namespace_share.is_some() {
             let queue = std::mem::take(&mut self.st.queue);
-            self.st.queue = super::fair_share::across_namespaces(order, queue);
+            let by_priority = self.facts.priority_across_namespaces;
+            self.st.queue = super::fair_share::across_namespaces(order, by_priority, queue);
         }
         self.promoted_first();
     }

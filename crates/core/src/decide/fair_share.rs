@@ -12,9 +12,14 @@ use tekton_mutex_api::cluster_mutex::unqualify;
 use tekton_mutex_api::mutex::{Order, Waiter};
 
 /// `queue`, already in each namespace's own order, merged across namespaces: of the
-/// namespaces' next runs, the one created first (last, `newest-first`) goes first. Waiters are
-/// moved, never cloned: the queue is sorted on every grant.
-pub(super) fn across_namespaces(order: Order, queue: Vec<Waiter>) -> Vec<Waiter> {
+/// namespaces' next runs, the one created first (last, `newest-first`) goes first; with
+/// `by_priority` (the ClusterMutex allows it), the one of highest priority, then that. Waiters
+/// are moved, never cloned: the queue is sorted on every grant.
+pub(super) fn across_namespaces(
+    order: Order,
+    by_priority: bool,
+    queue: Vec<Waiter>,
+) -> Vec<Waiter> {
     let mut lines: BTreeMap<&str, VecDeque<usize>> = BTreeMap::new();
     for (i, w) in queue.iter().enumerate() {
         let ns = unqualify(&w.run.name).map_or("", |(ns, _)| ns);
@@ -24,17 +29,21 @@ pub(super) fn across_namespaces(order: Order, queue: Vec<Waiter>) -> Vec<Waiter>
         return queue;
     }
     let turn_of = turns(order, &queue);
+    // The heap pops the greatest: the highest priority (when it counts), then the smallest turn.
+    let rank = |i: usize, line: usize| {
+        let priority = if by_priority { queue[i].priority } else { 0 };
+        (priority, Reverse(turn_of[i]), Reverse(line))
+    };
     let mut lines: Vec<VecDeque<usize>> = lines.into_values().collect();
-    // The heap pops the greatest: the smallest turn first.
-    let mut heads: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
+    let mut heads = BinaryHeap::new();
     for (line, runs) in lines.iter().enumerate() {
-        heads.extend(runs.front().map(|&i| Reverse((turn_of[i], line))));
+        heads.extend(runs.front().map(|&i| rank(i, line)));
     }
     let mut merged = Vec::with_capacity(queue.len());
-    while let Some(Reverse((_, line))) = heads.pop() {
+    while let Some((_, _, Reverse(line))) = heads.pop() {
         let line_runs = &mut lines[line];
         merged.extend(line_runs.pop_front());
-        heads.extend(line_runs.front().map(|&i| Reverse((turn_of[i], line))));
+        heads.extend(line_runs.front().map(|&i| rank(i, line)));
     }
     let mut slots: Vec<Option<Waiter>> = queue.into_iter().map(Some).collect();
     merged.into_iter().filter_map(|i| slots[i].take()).collect()

@@ -1515,6 +1515,7 @@ fn a_cluster_mutex_being_deleted_ends_a_newcomers_wait_at_once() {
     let deleting = MutexFacts {
         deleting: true,
         namespace_share: Some(250),
+        priority_across_namespaces: false,
         ..Default::default()
     };
     assert!(!deleting.comes_back_when_deleted());
@@ -1851,6 +1852,7 @@ fn a_namespace_beyond_its_share_of_a_cluster_mutex_queue_is_refused() {
     ];
     let facts = MutexFacts {
         namespace_share: Some(2),
+        priority_across_namespaces: false,
         ..Default::default()
     };
     let d = decide_with(
@@ -1979,6 +1981,7 @@ fn on_a_cluster_mutex_one_namespaces_sequence_does_not_pass_another_namespaces_w
     let spec = LockSpec::default();
     let cluster = MutexFacts {
         namespace_share: Some(250),
+        priority_across_namespaces: false,
         ..Default::default()
     };
     let tenant = |i: usize, ns: &str, sequence: Option<i64>, priority: i64| {
@@ -2002,6 +2005,19 @@ fn on_a_cluster_mutex_one_namespaces_sequence_does_not_pass_another_namespaces_w
     assert_eq!(
         queue(&d),
         ["pr1", "pr2", "pr4", "pr3"],
+        "{:?}",
+        d.status.queue
+    );
+    // A ClusterMutex with `crossNamespacePriority` lets priority pass other namespaces:
+    // team-a's priority-5 run goes first, then the namespaces take turns again.
+    let trusting = MutexFacts {
+        priority_across_namespaces: true,
+        ..cluster
+    };
+    let d = decide_with(&spec, &first.status, &runs, t(5), trusting);
+    assert_eq!(
+        queue(&d),
+        ["pr2", "pr1", "pr4", "pr3"],
         "{:?}",
         d.status.queue
     );
