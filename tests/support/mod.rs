@@ -21,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod components;
 pub mod controller;
 pub mod locks;
 pub mod ops;
