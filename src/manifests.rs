@@ -203,8 +203,8 @@ mod tests {
             let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
             assert_eq!(
                 kinds.len(),
-                6,
-                "three policies and their bindings: {kinds:?}"
+                8,
+                "four policies and their bindings: {kinds:?}"
             );
             for o in &objs {
                 let expected = format!("admissionregistration.k8s.io/{version}");

@@ -57,8 +57,37 @@ impl QueueAtCreate {
             names.push((doc["kind"].as_str().unwrap().to_string(), name));
             apply_yaml(&ns.client(), None, &serde_json::to_string(&doc)?).await?;
         }
+        wait_labelling(ns).await?;
         Ok(QueueAtCreate { names })
     }
+}
+
+/// Waits until the API server labels a selecting Mutex as it is written (the file's first
+/// policy: a policy reaches admission a moment after it is created). A selecting Mutex written
+/// before then is labelled by the controller, which some tests start only later.
+async fn wait_labelling(ns: &TestNamespace) -> Result<()> {
+    let api = ns.dynamic("tekton-mutex.dev/v1alpha1", "Mutex").await?;
+    let probe: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+        "metadata": {"name": "labelling-probe"}, "spec": {"selector": {"pipelines": ["probe"]}},
+    }))?;
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until(
+        "the API server to label selecting Mutexes",
+        slow(),
+        || async {
+            let stored = api.create(&pp, &probe).await?;
+            let labelled = stored
+                .labels()
+                .get("tekton-mutex.dev/selects")
+                .map(String::as_str);
+            Ok((labelled == Some("true")).then_some(()))
+        },
+    )
+    .await
 }
 
 impl Drop for QueueAtCreate {

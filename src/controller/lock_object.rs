@@ -42,6 +42,8 @@ pub trait LockObject: LockKind {
     fn namespace_share(&self) -> Option<u32> {
         None
     }
+    /// Does it take PipelineRuns by `spec.selector`?
+    fn selects(&self) -> bool;
     /// Does `priority` order runs across namespaces (a ClusterMutex that allows it)?
     fn priority_across_namespaces(&self) -> bool {
         false

@@ -15,6 +15,42 @@ use tracing::info;
 /// removal, cleared when it goes back on (see `idle_deletion`).
 pub const IDLE_SINCE: &str = "tekton-mutex.dev/idle-since";
 
+/// On a lock with a `spec.selector`: the admission policies that make selected PipelineRuns
+/// Pending take only the locks so labelled as params (config/admission/queue-at-create.yaml
+/// labels them as they are written; this labels one that predates that policy).
+pub const SELECTS: &str = "tekton-mutex.dev/selects";
+
+/// Labels a selecting lock [`SELECTS`] if it is not yet (a lock written before the admission
+/// policy that labels them was installed, or upgraded to): until then no PipelineRun create
+/// sees its selector. A compare-and-swap; its change brings the lock back.
+pub async fn label_selecting<L: LockObject>(ctx: &Context, lock: &L) -> Result<bool, Error> {
+    let labelled = lock.labels().get(SELECTS).map(String::as_str) == Some("true");
+    if !lock.selects() || labelled {
+        return Ok(false);
+    }
+    let api = L::api(&ctx.client, &lock.scope());
+    let patch = json!({"metadata": {
+        "labels": {SELECTS: "true"},
+        "resourceVersion": lock.resource_version(),
+    }});
+    ctx.metrics.api_write("patch", L::PLURAL);
+    match api
+        .patch(
+            &lock.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            info!(lock = %lock.name_any(), "labelled a selecting lock for the admission policy");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Keeps a lock with holders, waiters or reservations from being removed.
 pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";
 

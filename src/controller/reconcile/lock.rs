@@ -59,6 +59,9 @@ async fn sync_lock<L: LockObject>(
     let Some(lock) = read_lock(ctx, scope, name, cached).await? else {
         return Ok(Action::await_change());
     };
+    if lock_meta::label_selecting(ctx, &lock).await? {
+        return Ok(Action::await_change()); // its change brings it back
+    }
     let current = lock.lock_status().cloned().unwrap_or_default();
     let now = Timestamp::now();
     let members = members::gather(ctx, &lock, &current, now).await?;

@@ -63,6 +63,10 @@ impl LockObject for Mutex {
 
     fn qualify(&self, _: &str, _: &mut RunView) {}
 
+    fn selects(&self) -> bool {
+        self.spec.selector.is_some()
+    }
+
     async fn recreate_for_waiters(ctx: &Context, gone: &Self) -> bool {
         let (ns, key) = (&gone.namespace().unwrap_or_default(), &gone.name_any());
         // An operator's delete is final: what comes back for the runs that name the key is the
@@ -126,6 +130,10 @@ impl LockObject for ClusterMutex {
 
     fn priority_across_namespaces(&self) -> bool {
         self.spec.cross_namespace_priority
+    }
+
+    fn selects(&self) -> bool {
+        self.spec.selector.is_some()
     }
 
     fn qualify(&self, ns: &str, v: &mut RunView) {

@@ -57,6 +57,7 @@ pub fn all() -> Vec<Scenario> {
         deleted_mutex(),
         idle_mutex_deleted(),
         idle_mutex_stamped(),
+        selecting_mutex_labelled(),
         queue_control_release(),
         queue_control_clear(),
         frozen(),
@@ -262,6 +263,21 @@ fn idle_mutex_stamped() -> Scenario {
     );
     s.prior.insert(LockId::mutex("old"), 3);
     s
+}
+
+/// A Mutex with a selector written before the admission policy that labels selecting locks
+/// (an upgrade): the controller labels it, so that PipelineRun creates see its selector, and it
+/// serves its key as any Mutex. (Its selector takes none of the scenario's runs.)
+fn selecting_mutex_labelled() -> Scenario {
+    let selecting = json!({"spec": {"selector": {"pipelines": ["not-the-scenarios"]}}});
+    Scenario::new(
+        "selecting-mutex-labelled",
+        vec![
+            vec![Action::Apply(ObjKey::new(Kind::Mutex, NS, "k"), selecting)],
+            vec![Action::Create(pr("a", "k"))],
+            vec![Action::Finish("a")],
+        ],
+    )
 }
 
 /// `tkn mutex release --force`: the holder's PipelineRun is cancelled, the
