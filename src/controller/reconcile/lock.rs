@@ -544,10 +544,16 @@ impl Tell<'_> {
             let Some(m) = self.members.iter().find(|m| m.run().uid == run.uid) else {
                 continue;
             };
-            if let Err(e) = self.run(m, outcome).await {
+            let told = self.run(m, outcome).await;
+            if told.is_ok() && matches!(outcome, Outcome::Acquired { .. }) {
+                self.ctx.undelivered.delivered(&run.uid);
+            }
+            if let Err(e) = told {
                 if let (Outcome::Acquired { .. }, Error::Kube(refusal)) = (outcome, &e) {
-                    // Taken back by the next sync, if no retry can deliver it.
-                    self.ctx.undelivered.note(&run.uid, refusal);
+                    // Taken back by a later sync if no retry can deliver it, or none has for long.
+                    self.ctx
+                        .undelivered
+                        .note(&run.uid, refusal, Timestamp::now());
                 }
                 let what = format!("update the status of {} on mutex {}", m.name, self.key);
                 let reference = events::run_reference(&m.namespace, &m.local_run());
