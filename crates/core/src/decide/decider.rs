@@ -192,6 +192,8 @@ impl<'a> Decider<'a> {
             .map(|h| h.run.uid.as_str())
             .chain(self.st.queue.iter().map(|w| w.run.uid.as_str()))
             .chain(self.reserved_uids())
+            // A waiter that just left (drop_leavers) was told already: no second word.
+            .chain(self.outcomes.iter().map(|(run, _)| run.uid.as_str()))
             .collect();
         let mut arrivals: Vec<&'a RunView> = self
             .all

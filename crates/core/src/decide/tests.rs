@@ -746,6 +746,11 @@ impl World {
             "over capacity: {:?}",
             d.status.holders
         );
+        // One word per run per decision: a waiter that leaves is not told again as a newcomer.
+        let mut told = std::collections::HashSet::new();
+        for (r, _) in &d.outcomes {
+            assert!(told.insert(&r.uid), "{} told twice: {:?}", r.uid, d.outcomes);
+        }
         for (r, o) in &d.outcomes {
             match o {
                 Outcome::Acquired { token, .. } if !self.grants.iter().any(|g| g.0 == r.uid) => {
