@@ -6,15 +6,17 @@
 # task, and multi-key runs whose reserved lock run is deleted; issue 37's Dashboard "Rerun" copies
 # of queued runs, started or queued Pending again, lock tasks matrixed over keys of different
 # order or taking two keys in opposite orders, and a Mutex restored from an early snapshot with
-# its old status, the controller up or down), checked by an independent checker. Exits non-zero on
-# any violation. Each round prints the seed that reproduces it.
+# its old status, the controller up or down; issue 46's author starting its own queued run under
+# the cluster install's admission policy, and a selecting Mutex, whose runs are created as a
+# Trigger creates them, edited or deleted as they wait), checked by an independent checker. Exits
+# non-zero on any violation. Each round prints the seed that reproduces it.
 #
 #   hack/chaos.sh --rounds 100            the full campaign (random seeds, printed)
 #   hack/chaos.sh --seed 12345            one round again (repeat --seed, or a comma list)
-#   hack/chaos.sh --faults controller,apiserver,users,mutex,admission   (default: all; also
-#                                         single kinds such as etcd-restart, rerun-copy,
+#   hack/chaos.sh --faults controller,apiserver,users,mutex,admission,selector   (default: all;
+#                                         also single kinds such as etcd-restart, rerun-copy,
 #                                         requeued-copy, matrix-keys, opposite-orders,
-#                                         mutex-restore, or none)
+#                                         mutex-restore, author-start, selector-edit, or none)
 #   hack/chaos.sh --runs 20-40            PipelineRuns per round
 #   hack/chaos.sh --unguarded             the same rounds without the lock task: must fail
 #   hack/chaos.sh --broken                the same rounds against a broken capacity check (the
@@ -34,12 +36,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 # The CI campaign: fixed seeds whose rounds together draw every fault kind (tests/chaos/plan.rs
-# checks it), and each of issue 37's at least once.
-CI_SEEDS=${CHAOS_CI_SEEDS:-699,890,955}
+# checks it), each of issue 37's and issue 46's at least once.
+CI_SEEDS=${CHAOS_CI_SEEDS:-19,826,7429}
 CI_FAULTS=${CHAOS_CI_FAULTS:-all}
 CI_RUNS=${CHAOS_CI_RUNS:-20-24}
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 
 rounds="" seeds="" faults=all runs=20-40 unguarded="" broken="" expect="" ci=""
 while (( $# )); do

@@ -18,6 +18,11 @@ pub enum Invariant {
     Reasons,
     /// A copy started unguarded (a Dashboard "Rerun" of a queued PipelineRun) was granted.
     Copy,
+    /// An author started its own PipelineRun while it waited for its grant (the cluster
+    /// install's admission policy lets no one but the controller do that).
+    GrantOnly,
+    /// A selected PipelineRun that no lock took (it runs unlocked) was granted.
+    Unlocked,
 }
 
 impl fmt::Display for Invariant {
@@ -29,6 +34,8 @@ impl fmt::Display for Invariant {
             Invariant::Liveness => "liveness",
             Invariant::Reasons => "reasons",
             Invariant::Copy => "unguarded-copy",
+            Invariant::GrantOnly => "only-a-grant-starts",
+            Invariant::Unlocked => "unlocked-run",
         })
     }
 }
@@ -117,8 +124,16 @@ pub struct RunFacts {
     pub token: Option<String>,
     /// When it ended (seconds), if it did.
     pub completion_s: Option<i64>,
-    /// Queued as a whole (created Pending with the lock's annotations), copies included.
+    /// Queued as a whole (created Pending with the lock's annotations), copies included; or
+    /// selected, and stamped with the key by the controller.
     pub queued: bool,
+    /// Its author cleared its `spec.status` while it waited, and the API server let that
+    /// through: the run started without its grant.
+    pub author_started: bool,
+    /// Selected (created as a Trigger creates it), but no lock took it: it carries no
+    /// `tekton-mutex.dev/key` (the selector had stopped taking it, and it was let go or never
+    /// made Pending). Its deploys are no sections, and it must never be granted.
+    pub unlocked: bool,
 }
 
 impl RunFacts {
@@ -183,7 +198,7 @@ pub fn check(round: &Round) -> Vec<Violation> {
     let unguarded: BTreeSet<&str> = round
         .runs
         .iter()
-        .filter(|r| r.unguarded_copy)
+        .filter(|r| r.unguarded_copy || r.unlocked)
         .map(|r| r.name.as_str())
         .collect();
     let queued: BTreeSet<&str> = round
@@ -210,7 +225,42 @@ pub fn check(round: &Round) -> Vec<Violation> {
     out.extend(liveness(round.runs, round.stuck));
     out.extend(reasons(round.runs));
     out.extend(copies(round.runs));
+    out.extend(unlocked(round.runs));
+    out.extend(author_starts(round.runs));
     out
+}
+
+/// A selected run that no lock took is never granted: it has no token annotation.
+pub fn unlocked(runs: &[RunFacts]) -> Vec<Violation> {
+    runs.iter()
+        .filter(|r| r.unlocked && r.token.is_some())
+        .map(|r| Violation {
+            invariant: Invariant::Unlocked,
+            key: r.key.clone(),
+            at_ms: u64::MAX,
+            detail: format!(
+                "{}, selected but taken by no lock (no key annotation), shows token {:?}",
+                r.name, r.token
+            ),
+        })
+        .collect()
+}
+
+/// Only a grant starts a waiting PipelineRun: its author's start was let through.
+pub fn author_starts(runs: &[RunFacts]) -> Vec<Violation> {
+    runs.iter()
+        .filter(|r| r.author_started)
+        .map(|r| Violation {
+            invariant: Invariant::GrantOnly,
+            key: r.key.clone(),
+            at_ms: u64::MAX,
+            detail: format!(
+                "{}: its author cleared its spec.status while it waited for {}, and the API \
+                 server let it through (lock record {:?})",
+                r.name, r.key, r.lock_reason
+            ),
+        })
+        .collect()
 }
 
 /// Tokens handed out after a run ended are above its token, whatever the capacity (capacity 1
@@ -387,6 +437,8 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
         match lock {
             Some("InvalidParams") if r.repointed => {}
             Some("Deadlock") if r.cross => {}
+            // The controller's answer to a start let through, itself a violation (author_starts).
+            Some("StartedWithoutGrant") if r.author_started => {}
             Some(x) if x != "Waiting" && !LOCK_REASONS.contains(&x) => {
                 v(format!("lock run ended with undocumented reason {x}"))
             }
@@ -413,6 +465,7 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
             && r.spec_status.as_deref() == Some(r.cancel_mode.as_str());
         let annotated = r.supersede_on && r.superseded_by.is_some();
         let explained = r.user_cancelled
+            || r.author_started
             || r.lock_run_deleted
             || r.superseded()
             || superseded_holder
@@ -756,6 +809,58 @@ mod tests {
             deploy("b", 2, 12_500, 14_000),
         ];
         assert_eq!(invariants(&round(&later, &[q, b])), [Invariant::Exclusion]);
+    }
+
+    /// Issue 46: a selected run the lock took (stamped with the key) is a section like any
+    /// other; one no lock took (the selector stopped taking it) runs unlocked beside the holder,
+    /// is no section, and is never granted.
+    #[test]
+    fn a_selected_run_is_a_section_only_if_the_lock_took_it() {
+        let holder = run("s1", 1);
+        let mut later = run("s2", 2);
+        (later.queued, later.supersede_on) = (true, false);
+        let beside = [deploy("s1", 1, 0, 2_000), deploy("s2", 0, 1_000, 3_000)];
+        let mut found = invariants(&check_one(1, &beside, &[holder.clone(), later.clone()]));
+        found.sort();
+        assert_eq!(found, [Invariant::Exclusion, Invariant::Fencing]);
+        later.unlocked = true;
+        assert!(check_one(1, &beside, &[holder.clone(), later.clone()]).is_empty());
+        later.token = Some("2".into());
+        let v = check_one(1, &beside, &[holder, later]);
+        assert_eq!(invariants(&v), [Invariant::Unlocked]);
+    }
+
+    /// Issue 46: an author's start of its waiting run, let through, is caught by itself; the
+    /// controller's answer (cancelled, `StartedWithoutGrant`) is then no undocumented reason,
+    /// and a deploy it made beside the holder (no token: it had no grant) breaks exclusion and
+    /// fencing.
+    #[test]
+    fn an_author_start_let_through_is_caught() {
+        let mut started = run("q", 2);
+        (started.queued, started.supersede_on, started.author_started) = (true, false, true);
+        started.reason = Some("Cancelled".into());
+        started.spec_status = Some("Cancelled".into());
+        started.lock_status = Some("False".into());
+        started.lock_reason = Some("StartedWithoutGrant".into());
+        let v = check_one(1, &[], &[run("a", 1), started.clone()]);
+        assert_eq!(invariants(&v), [Invariant::GrantOnly]);
+        let beside = [deploy("a", 1, 0, 2_000), deploy("q", 0, 1_000, 1_500)];
+        let v = check_one(1, &beside, &[run("a", 1), started.clone()]);
+        let found = invariants(&v);
+        for i in [
+            Invariant::Exclusion,
+            Invariant::Fencing,
+            Invariant::GrantOnly,
+        ] {
+            assert!(found.contains(&i), "{found:?}");
+        }
+        // Refused (not let through): its cancel by the controller would be unexplained.
+        started.author_started = false;
+        let v = check_one(1, &[], &[run("a", 1), started]);
+        assert!(
+            invariants(&v).iter().all(|i| *i == Invariant::Reasons),
+            "{v:?}"
+        );
     }
 
     #[test]

@@ -328,6 +328,7 @@ pub async fn delete_reserved_lock_run(
 /// annotation kept (the lock's record and token too), the labels but Tekton's own, the spec
 /// without `status`, under a new name; created Pending again if `pending` (as the README says
 /// to queue a run) and the original is queued as a whole (a lock task's run would stay Pending).
+/// Whether it is Pending is read from what the API server stored.
 pub struct Copied {
     /// The original is queued as a whole (it has `tekton-mutex.dev/key`).
     pub queued: bool,
@@ -367,7 +368,9 @@ pub async fn copy_run(
         "spec": spec,
     });
     let copy: DynamicObject = serde_json::from_value(copy)?;
-    api.create(&kube::api::PostParams::default(), &copy).await?;
+    let stored = api.create(&kube::api::PostParams::default(), &copy).await?;
+    // The queue-at-create policy, where a round installs it, makes a keyed copy Pending.
+    let pending = stored.data.pointer("/spec/status") == Some(&json!("PipelineRunPending"));
     Ok(Copied {
         queued,
         pending,

@@ -13,6 +13,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admission;
 mod checker;
 mod faults;
 mod manifest;

@@ -1,7 +1,7 @@
 //! The PipelineRuns of a round: the Mutex first (unless unguarded), then a deploy step that
 //! records its own start and end as ConfigMaps, the checker's evidence.
 
-use super::plan::{RoundPlan, RunPlan, Shape};
+use super::plan::{RoundPlan, RunPlan, SELECTED_GROUP, Shape};
 use serde_json::{Value, json};
 
 /// Label on every mark ConfigMap; its value is `start` or `end`.
@@ -21,12 +21,12 @@ case "$TOKEN" in
 esac
 # A PipelineRun queued as a whole: the token is its annotation (retried while the API server
 # restarts). A copy started unguarded (not Pending) is told so (`tekton-mutex.dev/error`) and may
-# have no token: it marks 0.
+# have no token: it marks 0. So does a selected run that runs with no key (no lock took it).
 i=0
 while [ "$TOKEN" = queued ] && [ "$i" -lt 200 ]; do
-  t=$(kubectl -n "$NS" get pipelinerun "$PR" -o jsonpath='{.metadata.annotations.tekton-mutex\.dev/token}/{.metadata.annotations.tekton-mutex\.dev/error}' 2>/dev/null) || t=/
+  t=$(kubectl -n "$NS" get pipelinerun "$PR" -o jsonpath='{.metadata.annotations.tekton-mutex\.dev/token}/{.metadata.annotations.tekton-mutex\.dev/error}/{.metadata.annotations.tekton-mutex\.dev/key}' 2>/dev/null) || t=retry
   case "$t" in
-    /) ;;
+    retry|//?*) ;;
     /*) TOKEN=0 ;;
     *) TOKEN=${t%%/*} ;;
   esac
@@ -84,7 +84,7 @@ fn lock_params(plan: &RoundPlan, run: &RunPlan) -> Vec<Value> {
         Shape::MultiKey(_) => vec![param("keys", keys.join(","))],
         // The matrix gives each lock run its key.
         Shape::Matrix(..) => vec![],
-        Shape::Plain | Shape::Sibling | Shape::Queued | Shape::Opposite(..) => {
+        Shape::Plain | Shape::Sibling | Shape::Queued | Shape::Selected | Shape::Opposite(..) => {
             vec![param("key", keys[0])]
         }
     };
@@ -156,7 +156,7 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
     let token = match (plan.unguarded, run.shape) {
         (true, _) => "0",
         (false, Shape::MultiKey(_)) => "$(tasks.lock.results.tokens)",
-        (false, Shape::Queued) => QUEUED_TOKEN,
+        (false, Shape::Queued | Shape::Selected) => QUEUED_TOKEN,
         (false, Shape::Matrix(..)) => MATRIX_TOKEN,
         (false, Shape::Opposite(..)) if i > 0 => "$(tasks.lock-2.results.token)",
         (false, _) => "$(tasks.lock.results.token)",
@@ -187,7 +187,7 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
             Shape::Sibling => json!([LOCK, QUICK]),
             Shape::Plain | Shape::MultiKey(_) | Shape::Matrix(..) => json!([LOCK]),
             Shape::Opposite(..) => json!([LOCK, SECOND_LOCK]),
-            Shape::Queued => json!([]),
+            Shape::Queued | Shape::Selected => json!([]),
         };
         deploy["runAfter"] = after;
         if !run.wait {
@@ -199,8 +199,12 @@ fn deploy_task(plan: &RoundPlan, run: &RunPlan, key: usize, i: usize) -> Value {
     deploy
 }
 
-/// The PipelineRun of `run`, with an embedded pipeline.
+/// The PipelineRun of `run`, with an embedded pipeline (a selected run's refers to the round's
+/// selected Pipeline).
 pub fn pipeline_run(plan: &RoundPlan, run: &RunPlan) -> Value {
+    if !plan.unguarded && run.shape == Shape::Selected {
+        return selected_run(plan, run);
+    }
     let mut tasks = vec![];
     let queued = !plan.unguarded && run.shape == Shape::Queued;
     if !plan.unguarded && !queued {
@@ -266,7 +270,67 @@ fn queued_annotations(plan: &RoundPlan, run: &RunPlan) -> Value {
     Value::Object(annotations)
 }
 
-/// The Mutex objects of a round, made ahead with their capacity.
+/// The Pipeline of the selected runs, also their default supersede group.
+pub const SELECTED_PIPELINE: &str = SELECTED_GROUP;
+
+/// The selecting Mutex's selector: the selected Pipeline's runs.
+pub fn selector() -> Value {
+    json!({"pipelines": [SELECTED_PIPELINE]})
+}
+
+/// What a `selector-edit` sets instead: a Pipeline no run of the round refers to.
+pub fn selector_taking_none() -> Value {
+    json!({"pipelines": [format!("{SELECTED_PIPELINE}-no-more")]})
+}
+
+/// The selected Pipeline: the deploy of the selecting key, its length the run's params.
+pub fn selected_pipeline(plan: &RoundPlan) -> Option<Value> {
+    let run = plan.runs.iter().find(|r| r.shape == Shape::Selected)?;
+    let key = plan.groups[run.group].key;
+    let mut deploy = deploy_task(plan, run, key, 0);
+    for p in deploy["params"].as_array_mut().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or_default().to_string();
+        if name == "work-s" || name == "term-s" {
+            p["value"] = json!(format!("$(params.{name})"));
+        }
+    }
+    Some(json!({
+        "apiVersion": "tekton.dev/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": SELECTED_PIPELINE},
+        "spec": {
+            "params": [{"name": "work-s", "type": "string"}, {"name": "term-s", "type": "string"}],
+            "tasks": [deploy],
+        },
+    }))
+}
+
+/// A selected run as a Trigger creates it: a `pipelineRef`, params and labels; no status, no
+/// annotation.
+fn selected_run(plan: &RoundPlan, run: &RunPlan) -> Value {
+    let mut pr = json!({
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {
+            "name": run.name,
+            "labels": {"chaos.tekton-mutex.dev/seed": plan.seed.to_string()},
+        },
+        "spec": {
+            "pipelineRef": {"name": SELECTED_PIPELINE},
+            "params": [
+                param("work-s", secs(run.deploy_ms)),
+                param("term-s", secs(run.term_extra_ms)),
+            ],
+        },
+    });
+    if let Some(t) = run.pipeline_timeout_s {
+        pr["spec"]["timeouts"] = json!({"pipeline": format!("{t}s")});
+    }
+    pr
+}
+
+/// The Mutex objects of a round, made ahead with their capacity (and the selecting one's
+/// selector).
 pub fn mutexes(plan: &RoundPlan) -> Vec<Value> {
     plan.keys
         .iter()
@@ -274,6 +338,9 @@ pub fn mutexes(plan: &RoundPlan) -> Vec<Value> {
             let mut spec = json!({"capacity": k.capacity});
             if let Some(order) = k.order {
                 spec["order"] = json!(order);
+            }
+            if k.selecting {
+                spec["selector"] = selector();
             }
             json!({
                 "apiVersion": "tekton-mutex.dev/v1alpha1",

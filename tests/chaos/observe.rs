@@ -118,6 +118,10 @@ pub struct PrFinal {
     pub superseded_by: Option<String>,
     /// Its `tekton-mutex.dev/token` annotation (a queued run's grant, or a copy's copied one).
     pub token: Option<String>,
+    /// Its `tekton-mutex.dev/key` annotation: a lock took it (or it asked for one).
+    pub key: Option<String>,
+    /// Its `tekton-mutex.dev/error` annotation: what the controller told it.
+    pub error: Option<String>,
     pub created_s: i64,
     pub completion_s: Option<i64>,
 }
@@ -159,6 +163,8 @@ pub async fn pipeline_runs(client: &Client, ns: &str) -> Result<BTreeMap<String,
                     .get("tekton-mutex.dev/superseded-by")
                     .cloned(),
                 token: pr.annotations().get("tekton-mutex.dev/token").cloned(),
+                key: pr.annotations().get("tekton-mutex.dev/key").cloned(),
+                error: pr.annotations().get("tekton-mutex.dev/error").cloned(),
                 created_s: pr
                     .metadata
                     .creation_timestamp

@@ -38,6 +38,8 @@ pub struct KeyPlan {
     pub capacity: usize,
     /// `spec.order`, when the round sets one (the matrix shape needs keys of different order).
     pub order: Option<&'static str>,
+    /// Its Mutex takes the round's `Shape::Selected` runs by `spec.selector` (issue 46).
+    pub selecting: bool,
 }
 
 /// A group belongs to one key and has one supersede mode for the round.
@@ -87,6 +89,11 @@ pub enum Shape {
     /// Two lock tasks, the first key's, then the second's (issue 37): runs taking the same two
     /// keys in opposite orders may deadlock.
     Opposite(usize, usize),
+    /// As a Trigger creates it (issue 46): a `pipelineRef` to the round's selected Pipeline, no
+    /// lock task, no annotation, not Pending. The selecting Mutex's `spec.selector` takes it and
+    /// the queue-at-create admission policy makes it Pending; once the selector no longer takes
+    /// it, it runs unlocked. Its deploy reads the token annotation, as a queued run's does.
+    Selected,
 }
 
 impl Shape {
@@ -119,9 +126,11 @@ pub enum FaultKind {
     MatrixKeys,
     OppositeOrders,
     MutexRestore,
+    AuthorStart,
+    SelectorEdit,
 }
 
-pub const ALL_FAULTS: [FaultKind; 19] = [
+pub const ALL_FAULTS: [FaultKind; 21] = [
     FaultKind::ControllerKill,
     FaultKind::ControllerReplica,
     FaultKind::ControllerPause,
@@ -141,7 +150,13 @@ pub const ALL_FAULTS: [FaultKind; 19] = [
     FaultKind::MatrixKeys,
     FaultKind::OppositeOrders,
     FaultKind::MutexRestore,
+    FaultKind::AuthorStart,
+    FaultKind::SelectorEdit,
 ];
+
+/// How a `selector-edit` changes the selecting Mutex: its selector edited so that it takes
+/// none of the round's runs, or the Mutex deleted.
+pub const SELECTOR_EDITS: [&str; 2] = ["edit", "delete"];
 
 impl FaultKind {
     pub fn name(self) -> &'static str {
@@ -165,6 +180,8 @@ impl FaultKind {
             FaultKind::MatrixKeys => "matrix-keys",
             FaultKind::OppositeOrders => "opposite-orders",
             FaultKind::MutexRestore => "mutex-restore",
+            FaultKind::AuthorStart => "author-start",
+            FaultKind::SelectorEdit => "selector-edit",
         }
     }
 
@@ -183,7 +200,9 @@ impl FaultKind {
             | FaultKind::RerunCopy
             | FaultKind::RequeuedCopy
             | FaultKind::MatrixKeys
-            | FaultKind::OppositeOrders => "users",
+            | FaultKind::OppositeOrders
+            | FaultKind::AuthorStart => "users",
+            FaultKind::SelectorEdit => "selector",
             FaultKind::MutexDelete | FaultKind::MutexWipe | FaultKind::MutexRestore => "mutex",
             FaultKind::AdmissionDeny => "admission",
         }
@@ -191,7 +210,7 @@ impl FaultKind {
 }
 
 /// Parses `--faults`: a comma list of categories (`controller`, `apiserver`, `users`, `mutex`,
-/// `admission`), single kinds (`etcd-restart`, ...), `all` or `none`.
+/// `admission`, `selector`), single kinds (`etcd-restart`, ...), `all` or `none`.
 pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
     let mut out = BTreeSet::new();
     for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -204,7 +223,7 @@ pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
             let kinds: Vec<_> = ALL_FAULTS.iter().map(|k| k.name()).collect();
             return Err(format!(
                 "unknown fault {word:?}: use all, none, a category (controller, apiserver, users, \
-                 mutex, admission) or a kind ({})",
+                 mutex, admission, selector) or a kind ({})",
                 kinds.join(", ")
             ));
         }
@@ -226,7 +245,7 @@ pub struct FaultPlan {
     pub run: usize,
     /// The key it targets, for Mutex faults.
     pub key: usize,
-    /// The cancel mode, for a user cancel.
+    /// The cancel mode, for a user cancel; for a selector edit, one of [`SELECTOR_EDITS`].
     pub mode: &'static str,
 }
 
@@ -274,7 +293,7 @@ impl RoundPlan {
         match run.shape {
             Shape::MultiKey(other) => vec![own, other],
             Shape::Matrix(a, b) | Shape::Opposite(a, b) => vec![a, b],
-            Shape::Plain | Shape::Sibling | Shape::Queued => vec![own],
+            Shape::Plain | Shape::Sibling | Shape::Queued | Shape::Selected => vec![own],
         }
     }
 
@@ -332,6 +351,7 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
             name: format!("k{i}"),
             capacity: if rng.random_bool(0.25) { 2 } else { 1 },
             order: None,
+            selecting: false,
         })
         .collect();
     let supersedes = [Supersede::Pending, Supersede::None, Supersede::Running];
@@ -359,6 +379,7 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
             });
         }
     }
+    draw_selected(&mut rng, &mut keys, &mut groups, &mut runs, &mut faults);
     let probes = draw_probes(&mut faults, &mut groups, &keys);
     RoundPlan {
         seed,
@@ -489,6 +510,12 @@ fn draw_faults(rng: &mut TestRng, runs: &[RunPlan], keys: usize, knobs: &Knobs) 
                 FaultKind::MutexRestore if rng.random_bool(0.5) => rng.random_range(1_000..=6_000),
                 _ => 0,
             };
+            let mode = match kind {
+                FaultKind::SelectorEdit => {
+                    SELECTOR_EDITS[rng.random_range(0..SELECTOR_EDITS.len())]
+                }
+                _ => CANCEL_MODES[rng.random_range(0..CANCEL_MODES.len())],
+            };
             // A user acts on a run that exists by then.
             let created = runs.iter().filter(|r| r.at_ms <= at_ms).count().max(1);
             FaultPlan {
@@ -497,7 +524,7 @@ fn draw_faults(rng: &mut TestRng, runs: &[RunPlan], keys: usize, knobs: &Knobs) 
                 for_ms,
                 run: rng.random_range(0..created),
                 key: rng.random_range(0..keys),
-                mode: CANCEL_MODES[rng.random_range(0..CANCEL_MODES.len())],
+                mode,
             }
         })
         .collect();
@@ -548,6 +575,7 @@ fn draw_shapes(
     }
     draw_cross(rng, runs, groups, faults);
     draw_queued(rng, runs, faults);
+    draw_author_starts(runs, faults);
     draw_copied(rng, runs, faults);
 }
 
@@ -614,25 +642,119 @@ fn draw_copied(rng: &mut TestRng, runs: &mut [RunPlan], faults: &mut [FaultPlan]
 /// run aims at (a queued PipelineRun has none). Its `timeout` is its `queue-timeout`; retries
 /// are a lock task's.
 fn draw_queued(rng: &mut TestRng, runs: &mut [RunPlan], faults: &[FaultPlan]) {
-    let aimed_at_its_lock_run = |i: usize| {
-        faults.iter().any(|f| {
-            f.run == i
-                && matches!(
-                    f.kind,
-                    FaultKind::UserDeleteLockRun | FaultKind::Repoint | FaultKind::DeleteReserved
-                )
-        })
-    };
     for (i, run) in runs.iter_mut().enumerate() {
         if run.shape == Shape::Plain
             && run.wait
-            && !aimed_at_its_lock_run(i)
+            && !aimed_at_its_lock_run(faults, i)
             && rng.random_bool(1.0 / 6.0)
         {
             run.shape = Shape::Queued;
             run.retries = 0;
         }
     }
+}
+
+/// Whether a fault on a lock run (delete, re-point, a reserved slot's) aims at run `i`: it needs
+/// a lock task, so the run keeps its shape.
+fn aimed_at_its_lock_run(faults: &[FaultPlan], i: usize) -> bool {
+    faults.iter().any(|f| {
+        f.run == i
+            && matches!(
+                f.kind,
+                FaultKind::UserDeleteLockRun | FaultKind::Repoint | FaultKind::DeleteReserved
+            )
+    })
+}
+
+/// An `author-start` fault aims at a run queued as a whole: the run it aims at is made queued if
+/// plain (and no lock-run fault needs its lock task), else it aims at the latest queued run
+/// created before it, if any. At its time the round picks another queued run still waiting if
+/// this one is not.
+fn draw_author_starts(runs: &mut [RunPlan], faults: &mut [FaultPlan]) {
+    for i in 0..faults.len() {
+        if faults[i].kind != FaultKind::AuthorStart {
+            continue;
+        }
+        let target = faults[i].run;
+        let run = &mut runs[target];
+        if run.shape == Shape::Plain && !aimed_at_its_lock_run(faults, target) {
+            run.shape = Shape::Queued;
+            run.wait = true;
+            run.retries = 0;
+        } else if run.shape != Shape::Queued
+            && let Some(q) = (0..target).rev().find(|&j| runs[j].shape == Shape::Queued)
+        {
+            faults[i].run = q;
+        }
+    }
+}
+
+/// The selecting key of a round with a `selector-edit` fault.
+pub const SELECTING_KEY: &str = "k4";
+/// The supersede group of the selected runs: their Pipeline's name, the default group.
+pub const SELECTED_GROUP: &str = "selected";
+
+/// With a `selector-edit` fault, a fourth key whose Mutex selects (capacity 1), and about one
+/// plain waiting run in four (at least three), of those no lock-run fault aims at, created as a
+/// Trigger creates it (`Shape::Selected`): the default group (its Pipeline's) and policy, no
+/// sequence, priority or timeout (no lock params at all).
+fn draw_selected(
+    rng: &mut TestRng,
+    keys: &mut Vec<KeyPlan>,
+    groups: &mut Vec<GroupPlan>,
+    runs: &mut [RunPlan],
+    faults: &mut [FaultPlan],
+) {
+    if !faults.iter().any(|f| f.kind == FaultKind::SelectorEdit) {
+        return;
+    }
+    keys.push(KeyPlan {
+        name: SELECTING_KEY.into(),
+        capacity: 1,
+        order: None,
+        selecting: true,
+    });
+    groups.push(GroupPlan {
+        name: SELECTED_GROUP.into(),
+        key: keys.len() - 1,
+        supersede: Supersede::Pending,
+    });
+    let group = groups.len() - 1;
+    let eligible: Vec<usize> = (0..runs.len())
+        .filter(|&i| runs[i].shape == Shape::Plain && runs[i].wait)
+        .filter(|&i| !aimed_at_its_lock_run(faults, i))
+        .collect();
+    let mut chosen: Vec<usize> = eligible
+        .iter()
+        .copied()
+        .filter(|_| rng.random_bool(0.25))
+        .collect();
+    // At least three: one to hold, one to wait at an edit, one to come after it.
+    for &i in &eligible {
+        if chosen.len() < 3 && !chosen.contains(&i) {
+            chosen.push(i);
+        }
+    }
+    chosen.sort_unstable();
+    for &i in &chosen {
+        let run = &mut runs[i];
+        run.name = format!("c{i:02}-{SELECTED_GROUP}");
+        (run.group, run.shape, run.wait, run.retries) = (group, Shape::Selected, true, 0);
+        (run.sequence, run.priority, run.lock_timeout_s) = (None, 0, None);
+        run.cancel_mode = CANCEL_MODES[1]; // the default, CancelledRunFinally
+    }
+    // Each edit comes as a selected run other than the first is created (its burst): runs of
+    // the key wait, the admission policy and the controller may each see either selector.
+    for f in faults
+        .iter_mut()
+        .filter(|f| f.kind == FaultKind::SelectorEdit)
+    {
+        f.key = keys.len() - 1;
+        if chosen.len() > 1 {
+            f.at_ms = runs[chosen[rng.random_range(1..chosen.len())]].at_ms;
+        }
+    }
+    faults.sort_by_key(|f| f.at_ms);
 }
 
 #[cfg(test)]
@@ -682,6 +804,63 @@ mod tests {
         assert!(runs().any(|r| r.shape == Shape::Queued && r.wait && r.retries == 0));
         assert!(runs().any(|r| matches!(r.shape, Shape::Matrix(..))));
         assert!(runs().any(|r| matches!(r.shape, Shape::Opposite(..))));
+        assert!(runs().any(|r| r.shape == Shape::Selected));
+    }
+
+    /// Issue 46: a selector edit comes with a selecting key, its group (supersede pending, the
+    /// default) and at least three runs as a Trigger creates them, the edit as one but the first
+    /// is created; both kinds of edit are drawn. An author start aims at a run queued as a whole, mostly (not when none
+    /// is created before it: the round then picks one still waiting at its time).
+    #[test]
+    fn selector_edits_have_selected_runs_and_author_starts_queued_ones() {
+        let plans: Vec<_> = (0..80).map(|s| draw(s, &knobs())).collect();
+        let mut edits = BTreeSet::new();
+        let (mut starts, mut at_queued) = (0, 0);
+        for p in &plans {
+            let selecting: Vec<_> = p.keys.iter().filter(|k| k.selecting).collect();
+            let has = |k| p.faults.iter().any(|f| f.kind == k);
+            assert_eq!(selecting.len(), usize::from(has(FaultKind::SelectorEdit)));
+            for r in p.runs.iter().filter(|r| r.shape == Shape::Selected) {
+                let g = &p.groups[r.group];
+                assert_eq!(
+                    (g.name.as_str(), g.supersede),
+                    (SELECTED_GROUP, Supersede::Pending)
+                );
+                assert!(p.keys[g.key].selecting && p.keys[g.key].capacity == 1);
+                assert!(
+                    r.wait && r.retries == 0 && r.lock_timeout_s.is_none(),
+                    "{r:?}"
+                );
+                assert!(r.sequence.is_none() && r.priority == 0);
+                assert!(r.name.ends_with(SELECTED_GROUP));
+            }
+            for f in &p.faults {
+                match f.kind {
+                    FaultKind::SelectorEdit => {
+                        assert!(p.keys[f.key].selecting);
+                        let selected: Vec<_> = p
+                            .runs
+                            .iter()
+                            .filter(|r| r.shape == Shape::Selected)
+                            .collect();
+                        assert!(selected.len() >= 3);
+                        assert!(selected[1..].iter().any(|r| r.at_ms == f.at_ms), "{f:?}");
+                        edits.insert(f.mode);
+                    }
+                    FaultKind::AuthorStart => {
+                        starts += 1;
+                        at_queued += usize::from(p.runs[f.run].shape == Shape::Queued);
+                    }
+                    _ => {}
+                }
+            }
+            assert!(p.keys.iter().filter(|k| !k.selecting).count() == 3);
+        }
+        assert_eq!(edits.len(), SELECTOR_EDITS.len());
+        assert!(
+            starts > 0 && at_queued * 10 >= starts * 8,
+            "{at_queued} of {starts}"
+        );
     }
 
     /// Issue 37: the cross-key shapes. A matrix is over two keys of different order; opposite
@@ -755,14 +934,17 @@ mod tests {
         };
         let requeued = queued(FaultKind::RequeuedCopy);
         assert!(!requeued.is_empty());
-        assert!(requeued.iter().filter(|q| **q).count() * 10 >= requeued.len() * 9);
+        let n = requeued.iter().filter(|q| **q).count();
+        assert!(n * 10 >= requeued.len() * 9, "{n} of {}", requeued.len());
         let reruns = queued(FaultKind::RerunCopy);
         assert!(reruns.contains(&true) && reruns.contains(&false));
-        // A copy's work counts in the liveness bound.
-        let p = copies().map(|(p, _)| p).next().unwrap();
-        let mut without = p.clone();
-        without.faults.retain(|f| !f.copies());
-        assert!(p.liveness_bound_ms() > without.liveness_bound_ms());
+        // A copy's work counts in the liveness bound (where its key is the busiest one).
+        let raised = copies().map(|(p, _)| {
+            let mut without = p.clone();
+            without.faults.retain(|f| !f.copies());
+            p.liveness_bound_ms().cmp(&without.liveness_bound_ms())
+        });
+        assert!(raised.clone().all(|o| o.is_ge()) && raised.clone().any(|o| o.is_gt()));
     }
 
     /// Issue 37: a restore snapshots the Mutex early and restores it later, half of the time
@@ -861,6 +1043,9 @@ mod tests {
             assert!(users.contains(&k));
             assert_eq!(parse_faults(k.name()).unwrap(), BTreeSet::from([k]));
         }
+        let selector = parse_faults("selector").unwrap();
+        assert_eq!(selector, BTreeSet::from([FaultKind::SelectorEdit]));
+        assert!(users.contains(&FaultKind::AuthorStart));
         assert!(parse_faults("none").unwrap().is_empty());
         assert!(
             parse_faults("kubelet")

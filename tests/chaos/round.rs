@@ -1,6 +1,7 @@
 //! One round on the local control plane: create the runs in bursts, inject the faults on
 //! schedule, wait for every run to end (bounded), then hand the observations to the checker.
 
+use super::admission::{self, Author, AuthorStart};
 use super::checker::{self, Age, Deploy, EndSeen, RunFacts, Violation};
 use super::faults::{self, Replica};
 use super::manifest;
@@ -9,8 +10,8 @@ use super::plan::{FaultKind, RoundPlan, RunPlan, Shape, Supersede};
 use crate::support::controller::install_crd;
 use crate::support::{TestNamespace, apply_yaml, dynamic_api, repo_root, secs, wait_until};
 use anyhow::{Context, Result};
-use kube::Client;
 use kube::api::{DynamicObject, PostParams};
+use kube::{Client, ResourceExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -54,6 +55,10 @@ enum Op {
     Restore(usize, u64, usize),
     DenyOn,
     DenyOff,
+    /// The author of run `.0` (or of another queued run still waiting) starts it.
+    AuthorStart(usize),
+    /// Key `.0`'s selector edited, or its Mutex deleted (`.1`, see plan::SELECTOR_EDITS).
+    SelectorEdit(usize, &'static str),
 }
 
 fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
@@ -95,6 +100,8 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
                 add(at, Op::DenyOn);
                 add(end, Op::DenyOff);
             }
+            FaultKind::AuthorStart => add(at, Op::AuthorStart(f.run)),
+            FaultKind::SelectorEdit => add(at, Op::SelectorEdit(f.key, f.mode)),
         }
     }
     out.sort_by_key(|(t, _, _)| *t);
@@ -112,6 +119,9 @@ struct UserActs {
     extra: Vec<Extra>,
     /// Mutex status wipes: key, ms since the round started.
     wipes: Vec<(String, u64)>,
+    /// Runs whose author's start the API server let through, and how many it refused.
+    author_let_through: BTreeSet<String>,
+    author_refused: usize,
 }
 
 /// A run created by a fault: a copy (the original's plan under its own name) or a probe.
@@ -140,6 +150,8 @@ struct Stage<'a> {
     /// Restores with the controller up, each waiting for its key to be idle on its own; their
     /// probes once done.
     background: Vec<tokio::task::JoinHandle<Option<Extra>>>,
+    /// The author of the round's runs, with an `author-start` in the plan.
+    author: Option<Author>,
 }
 
 type Snapshots = Arc<StdMutex<BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>>>;
@@ -302,6 +314,10 @@ impl Stage<'_> {
             | Op::Repoint(..)
             | Op::DeleteReserved
             | Op::Copy(..) => self.act(op).await?,
+            Op::AuthorStart(i) => self.author_start(*i).await,
+            Op::SelectorEdit(k, how) => admission::edit_selector(&c, &ns, &key(*k), how)
+                .await
+                .unwrap_or_else(|e| format!("user edits a selector: failed: {e:#}")),
             Op::Restore(k, down, probe) => self.restore(*k, *down, *probe).await?,
             Op::DeleteMutex(k) => {
                 let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
@@ -476,6 +492,39 @@ impl Stage<'_> {
         Ok(text)
     }
 
+    /// The author of run `i` starts it while it waits (clears its `spec.status`); if it is not
+    /// waiting, the author of another queued run that is (the latest created first; bounded).
+    /// The cluster install's policy should refuse it.
+    async fn author_start(&mut self, i: usize) -> String {
+        let Some(author) = self.author.clone() else {
+            return "author start: no author (an unguarded round)".into();
+        };
+        let planned = self.run_name(i).to_string();
+        let queued = self
+            .plan
+            .runs
+            .iter()
+            .rev()
+            .filter(|r| r.shape == Shape::Queued);
+        let others = queued.filter(|r| r.name != planned);
+        let candidates: Vec<String> = std::iter::once(planned.clone())
+            .chain(others.map(|r| r.name.clone()))
+            .collect();
+        let what = "clears its spec.status while it waits";
+        match admission::author_start(&self.client, &self.ns, &author, &candidates).await {
+            Ok(AuthorStart::Refused { pr, message }) => {
+                self.acts.author_refused += 1;
+                format!("author of {pr} {what}: refused ({message})")
+            }
+            Ok(AuthorStart::LetThrough { pr }) => {
+                self.acts.author_let_through.insert(pr.clone());
+                format!("author of {pr} {what}: LET THROUGH")
+            }
+            Ok(AuthorStart::NoneWaiting) => "author start: no queued run waited (15 s)".into(),
+            Err(e) => format!("author start: failed: {e:#}"),
+        }
+    }
+
     /// Key `k`, or the next one if `k` is run `i`'s own: where a re-point sends it.
     fn other_key(&self, i: usize, k: usize) -> String {
         let run = &self.plan.runs[i.min(self.plan.runs.len() - 1)];
@@ -550,26 +599,32 @@ fn spawn_creations(
         for (at, name, body) in runs {
             sleep_until(t0 + at).await;
             let pr: DynamicObject = serde_json::from_value(body)?;
-            wait_until(
+            let stored = wait_until(
                 &format!("PipelineRun {name} to be created"),
                 secs(120),
                 || {
                     let (api, pr) = (api.clone(), pr.clone());
                     async move {
                         match api.create(&PostParams::default(), &pr).await {
-                            Ok(_) => Ok(Some(())),
-                            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(())),
+                            Ok(stored) => Ok(Some(Some(stored))),
+                            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Some(None)),
                             Err(_) => Ok(None),
                         }
                     }
                 },
             )
             .await?;
+            // What a selector's admission made of it.
+            let marked = stored
+                .as_ref()
+                .and_then(|s| s.annotations().get("tekton-mutex.dev/pending-for").cloned())
+                .map(|by| format!(" (made Pending at create for {by})"))
+                .unwrap_or_default();
             let t = now_ms().saturating_sub(t0);
             timeline
                 .lock()
                 .unwrap()
-                .push((t, format!("created {name}")));
+                .push((t, format!("created {name}{marked}")));
         }
         Ok(())
     })
@@ -584,12 +639,15 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         .join(format!("{}-{}", plan.seed, ns.name()));
     std::fs::create_dir_all(&log_dir)?;
     install_crd(&repo_root().join("config/300-crd.yaml")).await?;
+    // Admission first: the cluster install's policies see the locks as they are created.
+    let policies = admission::install(plan, &ns).await?;
     if !plan.unguarded {
         let yaml: Vec<String> = manifest::mutexes(plan)
             .iter()
             .map(|m| m.to_string())
             .collect();
         apply_yaml(&client, Some(ns.name()), &yaml.join("\n---\n")).await?;
+        admission::wait_selecting(plan, &ns).await?;
     }
     let watches = Watches::start(&client, ns.name());
     let timeline = Arc::new(StdMutex::new(Vec::new()));
@@ -607,6 +665,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         timeline: timeline.clone(),
         snapshots: Snapshots::default(),
         background: vec![],
+        author: policies.author.clone(),
     };
     stage.start_replica(0)?;
     let snapshots = spawn_snapshots(
@@ -656,7 +715,9 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     let seen = std::mem::take(&mut *watches.seen.lock().unwrap());
     let end_ms = now_ms().saturating_sub(t0);
     let deploys = deploys(&seen, t0, end_ms);
-    let facts = run_facts(plan, &prs, &locks, &stage.acts);
+    let facts = run_facts(plan, &prs, &locks, &stage.acts, &deploys);
+    counts.extend(admission_counts(plan, &prs, &facts, &stage.acts));
+    drop(policies);
     // Not a fault: cycles across keys the controller broke (their youngest run's wait ended
     // with reason Deadlock), counted beside the faults.
     let deadlocks = facts
@@ -704,8 +765,53 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
     })
 }
 
+/// Not faults, counted beside them (issue 46): the selected runs, those no lock took (they ran
+/// unlocked once the selector stopped taking them), those the controller told and left
+/// Pending; and the authors' starts refused or let through.
+fn admission_counts(
+    plan: &RoundPlan,
+    prs: &BTreeMap<String, PrFinal>,
+    facts: &[RunFacts],
+    acts: &UserActs,
+) -> Vec<(&'static str, usize)> {
+    let selected = plan.runs.iter().filter(|r| r.shape == Shape::Selected);
+    let counted = [
+        ("selected-pipelineruns", selected.count()),
+        (
+            "selected-unlocked",
+            facts.iter().filter(|f| f.unlocked).count(),
+        ),
+        ("selected-told-and-pending", told_selected(plan, prs).len()),
+        ("author-start-refused", acts.author_refused),
+        ("author-start-let-through", acts.author_let_through.len()),
+    ];
+    let guarded = !plan.unguarded;
+    counted
+        .into_iter()
+        .filter(|(_, n)| *n > 0 && guarded)
+        .collect()
+}
+
+/// Selected runs the controller told why they wait for nothing and left Pending: the admission
+/// policy made them Pending for the selector, which no longer takes them, and no lock took
+/// them (no key). They end only when someone acts; the controller that lets them go starts them.
+fn told_selected(plan: &RoundPlan, prs: &BTreeMap<String, PrFinal>) -> BTreeSet<String> {
+    plan.runs
+        .iter()
+        .filter(|r| r.shape == Shape::Selected && !plan.unguarded)
+        .filter(|r| {
+            prs.get(&r.name).is_some_and(|p| {
+                p.spec_status.as_deref() == Some("PipelineRunPending")
+                    && p.key.is_none()
+                    && p.error.is_some()
+            })
+        })
+        .map(|r| r.name.clone())
+        .collect()
+}
+
 /// Waits, up to the round's liveness bound, until every PipelineRun a user did not delete is
-/// done; returns those that are not.
+/// done (or, selected, told and left Pending: `told_selected`); returns those that are not.
 async fn wait_all_done(
     plan: &RoundPlan,
     client: &Client,
@@ -723,9 +829,10 @@ async fn wait_all_done(
         .collect();
     let budget = Duration::from_millis(deadline.saturating_sub(now_ms()));
     let pending = |prs: &BTreeMap<String, PrFinal>| -> Vec<String> {
+        let told = told_selected(plan, prs);
         expected
             .iter()
-            .filter(|n| prs.get(**n).is_none_or(|p| !p.done))
+            .filter(|n| prs.get(**n).is_none_or(|p| !p.done) && !told.contains(**n))
             .map(|n| n.to_string())
             .collect()
     };
@@ -791,11 +898,24 @@ fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {
         .collect()
 }
 
+/// Whether selected run `name` was taken by no lock: it carries no key at the end; deleted, none
+/// of its deploys had a token (its step found no key, or was told).
+fn taken_by_no_lock(name: &str, pr: Option<&PrFinal>, deploys: &[Deploy]) -> bool {
+    match pr {
+        Some(p) => p.key.is_none(),
+        None => deploys
+            .iter()
+            .filter(|d| d.pr == name)
+            .all(|d| d.token == 0),
+    }
+}
+
 fn run_facts(
     plan: &RoundPlan,
     prs: &BTreeMap<String, PrFinal>,
     locks: &BTreeMap<String, LockFinal>,
     acts: &UserActs,
+    deploys: &[Deploy],
 ) -> Vec<RunFacts> {
     let extra = acts
         .extra
@@ -811,6 +931,8 @@ fn run_facts(
             let pr = prs.get(&r.name);
             // A copy started unguarded has its original's record: not its own.
             let lock = locks.get(&r.name).filter(|_| !unguarded_copy);
+            let selected = r.shape == Shape::Selected && !plan.unguarded;
+            let unlocked = selected && taken_by_no_lock(&r.name, pr, deploys);
             RunFacts {
                 group: group.name.clone(),
                 supersede_running: group.supersede == Supersede::Running && !plan.unguarded,
@@ -842,7 +964,9 @@ fn run_facts(
                 copied_token,
                 token: pr.and_then(|p| p.token.clone()),
                 completion_s: pr.and_then(|p| p.completion_s),
-                queued: r.shape == Shape::Queued && !plan.unguarded,
+                queued: (r.shape == Shape::Queued && !plan.unguarded) || (selected && !unlocked),
+                author_started: acts.author_let_through.contains(&r.name),
+                unlocked,
             }
         })
         .collect();
