@@ -28,24 +28,33 @@ pub async fn label_selecting<L: LockObject>(ctx: &Context, lock: &L) -> Result<b
     if !lock.selects() || labelled {
         return Ok(false);
     }
-    let api = L::api(&ctx.client, &lock.scope());
     let patch = json!({"metadata": {
         "labels": {SELECTS: "true"},
         "resourceVersion": lock.resource_version(),
     }});
+    patch_metadata(ctx, lock, &patch).await?;
+    info!(lock = %lock.name_any(), "labelled a selecting lock for the admission policy");
+    Ok(true)
+}
+
+/// A merge patch of `lock`'s metadata, conditioned on the resourceVersion in `patch`: a
+/// conflict is decided again.
+async fn patch_metadata<L: LockObject>(
+    ctx: &Context,
+    lock: &L,
+    patch: &serde_json::Value,
+) -> Result<L, Error> {
+    let api = L::api(&ctx.client, &lock.scope());
     ctx.metrics.api_write("patch", L::PLURAL);
     match api
         .patch(
             &lock.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Merge(patch),
         )
         .await
     {
-        Ok(_) => {
-            info!(lock = %lock.name_any(), "labelled a selecting lock for the admission policy");
-            Ok(true)
-        }
+        Ok(patched) => Ok(patched),
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
         Err(e) => Err(e.into()),
     }
@@ -58,7 +67,6 @@ pub const LOCK_STATE_FINALIZER: &str = "tekton-mutex.dev/lock-state";
 /// with a compare-and-swap on the resourceVersion we read. Returns the lock
 /// with its new resourceVersion, so the status write that follows still applies.
 pub async fn protect<L: LockObject>(ctx: &Context, mut lock: L) -> Result<L, Error> {
-    let api = L::api(&ctx.client, &lock.scope());
     let mut finalizers = lock.finalizers().to_vec();
     finalizers.push(LOCK_STATE_FINALIZER.into());
     let patch = json!({"metadata": {
@@ -66,23 +74,10 @@ pub async fn protect<L: LockObject>(ctx: &Context, mut lock: L) -> Result<L, Err
         "annotations": {IDLE_SINCE: null},
         "resourceVersion": lock.resource_version(),
     }});
-    ctx.metrics.api_write("patch", L::PLURAL);
-    match api
-        .patch(
-            &lock.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(patched) => {
-            lock.meta_mut().resource_version = patched.resource_version();
-            lock.meta_mut().finalizers = patched.meta().finalizers.clone();
-            Ok(lock)
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Conflict),
-        Err(e) => Err(e.into()),
-    }
+    let patched = patch_metadata(ctx, &lock, &patch).await?;
+    lock.meta_mut().resource_version = patched.resource_version();
+    lock.meta_mut().finalizers = patched.meta().finalizers.clone();
+    Ok(lock)
 }
 
 /// Take the finalizer off the idle lock `lock` (read fresh, its `lastToken` already in the
