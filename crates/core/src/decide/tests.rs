@@ -749,7 +749,12 @@ impl World {
         // One word per run per decision: a waiter that leaves is not told again as a newcomer.
         let mut told = std::collections::HashSet::new();
         for (r, _) in &d.outcomes {
-            assert!(told.insert(&r.uid), "{} told twice: {:?}", r.uid, d.outcomes);
+            assert!(
+                told.insert(&r.uid),
+                "{} told twice: {:?}",
+                r.uid,
+                d.outcomes
+            );
         }
         for (r, o) in &d.outcomes {
             match o {
