@@ -113,8 +113,9 @@ pub async fn reconcile<K: Observe + Resource<DynamicType = ()>>(
     Ok(recheck_while_deleting(&ctx, &o.namespace, &keys))
 }
 
-/// How soon a run whose Mutex is being deleted is looked at again.
-const DELETING_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+/// How soon a run is looked at again while something it waits on cannot be seen yet: its Mutex
+/// being deleted, or a cache behind the lock a selector's mark names.
+pub(crate) const RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A run that arrives while its Mutex is being deleted may come after that lock's last sync,
 /// and nothing else would tell it anything: it is looked at again shortly, until the Mutex is
@@ -126,7 +127,7 @@ pub(crate) fn recheck_while_deleting(ctx: &Context, namespace: &str, keys: &[Str
             .is_some_and(|m| m.metadata.deletion_timestamp.is_some())
     });
     match deleting {
-        true => Action::requeue(DELETING_RECHECK),
+        true => Action::requeue(RECHECK),
         false => Action::await_change(),
     }
 }

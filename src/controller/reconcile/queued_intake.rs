@@ -35,7 +35,7 @@ pub async fn reconcile(pr: Arc<PipelineRun>, ctx: Arc<Context>) -> Result<Action
         Step::Stamped => return Ok(Action::await_change()),
         Step::Refused(message) => return refuse_once(&ctx, &pr, "InvalidParams", message).await,
         Step::NotQueued(message) => return refuse_once(&ctx, &pr, NOT_QUEUED, message).await,
-        Step::Later => return Ok(Action::requeue(std::time::Duration::from_secs(2))),
+        Step::Later => return Ok(Action::requeue(intake::RECHECK)),
     }
     let Some(queued) = PendingRun::of(pr.clone()) else {
         return Ok(Action::await_change());
