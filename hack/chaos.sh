@@ -8,15 +8,18 @@
 # order or taking two keys in opposite orders, and a Mutex restored from an early snapshot with
 # its old status, the controller up or down; issue 46's author starting its own queued run under
 # the cluster install's admission policy, and a selecting Mutex, whose runs are created as a
-# Trigger creates them, edited or deleted as they wait), checked by an independent checker. Exits
-# non-zero on any violation. Each round prints the seed that reproduces it.
+# Trigger creates them, edited or deleted as they wait; and two tenant namespaces sharing one
+# ClusterMutex under a cluster-wide controller, a busy one whose runs claim newer builds and
+# higher priorities and a sparse one, checked for fair share), checked by an independent checker.
+# Exits non-zero on any violation. Each round prints the seed that reproduces it.
 #
 #   hack/chaos.sh --rounds 100            the full campaign (random seeds, printed)
 #   hack/chaos.sh --seed 12345            one round again (repeat --seed, or a comma list)
-#   hack/chaos.sh --faults controller,apiserver,users,mutex,admission,selector   (default: all;
-#                                         also single kinds such as etcd-restart, rerun-copy,
-#                                         requeued-copy, matrix-keys, opposite-orders,
-#                                         mutex-restore, author-start, selector-edit, or none)
+#   hack/chaos.sh --faults controller,apiserver,users,mutex,admission,selector,tenants
+#                                         (default: all; also single kinds such as etcd-restart,
+#                                         rerun-copy, requeued-copy, matrix-keys, opposite-orders,
+#                                         mutex-restore, author-start, selector-edit, or none;
+#                                         cluster-tenants alone runs only the tenants' round)
 #   hack/chaos.sh --runs 20-40            PipelineRuns per round
 #   hack/chaos.sh --unguarded             the same rounds without the lock task: must fail
 #   hack/chaos.sh --broken                the same rounds against a broken capacity check (the
@@ -40,8 +43,11 @@ source "$here/lib.sh"
 CI_SEEDS=${CHAOS_CI_SEEDS:-19,826,108,379}
 CI_FAULTS=${CHAOS_CI_FAULTS:-all}
 CI_RUNS=${CHAOS_CI_RUNS:-20-24}
+# The cluster-tenants round (a ClusterMutex shared by two namespaces, a cluster-wide controller),
+# alone: none of CI_SEEDS draws it with the other kinds. About two minutes.
+CI_TENANTS_SEED=${CHAOS_CI_TENANTS_SEED:-46}
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 
 rounds="" seeds="" faults=all runs=20-40 unguarded="" broken="" expect="" ci=""
 while (( $# )); do
@@ -110,6 +116,10 @@ t0=$(date +%s)
 if [[ -n $ci ]]; then
   log "chaos: CI campaign, seeds $CI_SEEDS, faults $CI_FAULTS"
   CHAOS_SEEDS=$CI_SEEDS CHAOS_FAULTS=$CI_FAULTS CHAOS_RUNS=$CI_RUNS campaign
+  if [[ $CI_FAULTS == all || $CI_FAULTS == *tenants* ]]; then
+    log "chaos: CI campaign, the cluster-tenants round, seed $CI_TENANTS_SEED"
+    CHAOS_SEEDS=$CI_TENANTS_SEED CHAOS_FAULTS=cluster-tenants campaign
+  fi
   log "chaos: check of the checker: one unguarded round must be caught"
   CHAOS_SEEDS=${CI_SEEDS%%,*} CHAOS_FAULTS=none CHAOS_RUNS=$CI_RUNS \
     CHAOS_UNGUARDED=1 CHAOS_EXPECT_VIOLATIONS=1 campaign

@@ -23,6 +23,9 @@ pub enum Invariant {
     GrantOnly,
     /// A selected PipelineRun that no lock took (it runs unlocked) was granted.
     Unlocked,
+    /// A ClusterMutex's tenant was passed by more runs of another tenant, created after its
+    /// own, than the fair-share rule lets through (tests/chaos/tenants.rs).
+    FairShare,
 }
 
 impl fmt::Display for Invariant {
@@ -36,6 +39,7 @@ impl fmt::Display for Invariant {
             Invariant::Copy => "unguarded-copy",
             Invariant::GrantOnly => "only-a-grant-starts",
             Invariant::Unlocked => "unlocked-run",
+            Invariant::FairShare => "fair-share",
         })
     }
 }

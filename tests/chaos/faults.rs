@@ -22,9 +22,20 @@ pub struct Replica {
 
 impl Replica {
     pub fn start(namespace: &str, log: &Path) -> Result<Self> {
+        Self::spawn(&["run", "--namespace", namespace], namespace, log)
+    }
+
+    /// A controller of every namespace (`tekton-mutex run`), as a ClusterMutex needs: the
+    /// `cluster-tenants` round's. In CI the chaos lane has the cluster to itself (hack/test.sh
+    /// runs it after the rest of the suite), so it serves no one else's namespaces.
+    pub fn start_cluster_wide(label: &str, log: &Path) -> Result<Self> {
+        Self::spawn(&["run"], label, log)
+    }
+
+    fn spawn(args: &[&str], label: &str, log: &Path) -> Result<Self> {
         let out = std::fs::File::create(log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
-            .args(["run", "--namespace", namespace])
+            .args(args)
             .env("KUBECONFIG", crate::support::kubeconfig_path())
             // CHAOS_RUST_LOG: more (e.g. kube=debug) when a round needs explaining.
             .env(
@@ -41,7 +52,7 @@ impl Replica {
         // Recorded so that hack/chaos.sh can stop it should this process die without unwinding.
         let pids = repo_root().join("target/chaos/pids");
         std::fs::create_dir_all(&pids)?;
-        std::fs::write(pids.join(child.id().to_string()), namespace)?;
+        std::fs::write(pids.join(child.id().to_string()), label)?;
         Ok(Self {
             child,
             paused: false,

@@ -9,6 +9,9 @@
 //! `CHAOS_EXPECT_VIOLATIONS=1` (succeed only if violations are found: the check of the checker).
 //! `TEKTON_MUTEX_BROKEN=capacity`, inherited by the controllers, switches on the test build's
 //! broken capacity check (feature `chaos-broken-capacity`).
+//! `CHAOS_TENANTS_CROSS_PRIORITY=1` gives the `cluster-tenants` round's ClusterMutex
+//! `crossNamespacePriority`: the busy tenant's priorities then pass the sparse one's turns, and the
+//! fair-share check must find it (a check of that checker, run by hand).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -21,6 +24,8 @@ mod observe;
 mod plan;
 mod report;
 mod round;
+mod tenants;
+mod tenants_round;
 
 use anyhow::{Context, Result, bail};
 use proptest::prelude::RngExt;

@@ -128,9 +128,12 @@ pub enum FaultKind {
     MutexRestore,
     AuthorStart,
     SelectorEdit,
+    /// A round shape, not a fault of the round's namespace: two tenant namespaces share a
+    /// ClusterMutex under a cluster-wide controller (issue 46; tests/chaos/tenants.rs).
+    ClusterTenants,
 }
 
-pub const ALL_FAULTS: [FaultKind; 21] = [
+pub const ALL_FAULTS: [FaultKind; 22] = [
     FaultKind::ControllerKill,
     FaultKind::ControllerReplica,
     FaultKind::ControllerPause,
@@ -152,6 +155,7 @@ pub const ALL_FAULTS: [FaultKind; 21] = [
     FaultKind::MutexRestore,
     FaultKind::AuthorStart,
     FaultKind::SelectorEdit,
+    FaultKind::ClusterTenants,
 ];
 
 /// How a `selector-edit` changes the selecting Mutex: its selector edited so that it takes
@@ -182,6 +186,7 @@ impl FaultKind {
             FaultKind::MutexRestore => "mutex-restore",
             FaultKind::AuthorStart => "author-start",
             FaultKind::SelectorEdit => "selector-edit",
+            FaultKind::ClusterTenants => "cluster-tenants",
         }
     }
 
@@ -205,12 +210,19 @@ impl FaultKind {
             FaultKind::SelectorEdit => "selector",
             FaultKind::MutexDelete | FaultKind::MutexWipe | FaultKind::MutexRestore => "mutex",
             FaultKind::AdmissionDeny => "admission",
+            FaultKind::ClusterTenants => "tenants",
         }
+    }
+
+    /// A fault the main round (its one namespace) draws; `cluster-tenants` is a round of its own
+    /// (drawn apart, so adding it changed no seed's main round).
+    pub fn in_main_round(self) -> bool {
+        self != FaultKind::ClusterTenants
     }
 }
 
 /// Parses `--faults`: a comma list of categories (`controller`, `apiserver`, `users`, `mutex`,
-/// `admission`, `selector`), single kinds (`etcd-restart`, ...), `all` or `none`.
+/// `admission`, `selector`, `tenants`), single kinds (`etcd-restart`, ...), `all` or `none`.
 pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
     let mut out = BTreeSet::new();
     for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -223,7 +235,7 @@ pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
             let kinds: Vec<_> = ALL_FAULTS.iter().map(|k| k.name()).collect();
             return Err(format!(
                 "unknown fault {word:?}: use all, none, a category (controller, apiserver, users, \
-                 mutex, admission, selector) or a kind ({})",
+                 mutex, admission, selector, tenants) or a kind ({})",
                 kinds.join(", ")
             ));
         }
@@ -268,6 +280,8 @@ pub struct RoundPlan {
     /// One run per Mutex restore, created once the restore is done (its own group, supersede
     /// none): the key hands out a token after the restore, which the checker orders.
     pub probes: Vec<RunPlan>,
+    /// The `cluster-tenants` round, after the main one (or alone, when it is the only kind).
+    pub tenants: Option<Box<super::tenants::TenantsPlan>>,
 }
 
 impl FaultPlan {
@@ -381,6 +395,21 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
     }
     draw_selected(&mut rng, &mut keys, &mut groups, &mut runs, &mut faults);
     let probes = draw_probes(&mut faults, &mut groups, &keys);
+    let tenants = super::tenants::draw(seed, knobs).map(Box::new);
+    if tenants.is_some() {
+        // Its marker, so that the fault lists and the CI seeds' check see it drawn.
+        faults.push(FaultPlan {
+            at_ms: 0,
+            kind: FaultKind::ClusterTenants,
+            for_ms: 0,
+            run: 0,
+            key: 0,
+            mode: "",
+        });
+        if knobs.faults.iter().all(|k| !k.in_main_round()) {
+            runs.clear(); // `--faults cluster-tenants`: the tenants' round alone
+        }
+    }
     RoundPlan {
         seed,
         unguarded: knobs.unguarded,
@@ -389,6 +418,7 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
         runs,
         faults,
         probes,
+        tenants,
     }
 }
 
@@ -492,7 +522,12 @@ fn draw_runs(rng: &mut TestRng, groups: &[GroupPlan], knobs: &Knobs) -> Vec<RunP
 }
 
 fn draw_faults(rng: &mut TestRng, runs: &[RunPlan], keys: usize, knobs: &Knobs) -> Vec<FaultPlan> {
-    let kinds: Vec<FaultKind> = knobs.faults.iter().copied().collect();
+    let kinds: Vec<FaultKind> = knobs
+        .faults
+        .iter()
+        .copied()
+        .filter(|k| k.in_main_round())
+        .collect();
     if kinds.is_empty() {
         return vec![];
     }
@@ -975,8 +1010,8 @@ mod tests {
         assert_eq!(down.len(), 2, "restores with the controller up and down");
     }
 
-    /// hack/chaos.sh --ci's seeds (CI_SEEDS, CI_RUNS) draw every kind of fault between them:
-    /// a CI run meets each of them at least once.
+    /// hack/chaos.sh --ci's seeds (CI_SEEDS, CI_RUNS, and CI_TENANTS_SEED for the tenants'
+    /// round) draw every kind of fault between them: a CI run meets each of them at least once.
     #[test]
     fn the_ci_seeds_draw_every_kind() {
         let script =
@@ -996,11 +1031,18 @@ mod tests {
             max_runs: max.parse().unwrap(),
             ..knobs()
         };
-        let drawn: BTreeSet<FaultKind> = default("CI_SEEDS")
+        let mut drawn: BTreeSet<FaultKind> = default("CI_SEEDS")
             .split(',')
             .flat_map(|s| draw(s.parse().unwrap(), &knobs).faults)
             .map(|f| f.kind)
             .collect();
+        // The tenants' round has a CI step of its own (CI_TENANTS_SEED, that kind alone).
+        let tenants = Knobs {
+            faults: [FaultKind::ClusterTenants].into(),
+            ..knobs.clone()
+        };
+        let seed = default("CI_TENANTS_SEED").parse().unwrap();
+        drawn.extend(draw(seed, &tenants).faults.iter().map(|f| f.kind));
         let missing: Vec<_> = ALL_FAULTS.iter().filter(|k| !drawn.contains(k)).collect();
         assert!(missing.is_empty(), "the CI seeds never draw {missing:?}");
     }

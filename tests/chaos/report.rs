@@ -125,5 +125,36 @@ pub fn render(results: &[RoundResult], faults_arg: &str, mode: &str) -> String {
     );
     let _ = writeln!(s, "  with a fault within 5 s: {}", distribution(near));
     let _ = writeln!(s, "  without:                 {}", distribution(calm));
+    fairness(&mut s, results);
     s
+}
+
+/// The `cluster-tenants` rounds' fairness figure: per tenant, over rounds, the longest its
+/// earliest waiter waited for the tenant's next grant; and the most runs of another tenant,
+/// created later, that passed one run.
+fn fairness(s: &mut String, results: &[RoundResult]) {
+    let figures: Vec<_> = results.iter().filter_map(|r| r.fairness.as_ref()).collect();
+    if figures.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nfairness ({} cluster-tenants rounds; per round, the longest a tenant's earliest waiter \
+         waited for the tenant's next grant):",
+        figures.len()
+    );
+    let mut by_role: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for f in &figures {
+        for (role, ms) in &f.turn_wait_ms {
+            by_role.entry(role).or_default().push(*ms);
+        }
+    }
+    for (role, waits) in by_role {
+        let _ = writeln!(s, "  {role:<7} {}", distribution(waits));
+    }
+    let most = figures.iter().map(|f| f.most_overtakers).max().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "  most runs of another tenant, created later, granted before one run: {most}"
+    );
 }

@@ -7,6 +7,8 @@ use super::faults::{self, Replica};
 use super::manifest;
 use super::observe::{self, LockFinal, PrFinal, Watches, now_ms};
 use super::plan::{FaultKind, RoundPlan, RunPlan, Shape, Supersede};
+use super::tenants::Fairness;
+use super::tenants_round;
 use crate::support::controller::install_crd;
 use crate::support::{TestNamespace, apply_yaml, dynamic_api, repo_root, secs, wait_until};
 use anyhow::{Context, Result};
@@ -30,6 +32,30 @@ pub struct RoundResult {
     pub handovers: Vec<(u64, bool)>,
     pub timeline: Vec<Line>,
     pub wall: Duration,
+    /// The `cluster-tenants` round's fairness figure, when it ran.
+    pub fairness: Option<Fairness>,
+}
+
+impl RoundResult {
+    /// Takes in the tenants' round, which ran after this one: its timeline after this one's.
+    fn absorb(&mut self, other: RoundResult) {
+        let shift = self.wall.as_millis() as u64;
+        self.runs += other.runs;
+        for (k, n) in other.faults {
+            *self.faults.entry(k).or_default() += n;
+        }
+        self.violations
+            .extend(other.violations.into_iter().map(|mut v| {
+                v.at_ms = v.at_ms.saturating_add(shift);
+                v
+            }));
+        self.stuck.extend(other.stuck);
+        let lines = other.timeline.into_iter();
+        self.timeline
+            .extend(lines.map(|(t, l)| (t + shift, format!("[tenants] {l}"))));
+        self.wall += other.wall;
+        self.fairness = other.fairness;
+    }
 }
 
 /// A fault broken into the instants at which something is done.
@@ -102,6 +128,8 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
             }
             FaultKind::AuthorStart => add(at, Op::AuthorStart(f.run)),
             FaultKind::SelectorEdit => add(at, Op::SelectorEdit(f.key, f.mode)),
+            // A round of its own, after this one (tenants_round.rs).
+            FaultKind::ClusterTenants => {}
         }
     }
     out.sort_by_key(|(t, _, _)| *t);
@@ -564,7 +592,7 @@ impl Stage<'_> {
     }
 }
 
-fn outcome(r: &Result<()>) -> String {
+pub(super) fn outcome(r: &Result<()>) -> String {
     match r {
         Ok(()) => "ok".into(),
         Err(e) => format!("failed: {e:#}"),
@@ -573,7 +601,7 @@ fn outcome(r: &Result<()>) -> String {
 
 /// Sleeps until a wall-clock instant (ms since the epoch): the round's schedule, not a wait for
 /// a condition.
-async fn sleep_until(ms: u64) {
+pub(super) async fn sleep_until(ms: u64) {
     let now = now_ms();
     if ms > now {
         tokio::time::sleep(Duration::from_millis(ms - now)).await;
@@ -588,12 +616,23 @@ fn spawn_creations(
     t0: u64,
     timeline: Arc<StdMutex<Vec<Line>>>,
 ) -> tokio::task::JoinHandle<Result<()>> {
-    let ns = ns.to_string();
     let runs: Vec<_> = plan
         .runs
         .iter()
         .map(|r| (r.at_ms, r.name.clone(), manifest::pipeline_run(plan, r)))
         .collect();
+    spawn_bodies(runs, client, ns, t0, timeline)
+}
+
+/// Creates PipelineRuns `(at_ms, name, body)` on schedule, retrying while the API server is away.
+pub(super) fn spawn_bodies(
+    runs: Vec<(u64, String, serde_json::Value)>,
+    client: Client,
+    ns: &str,
+    t0: u64,
+    timeline: Arc<StdMutex<Vec<Line>>>,
+) -> tokio::task::JoinHandle<Result<()>> {
+    let ns = ns.to_string();
     tokio::spawn(async move {
         let api = dynamic_api(&client, Some(&ns), "tekton.dev/v1", "PipelineRun").await?;
         for (at, name, body) in runs {
@@ -630,7 +669,23 @@ fn spawn_creations(
     })
 }
 
+/// The round: the main one in its namespace, then the tenants' round if drawn (alone when it
+/// is the only kind asked for: the main round then has no runs).
 pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
+    let tenants = plan.tenants.as_deref();
+    match tenants {
+        Some(t) if plan.runs.is_empty() => tenants_round::run(plan.seed, t).await,
+        _ => {
+            let mut result = run_main(plan).await?;
+            if let Some(t) = tenants {
+                result.absorb(tenants_round::run(plan.seed, t).await?);
+            }
+            Ok(result)
+        }
+    }
+}
+
+async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
     let wall = Instant::now();
     let ns = TestNamespace::create(&format!("chaos-{}", plan.seed)).await?;
     let client = ns.client();
@@ -762,6 +817,7 @@ pub async fn run(plan: &RoundPlan) -> Result<RoundResult> {
         stuck,
         timeline,
         wall: wall.elapsed(),
+        fairness: None,
     })
 }
 
@@ -851,7 +907,7 @@ async fn wait_all_done(
 }
 
 /// Lets the last steps stopped by SIGTERM write their end marks (bounded by the grace period).
-async fn settle(client: &Client, ns: &str, watches: &Watches) {
+pub(super) async fn settle(client: &Client, ns: &str, watches: &Watches) {
     let _ = client;
     let _ = ns;
     let _ = wait_until("every deploy to have ended", secs(45), || async {
@@ -872,7 +928,7 @@ fn end_mark(m: &observe::Mark) -> String {
     format!("mark-{}-{}-end", m.pr, m.key)
 }
 
-fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {
+pub(super) fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {
     let rel = |ms: u64| ms.saturating_sub(t0);
     seen.marks
         .values()
@@ -908,6 +964,16 @@ fn taken_by_no_lock(name: &str, pr: Option<&PrFinal>, deploys: &[Deploy]) -> boo
             .filter(|d| d.pr == name)
             .all(|d| d.token == 0),
     }
+}
+
+/// The facts of a round's runs, where the campaign's users did nothing to them.
+pub(super) fn facts_of(
+    plan: &RoundPlan,
+    prs: &BTreeMap<String, PrFinal>,
+    locks: &BTreeMap<String, LockFinal>,
+    deploys: &[Deploy],
+) -> Vec<RunFacts> {
+    run_facts(plan, prs, locks, &UserActs::default(), deploys)
 }
 
 fn run_facts(
@@ -982,7 +1048,7 @@ fn run_facts(
     facts
 }
 
-fn mark_lines(deploys: &[Deploy]) -> Vec<Line> {
+pub(super) fn mark_lines(deploys: &[Deploy]) -> Vec<Line> {
     deploys
         .iter()
         .flat_map(|d| {
@@ -995,7 +1061,7 @@ fn mark_lines(deploys: &[Deploy]) -> Vec<Line> {
         .collect()
 }
 
-fn completion_lines(prs: &BTreeMap<String, PrFinal>, t0: u64) -> Vec<Line> {
+pub(super) fn completion_lines(prs: &BTreeMap<String, PrFinal>, t0: u64) -> Vec<Line> {
     prs.iter()
         .filter_map(|(name, p)| {
             let t = (p.completion_s? * 1000) as u64;
