@@ -27,6 +27,7 @@ tkn_ver=$(module_version "$here/tools/tkn" github.com/tektoncd/cli)
 
 components=(
   "etcd|etcd|go.etcd.io/etcd/server/v3|"
+  "etcdutl|etcd|go.etcd.io/etcd/etcdutl/v3|"
   "kube-apiserver|kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|$kube_ldflags"
   "kube-controller-manager|kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|$kube_ldflags"
   "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl|$kube_ldflags"

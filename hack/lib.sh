@@ -29,7 +29,7 @@ component_dir() {
 # component_bin NAME: path of a built binary.
 component_bin() {
   case "$1" in
-    etcd) echo "$(component_dir etcd)/etcd" ;;
+    etcd|etcdutl) echo "$(component_dir etcd)/$1" ;;
     kube-apiserver|kube-controller-manager|kubectl|kubelet|kube-scheduler) echo "$(component_dir kubernetes)/$1" ;;
     tekton-controller) echo "$(component_dir tekton)/controller" ;;
     # Tekton's helper images' binaries and the pod sandbox's pause (the real-kubelet lane only).

@@ -5,7 +5,7 @@
 
 mod support;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use kube::api::{DeleteParams, PostParams};
 use support::controller::ControllerProcess;
 use support::locks::{self, Kind, Lock};
@@ -31,11 +31,7 @@ async fn holder_a_and_waiter_b(ns: &TestNamespace) -> Result<()> {
 }
 
 async fn token_of(ns: &TestNamespace, pr: &str) -> Result<i64> {
-    result_of(ns, &lock_run(pr), "token")
-        .await?
-        .with_context(|| format!("{pr} has no token"))?
-        .parse()
-        .context("token is an integer")
+    token_result(ns, &lock_run(pr)).await
 }
 
 async fn mutex_uid(ns: &TestNamespace) -> Result<Option<String>> {
@@ -172,8 +168,9 @@ async fn wiped_status_case(kind: Kind) -> Result<()> {
     };
     // The API server refuses a status that lowers lastToken.
     let mut lowered = object()?;
-    ensure!(lowered["status"]["lastToken"] == 1, "{}", lowered["status"]);
-    lowered["status"]["lastToken"] = 0.into();
+    let first = lowered["status"]["lastToken"].as_i64().unwrap_or_default();
+    ensure!(first >= 1, "{}", lowered["status"]);
+    lowered["status"]["lastToken"] = (first - 1).into();
     lowered["status"]["holders"] = serde_json::json!([]);
     let refused = ns.replace_status(&lowered);
     ensure!(
@@ -197,8 +194,8 @@ async fn wiped_status_case(kind: Kind) -> Result<()> {
     // a keeps its token; lastToken stands at the ledger's floor, the end of the block of tokens
     // the first grant reserved, so that no token of that block is handed out again.
     ensure!(
-        rebuilt.last_token == tekton_mutex::model::mutex::TOKEN_BLOCK
-            && rebuilt.holders[0].token == 1,
+        rebuilt.last_token == first + tekton_mutex::model::mutex::TOKEN_BLOCK - 1
+            && rebuilt.holders[0].token == first,
         "{rebuilt:?}"
     );
     ensure!(
@@ -324,7 +321,7 @@ async fn two_thousand_runs_through_one_key_leave_a_small_status() -> Result<()> 
     .await?;
     let size = serde_json::to_vec(&st)?.len();
     eprintln!("status after {RUNS} runs: {size} bytes (largest seen: {largest} bytes)");
-    ensure!(st.last_token == RUNS as i64, "{st:?}");
+    ensure!(st.last_token >= RUNS as i64, "{st:?}");
     ensure!(st.groups.is_empty(), "standalone runs leave no marks");
     ensure!(size < 16 * 1024, "the status grew to {size} bytes");
     ensure!(largest < 16 * 1024, "the status reached {largest} bytes");

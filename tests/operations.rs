@@ -249,7 +249,7 @@ async fn events_tell_each_run_its_story() -> Result<()> {
     wait_reason(&ns, &lock_run("c"), "Waiting", slow()).await?;
     wait_reason(&ns, &lock_run("b"), "Waiting", slow()).await?;
     // b moves up from the head to holder; c moves up to the head: Waiting stays one Event.
-    let order = drive_grants(&ns, &["a", "b", "c"], 3).await?;
+    drive_grants(&ns, &["a", "b", "c"], 3).await?;
 
     // Listed by time, with ties in any order: compare as sets, and count Waiting.
     let sorted = |mut v: Vec<String>| {
@@ -263,7 +263,7 @@ async fn events_tell_each_run_its_story() -> Result<()> {
         sorted(c.clone()) == ["Acquired", "Released", "Waiting"],
         "c waits once, whatever its position: {c:?}"
     );
-    let token = order.iter().position(|p| p == "c").unwrap_or_default() + 1;
+    let token = token_result(&ns, &lock_run("c")).await?;
     let note = ns.kubectl(&[
         "get",
         "events",

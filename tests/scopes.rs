@@ -305,7 +305,7 @@ async fn a_cluster_mutex_excludes_across_its_namespaces_and_forbids_others() -> 
         Ok(st.holders.is_empty().then_some(st))
     })
     .await?;
-    ensure!(st.last_token == 3 && st.queue.is_empty(), "{st:?}");
+    ensure!(st.last_token >= 3 && st.queue.is_empty(), "{st:?}");
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 use super::backoff::Backoff;
 use super::cache::index::{Index, Indexed};
 use super::cache::shared::Listed;
-use super::cache::told::{Told, Written};
+use super::cache::told::{HistoryBreaks, Told, Written};
 use super::ledger_batch::LedgerWrites;
 use super::recorder::EventRecorder;
 use super::wake::Wake;
@@ -98,6 +98,8 @@ pub struct Context {
     pub(crate) told: Told,
     pub(crate) written: Written<Mutex>,
     pub(crate) cluster_written: Written<ClusterMutex>,
+    /// Counts the watches' failures and new lists, by which the memos above go.
+    pub(crate) history_breaks: HistoryBreaks,
     /// Whether this replica acts (holds the Lease, or runs without election).
     pub(crate) acting: watch::Receiver<bool>,
     /// Where the ClusterMutexes' token ledger lives (token_floor.rs): kube-system by default.
@@ -146,6 +148,7 @@ impl Context {
             told: Default::default(),
             written: Default::default(),
             cluster_written: Default::default(),
+            history_breaks: Default::default(),
             acting: watch::channel(true).1,
             cluster_ledger_namespace: cluster_ledger_namespace.into(),
             previous_cluster_ledger: None,

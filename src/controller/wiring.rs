@@ -4,6 +4,7 @@
 use super::backoff::backoff_key;
 use super::cache::index::{Index, Indexed};
 use super::cache::shared::{self, ChangeStream, SharedWatch};
+use super::cache::told::{HistoryBreaks, Told, Written};
 use super::cache::triggers::{
     Triggers, mutex_of, mutex_tags, queued_mutexes, queued_tags, run_tags,
 };
@@ -206,9 +207,10 @@ fn context(
         fault: None,
         metrics: state.metrics.clone(),
         backoff: Default::default(),
-        told: Default::default(),
-        written: Default::default(),
-        cluster_written: Default::default(),
+        told: Told::new(controllers.caches.breaks.clone()),
+        written: Written::new(controllers.caches.breaks.clone()),
+        cluster_written: Written::new(controllers.caches.breaks.clone()),
+        history_breaks: controllers.caches.breaks.clone(),
         acting,
         previous_cluster_ledger: token_floor::previous_cluster_ledger(&cluster_ledger),
         cluster_ledger_namespace: cluster_ledger,
@@ -293,6 +295,7 @@ struct Caches {
     runs: Option<Indexed<Run>>,
     pipeline_runs: Indexed<PipelineRun>,
     listed: Vec<shared::Listed>,
+    breaks: HistoryBreaks,
 }
 
 /// The shared watches: PipelineRuns, and each run kind split between its consumers.
@@ -300,6 +303,8 @@ struct Watches {
     prs: SharedWatch<PipelineRun>,
     crs: Option<Split<CustomRun>>,
     runs: Option<Split<Run>>,
+    /// Every watch's failures and new lists (the memos of `cache::told` go by them).
+    breaks: HistoryBreaks,
 }
 
 impl Watches {
@@ -312,25 +317,33 @@ impl Watches {
     ) -> Self {
         // The ClusterMutex controller, when there is one, is one more consumer.
         let cluster = usize::from(kinds.cluster_mutexes);
+        let breaks = HistoryBreaks::default();
         let prs = shared::watch(
             scoped::<PipelineRun>(client, namespace),
             wc.clone(),
             strip::pipeline_run,
             Index::new(queued_tags),
             2 + cluster,
+            breaks.clone(),
         );
         // Runs are watched once: intake and the key's sync share the watch, and
         // the sync hears of a run only once the cache it reads has it.
         let consumers = 2 + cluster;
         let crs = kinds.custom_runs.then(|| {
             let api = scoped(client, namespace);
-            split(run_watch(api, wc, strip::custom_run, consumers), leading)
+            let watch = run_watch(api, wc, strip::custom_run, consumers, &breaks);
+            split(watch, leading)
         });
         let runs = kinds.runs.then(|| {
             let api = scoped(client, namespace);
-            split(run_watch(api, wc, strip::run, consumers), leading)
+            split(run_watch(api, wc, strip::run, consumers, &breaks), leading)
         });
-        Watches { prs, crs, runs }
+        Watches {
+            prs,
+            crs,
+            runs,
+            breaks,
+        }
     }
 }
 
@@ -360,7 +373,12 @@ impl Controllers {
         let wc = watcher::Config::default().page_size(LIST_PAGE);
         let watches = Watches::new(client, namespace, &wc, kinds, leading);
         let mut listed = watches.listed();
-        let Watches { prs, crs, runs } = watches;
+        let Watches {
+            prs,
+            crs,
+            runs,
+            breaks,
+        } = watches;
         let (cr_cache, run_cache) = (Split::cache(&crs), Split::cache(&runs));
         let (crs, intake_crs, cluster_crs) = Split::parts(crs);
         let (runs, intake_runs, cluster_runs) = Split::parts(runs);
@@ -418,6 +436,7 @@ impl Controllers {
                 runs: run_cache,
                 pipeline_runs: pr_cache,
                 listed,
+                breaks,
             },
         }
     }
@@ -471,12 +490,14 @@ fn run_watch<K>(
     wc: &watcher::Config,
     strip: fn(&mut K),
     consumers: usize,
+    breaks: &HistoryBreaks,
 ) -> SharedWatch<K>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Observe + Send + Sync + 'static,
 {
-    shared::watch(api, wc.clone(), strip, Index::new(run_tags::<K>), consumers)
+    let index = Index::new(run_tags::<K>);
+    shared::watch(api, wc.clone(), strip, index, consumers, breaks.clone())
 }
 
 /// The Mutex sync's controller: its Mutexes, woken by their runs, those runs'
@@ -561,6 +582,7 @@ where
     F: FnMut(Arc<K>, Arc<Context>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
 {
+    let breaks = ctx.history_breaks.clone();
     let controller = controller.with_config(Config::default().concurrency(CONCURRENCY));
     let controller = match leading {
         Some(rx) => controller.reconcile_all_on(became_leader(rx.clone())),
@@ -569,7 +591,10 @@ where
     controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx.clone())
-        .for_each(move |res| async move { log_result(what, res) })
+        .for_each(move |res| {
+            let breaks = breaks.clone();
+            async move { log_result(what, res, &breaks) }
+        })
         .boxed()
 }
 
@@ -738,6 +763,7 @@ fn watch_related(
 fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
     what: &str,
     res: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, W>>,
+    breaks: &HistoryBreaks,
 ) where
     K: Resource,
     K::DynamicType: std::fmt::Debug,
@@ -748,7 +774,11 @@ fn log_result<K, E: std::fmt::Display, W: std::fmt::Display>(
         Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
         // Logged, with its cause and retry delay, by `error_policy`.
         Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
-        Err(e) => warn!(controller = what, error = %e, "reconcile failed"),
+        // The lock objects' own watch failed: their versions' history may have broken.
+        Err(e) => {
+            breaks.broke();
+            warn!(controller = what, error = %e, "reconcile failed")
+        }
     }
 }
 

@@ -25,10 +25,17 @@ fn gone_or_zombie(pid: u32) -> bool {
     }
 }
 
-/// Restarts a component of hack/cluster.sh (`etcd` or `kube-apiserver`) with the same command
-/// line: SIGTERM the recorded pid, wait for it to exit, stay down `down`, start it again in its
-/// own session logging to the same file, and record the new pid where `cluster.sh down` finds it.
-pub async fn restart_component(name: &str, down: Duration) -> Result<()> {
+/// A running component of this cluster: its pid, where that is recorded, and its command line.
+struct Running {
+    name: String,
+    pid: u32,
+    pid_file: PathBuf,
+    args: Vec<String>,
+}
+
+/// The component `name` of this cluster, as running now: refused if its command line does not
+/// name this cluster's directory (a pid file left from another cluster).
+fn running(name: &str) -> Result<Running> {
     let dir = cluster_dir();
     let pid_file = dir.join("pids").join(format!("{name}.pid"));
     let pid: u32 = std::fs::read_to_string(&pid_file)
@@ -44,11 +51,23 @@ pub async fn restart_component(name: &str, down: Duration) -> Result<()> {
     if !args.iter().any(|a| a.contains(&*dir.to_string_lossy())) {
         bail!("pid {pid} of {name} is not this cluster's ({args:?})");
     }
+    let name = name.to_string();
+    Ok(Running {
+        name,
+        pid,
+        pid_file,
+        args,
+    })
+}
+
+/// SIGTERM, then SIGKILL after a grace period (a kube-apiserver with open watches may take long
+/// to drain); returns once the process is gone.
+async fn stop(c: &Running) -> Result<()> {
+    let (name, pid) = (&c.name, c.pid);
     let gone = || async move { Ok(gone_or_zombie(pid).then_some(())) };
     Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()?;
-    // A kube-apiserver with open watches may take long to drain: SIGKILL after a grace period.
     if wait_until(&format!("{name} to exit"), secs(15), gone)
         .await
         .is_err()
@@ -58,25 +77,119 @@ pub async fn restart_component(name: &str, down: Duration) -> Result<()> {
             .status()?;
         wait_until(&format!("{name} to die"), secs(15), gone).await?;
     }
-    tokio::time::sleep(down).await; // the fault's downtime, not a synchronization
+    Ok(())
+}
+
+/// Starts `c` again with the same command line, in its own session, logging to the same file,
+/// and records the new pid where `cluster.sh down` finds it.
+fn start(c: &Running) -> Result<()> {
     let log = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .open(dir.join("logs").join(format!("{name}.log")))?;
+        .open(cluster_dir().join("logs").join(format!("{}.log", c.name)))?;
     // Through bash, to close fd 9: the per-checkout lock hack/chaos.sh holds (flock) must not
     // be inherited by a component that outlives the campaign.
     let child = Command::new("bash")
         .args(["-c", "exec 9>&-; exec setsid \"$@\"", "restart"])
-        .args(&args)
+        .args(&c.args)
         .stdout(log.try_clone()?)
         .stderr(log)
         .stdin(Stdio::null())
         .spawn()
-        .with_context(|| format!("restarting {name}"))?;
-    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+        .with_context(|| format!("restarting {}", c.name))?;
+    std::fs::write(&c.pid_file, format!("{}\n", child.id()))?;
     // The child is reaped by `cluster.sh down` (or by init once this process exits).
     std::mem::forget(child);
     Ok(())
+}
+
+/// Restarts a component of hack/cluster.sh (`etcd` or `kube-apiserver`) with the same command
+/// line: stopped, down for `down`, started again.
+pub async fn restart_component(name: &str, down: Duration) -> Result<()> {
+    let c = running(name)?;
+    stop(&c).await?;
+    tokio::time::sleep(down).await; // the fault's downtime, not a synchronization
+    start(&c)
+}
+
+/// The value of flag `flag` in a command line (`--flag value`).
+fn flag<'a>(args: &'a [String], flag: &str) -> Result<&'a str> {
+    let at = args.iter().position(|a| a == flag);
+    at.and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+        .with_context(|| format!("{flag} in {args:?}"))
+}
+
+/// A snapshot of the cluster's etcd, taken while it serves, as `etcdctl snapshot save` takes
+/// one (the Snapshot RPC, here through etcd's JSON gateway): the database and its SHA-256,
+/// written to `to`.
+pub fn etcd_snapshot(to: &std::path::Path) -> Result<()> {
+    use base64::Engine;
+    let url = etcd_url()?;
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "60", "-X", "POST"])
+        .arg(format!("{url}/v3/maintenance/snapshot"))
+        .args(["-d", "{}"])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the snapshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut db = Vec::new();
+    for chunk in serde_json::Deserializer::from_slice(&out.stdout).into_iter::<serde_json::Value>()
+    {
+        let chunk = chunk?;
+        let blob = chunk["result"]["blob"].as_str().unwrap_or_default();
+        db.extend(base64::engine::general_purpose::STANDARD.decode(blob)?);
+    }
+    anyhow::ensure!(!db.is_empty(), "an empty snapshot");
+    std::fs::write(to, db)?;
+    Ok(())
+}
+
+/// Restores the cluster's etcd from `snapshot` as Kubernetes documents it: the API server
+/// stopped, then etcd; `etcdutl snapshot restore` into a fresh data directory, with the
+/// revision bumped and marked compacted (so that every watch ends with 410 Gone and lists
+/// again, instead of waiting for a revision from before the restore); etcd started on it, then
+/// the API server. The restored member keeps the name, peer URLs and data directory.
+pub async fn restore_etcd(snapshot: &std::path::Path) -> Result<()> {
+    let (api, etcd) = (running("kube-apiserver")?, running("etcd")?);
+    stop(&api).await?;
+    stop(&etcd).await?;
+    let data = PathBuf::from(flag(&etcd.args, "--data-dir")?);
+    let restored = data.with_extension("restored");
+    let _ = std::fs::remove_dir_all(&restored);
+    let etcdutl = Command::new("bash")
+        .arg("-c")
+        .arg("source \"$1/hack/lib.sh\"; component_bin etcdutl")
+        .arg("etcdutl")
+        .arg(repo_root())
+        .output()?;
+    let etcdutl = String::from_utf8(etcdutl.stdout)?.trim().to_string();
+    let out = Command::new(&etcdutl)
+        .args(["snapshot", "restore"])
+        .arg(snapshot)
+        .arg("--data-dir")
+        .arg(&restored)
+        .args(["--name", flag(&etcd.args, "--name")?])
+        .args(["--initial-cluster", flag(&etcd.args, "--initial-cluster")?])
+        .args([
+            "--initial-advertise-peer-urls",
+            flag(&etcd.args, "--initial-advertise-peer-urls")?,
+        ])
+        .args(["--bump-revision", "1000000000", "--mark-compacted"])
+        .output()
+        .with_context(|| format!("running {etcdutl}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "etcdutl snapshot restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&data)?;
+    std::fs::rename(&restored, &data)?;
+    start(&etcd)?;
+    start(&api)
 }
 
 /// Waits until the API server answers a read that goes to etcd.

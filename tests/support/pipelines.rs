@@ -212,6 +212,15 @@ pub async fn result_of(ns: &TestNamespace, name: &str, result: &str) -> Result<O
         .and_then(|s| s.result(result).map(String::from)))
 }
 
+/// The `token` result of CustomRun `name`, as the integer it is.
+pub async fn token_result(ns: &TestNamespace, name: &str) -> Result<i64> {
+    let token = result_of(ns, name, "token").await?;
+    token
+        .as_deref()
+        .and_then(|t| t.parse().ok())
+        .with_context(|| format!("{name}'s token result: {token:?}"))
+}
+
 /// A generous bound for anything that involves Tekton starting pods.
 pub fn slow() -> Duration {
     secs(120)

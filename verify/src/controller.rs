@@ -127,6 +127,7 @@ pub fn sync(cfg: &Config, s: &mut State, rep: usize, k: u8) -> bool {
         namespace_share: None,             // Mutexes only
         priority_across_namespaces: false, // Mutexes only
         ledger_read: false, // the model's objects have no uid: the floor goes by `fresh`
+        clock_floor: 0,     // no clock: tokens count from 1 (a restore is tests/etcd_restore.rs's)
     };
     let writes = decide_writes(cfg, &s.api, &s.replicas[rep].cache, k, &m, !retry, facts);
     if writes.is_empty() {

@@ -140,9 +140,12 @@ pub const MAX_TOKEN: i64 = (1 << 53) - 1;
 /// Tokens the token ledger reserves at once. Each token must be in the ledger before a status
 /// hands it out (a wiped or restored status, a deleted lock, must never hand one out again);
 /// reserving a block, as a database sequence caches values, makes that one ledger write per
-/// block instead of one per grant. A floor read after a wipe is the block's end: the tokens skip
-/// the rest of the block, and a gap is harmless where a repeat is not.
-pub const TOKEN_BLOCK: i64 = 64;
+/// block instead of one per grant. Tokens follow the clock in milliseconds ([`next_token`]),
+/// so a block is ten minutes of them: a key that grants often writes its ledger once every ten
+/// minutes at most. A floor read after a wipe is the block's end: the tokens skip the rest of
+/// the block (up to ten minutes ahead of the clock), and a gap is harmless where a repeat is
+/// not.
+pub const TOKEN_BLOCK: i64 = 10 * 60 * 1000;
 
 /// What the ledger must hold before a status whose `lastToken` is `last` is written, when it
 /// holds `covered` already: None if that covers it, else the end of a new block.
@@ -150,9 +153,20 @@ pub fn ledger_reserve(covered: i64, last: i64) -> Option<i64> {
     (last > covered).then(|| last.saturating_add(TOKEN_BLOCK - 1).min(MAX_TOKEN))
 }
 
-/// The next token after `last`, or None once the key reached [`MAX_TOKEN`] (it grants no more).
-pub fn next_token(last: i64) -> Option<i64> {
-    last.checked_add(1).filter(|t| *t <= MAX_TOKEN)
+/// The next token after `last`, given the clock's floor (milliseconds since 1970 at the grant,
+/// [`clock_floor`]): the larger of `last + 1` and the floor, so that tokens follow the clock
+/// and stay above every token handed out before an etcd restore rolled `lastToken` and the
+/// ledger back (a hybrid logical clock's rule). None once the key reached [`MAX_TOKEN`].
+pub fn next_token(last: i64, clock_floor: i64) -> Option<i64> {
+    last.checked_add(1)
+        .map(|t| t.max(clock_floor))
+        .filter(|t| *t <= MAX_TOKEN)
+}
+
+/// The clock's floor for a token granted at `now`: its milliseconds since 1970, within
+/// 0..=[`MAX_TOKEN`] (2^53 milliseconds last some 285,000 years).
+pub fn clock_floor(now: jiff::Timestamp) -> i64 {
+    now.as_millisecond().clamp(0, MAX_TOKEN)
 }
 
 /// Is `token` one a lock could have handed out (1 to [`MAX_TOKEN`])?
@@ -194,7 +208,8 @@ pub struct MutexStatus {
     /// Runs waiting, in the order they will be granted.
     #[serde(default)]
     pub queue: Vec<Waiter>,
-    /// The last fencing token handed out. The next grant gets lastToken + 1.
+    /// The last fencing token handed out. The next grant gets lastToken + 1, or the grant's
+    /// time in milliseconds since 1970 if that is higher.
     /// The API server refuses a status that lowers it.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-validations" = [{
@@ -411,8 +426,10 @@ impl Holder {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+/// A waiting run, as the decision core reads it. Stored as [`StoredWaiter`]: the name its age
+/// orders by is not written when it is the PipelineRun's (or, standalone, the run's) own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", from = "StoredWaiter", into = "StoredWaiter")]
 pub struct Waiter {
     pub run: RunRef,
     /// The PipelineRun waiting; absent for a standalone run.
@@ -432,6 +449,107 @@ pub struct Waiter {
     /// oldest-waiter gauge and `tkn mutex describe`. It decides nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_since: Option<Timestamp>,
+}
+
+/// A waiting run, as the status stores it. Its age's name is left out when the waiter names
+/// it already (its PipelineRun's, or a standalone run's own), so that a long queue's entries
+/// stay small (issue 49); a status written with it reads the same.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredWaiter {
+    pub run: RunRef,
+    /// The PipelineRun waiting; absent for a standalone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run: Option<String>,
+    /// That PipelineRun's uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_run_uid: Option<String>,
+    /// The run's supersede group (its `group` parameter, by default the Pipeline's name).
+    pub group: String,
+    pub age: StoredAge,
+    /// The run's `priority` parameter: higher goes first.
+    #[serde(default)]
+    pub priority: i64,
+    pub supersede: Supersede,
+    /// When the run started waiting (its first attempt's start, else its creation): for the
+    /// oldest-waiter gauge and `tkn mutex describe`. It decides nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Timestamp>,
+}
+
+/// How old a run is. Higher is newer: by `sequence` when given, then by the PipelineRun's
+/// creation time, with its name breaking ties (left to the waiter that stores it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredAge {
+    /// The run's `sequence` parameter (a build number), if it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+    /// The PipelineRun's creation time (the run's own for a standalone run).
+    pub created: Timestamp,
+    /// The PipelineRun's name (the run's own name for a standalone run), when it is not the
+    /// waiter's `pipelineRun` (or, standalone, its run's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// The name a stored waiter's age goes by when it names none.
+fn implied_age_name(run: &RunRef, pipeline_run: &Option<String>) -> String {
+    pipeline_run.clone().unwrap_or_else(|| run.name.clone())
+}
+
+impl From<StoredWaiter> for Waiter {
+    fn from(w: StoredWaiter) -> Self {
+        let name = w
+            .age
+            .name
+            .unwrap_or_else(|| implied_age_name(&w.run, &w.pipeline_run));
+        Waiter {
+            age: Age {
+                sequence: w.age.sequence,
+                created: w.age.created,
+                name,
+            },
+            run: w.run,
+            pipeline_run: w.pipeline_run,
+            pipeline_run_uid: w.pipeline_run_uid,
+            group: w.group,
+            priority: w.priority,
+            supersede: w.supersede,
+            waiting_since: w.waiting_since,
+        }
+    }
+}
+
+impl From<Waiter> for StoredWaiter {
+    fn from(w: Waiter) -> Self {
+        let implied = w.age.name == implied_age_name(&w.run, &w.pipeline_run);
+        StoredWaiter {
+            age: StoredAge {
+                sequence: w.age.sequence,
+                created: w.age.created,
+                name: (!implied).then_some(w.age.name),
+            },
+            run: w.run,
+            pipeline_run: w.pipeline_run,
+            pipeline_run_uid: w.pipeline_run_uid,
+            group: w.group,
+            priority: w.priority,
+            supersede: w.supersede,
+            waiting_since: w.waiting_since,
+        }
+    }
+}
+
+/// The schema is the stored form's: the CRD accepts what is written.
+impl JsonSchema for Waiter {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        StoredWaiter::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        StoredWaiter::json_schema(generator)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -469,12 +587,58 @@ mod token_block_tests {
             Some(MAX_TOKEN)
         );
     }
+
+    #[test]
+    fn tokens_follow_the_clock_and_never_go_back_with_it() {
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let floor = clock_floor(now);
+        assert_eq!(floor, 1_800_000_000_000);
+        assert_eq!(
+            next_token(3, floor),
+            Some(floor),
+            "a small lastToken jumps to the clock"
+        );
+        // A clock behind the last token (a restore's rollback of the clock, a skewed leader):
+        // the counter goes on.
+        assert_eq!(next_token(floor + 5, floor), Some(floor + 6));
+        assert_eq!(next_token(MAX_TOKEN, floor), None);
+        assert_eq!(next_token(1, MAX_TOKEN + 1), None);
+        let before_1970 = jiff::Timestamp::from_second(-5).unwrap();
+        assert_eq!(next_token(0, clock_floor(before_1970)), Some(1));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 49: a waiter's entry does not repeat its PipelineRun's name in its age; one
+    /// written before (with it) reads the same, and one whose age goes by another name keeps it.
+    #[test]
+    fn a_waiter_is_stored_without_repeating_its_name() {
+        let old = json!({
+            "run": {"kind": "CustomRun", "name": "deploy-1-lock", "uid": "u1"},
+            "pipelineRun": "deploy-1", "pipelineRunUid": "p1", "group": "deploy",
+            "age": {"created": "2026-11-30T23:59:00Z", "name": "deploy-1"},
+            "supersede": "pending",
+        });
+        let w: Waiter = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(w.age.name, "deploy-1");
+        let stored = serde_json::to_value(&w).unwrap();
+        assert_eq!(stored["age"], json!({"created": "2026-11-30T23:59:00Z"}));
+        assert_eq!(serde_json::from_value::<Waiter>(stored).unwrap(), w);
+        let standalone = json!({
+            "run": {"kind": "CustomRun", "name": "s1", "uid": "u2"}, "group": "s1",
+            "age": {"created": "2026-11-30T23:59:00Z"}, "supersede": "none",
+        });
+        let w: Waiter = serde_json::from_value(standalone).unwrap();
+        assert_eq!(w.age.name, "s1", "a standalone run's own name");
+        let mut other = serde_json::from_value::<Waiter>(old).unwrap();
+        other.age.name = "elsewhere".into();
+        let stored = serde_json::to_value(&other).unwrap();
+        assert_eq!(stored["age"]["name"], "elsewhere");
+    }
 
     /// A status written before the switch of time library reads the same and is
     /// written back the same: RFC 3339 in UTC, with or without a fraction.

@@ -234,6 +234,11 @@ pub struct MutexFacts {
     /// the object's uid (`ledgerReadFor`), so a status restored onto another object (a
     /// backup of an earlier one) reads the ledger again before it grants (issue 37 item 10).
     pub ledger_read: bool,
+    /// The lowest token a grant may hand out now: the controller's clock in milliseconds
+    /// since 1970 (`mutex::clock_floor`), so that an etcd restore, which rolls `lastToken`
+    /// and the token ledger back together, never hands a token out again. 0 where time
+    /// plays no part (the core's tests count tokens from 1).
+    pub clock_floor: i64,
     /// A ClusterMutex's share of its queue for one namespace: one tenant cannot
     /// fill the queue and deny the lock to the others. None for a Mutex.
     pub namespace_share: Option<u32>,

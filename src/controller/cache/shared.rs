@@ -8,6 +8,7 @@
 //! from the reflector that stored it, after it stored it (deletions included).
 
 use crate::controller::cache::index::{Index, Indexed};
+use crate::controller::cache::told::HistoryBreaks;
 use futures::channel::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use futures::{Stream, StreamExt};
 use kube::Resource;
@@ -49,12 +50,21 @@ pub fn watch<K>(
     strip: fn(&mut K),
     index: Index<K>,
     consumers: usize,
+    breaks: HistoryBreaks,
 ) -> SharedWatch<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = watcher(api, wc).default_backoff().modify(strip);
+    // A failed watch, or a new list, may follow a break in the resourceVersions' history.
+    let events = watcher(api, wc)
+        .default_backoff()
+        .modify(strip)
+        .inspect(move |e| {
+            if matches!(e, Err(_) | Ok(watcher::Event::Init)) {
+                breaks.broke();
+            }
+        });
     let (senders, changes) = (0..consumers).map(|_| mpsc::unbounded()).unzip();
     let (listed_tx, listed) = tokio::sync::watch::channel(false);
     tokio::spawn(fan_out(events, writer, index.clone(), senders, listed_tx));

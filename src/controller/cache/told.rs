@@ -9,9 +9,15 @@
 //! Likewise a sync woken by a run's change (whose event is small and quick)
 //! before the cache has our last write of a long Mutex status would decide on
 //! the old status and be refused; it decides on the status we wrote instead.
+//!
+//! Both memos go by resourceVersion, which only identifies a version while the watch history
+//! holds: an etcd restore brings objects back to versions we wrote from before. So every
+//! memo is also bound to the count of [`HistoryBreaks`] (a watch that failed or listed again),
+//! and one made before the last break is void.
 
 use kube::ResourceExt;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,18 +25,66 @@ use std::time::{Duration, Instant};
 /// (it only saves writes; forgetting costs at most one refused patch each).
 const LIMIT: usize = 10_000;
 
+/// How many times a watch failed or listed again: each time, the history of resourceVersions
+/// may have broken (an etcd restore, a compaction), and a memo made before it is void.
+#[derive(Clone, Debug, Default)]
+pub struct HistoryBreaks(Arc<AtomicU64>);
+
+impl HistoryBreaks {
+    pub fn broke(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Run uid -> what our last patch of it said and the resourceVersion it was made against.
 #[derive(Default)]
 pub struct Told {
-    /// Run uid -> the resourceVersion our last patch of it was made against.
-    patched_from: Mutex<HashMap<String, String>>,
+    patched_from: Mutex<HashMap<String, Patched>>,
+    breaks: HistoryBreaks,
+}
+
+struct Patched {
+    breaks: u64,
+    resource_version: String,
+    /// The outcome the patch told, in words (`{outcome:?}`): the same version with another
+    /// outcome is no patch of ours in flight.
+    said: String,
+    at: Instant,
 }
 
 impl Told {
-    /// Was the run patched from exactly this version (so the cache has not caught up)?
-    pub fn pending(&self, uid: &str, resource_version: Option<&str>) -> bool {
+    pub fn new(breaks: HistoryBreaks) -> Self {
+        let patched_from = Default::default();
+        Told {
+            patched_from,
+            breaks,
+        }
+    }
+
+    /// Was the run patched from exactly this version, with this outcome, within [`MAX_AGE`]
+    /// (so the cache has not caught up)? A resourceVersion alone is not enough: an etcd
+    /// restore brings a run back to a version we patched before (with a grant the restore
+    /// undid), and a memo of that patch must not keep the new grant from being told.
+    pub fn pending(&self, uid: &str, resource_version: Option<&str>, said: &str) -> bool {
+        self.pending_at(uid, resource_version, said, Instant::now())
+    }
+
+    fn pending_at(&self, uid: &str, rv: Option<&str>, said: &str, now: Instant) -> bool {
+        let breaks = self.breaks.count();
         let mut m = self.patched_from.lock().unwrap_or_else(|e| e.into_inner());
-        match (m.get(uid), resource_version) {
-            (Some(from), Some(rv)) if from == rv => true,
+        match (m.get(uid), rv) {
+            (Some(p), Some(rv))
+                if p.resource_version == rv
+                    && p.said == said
+                    && p.breaks == breaks
+                    && now.duration_since(p.at) < MAX_AGE =>
+            {
+                true
+            }
             (Some(_), _) => {
                 m.remove(uid);
                 false
@@ -39,13 +93,25 @@ impl Told {
         }
     }
 
-    pub fn patched(&self, uid: &str, from: Option<&str>) {
+    pub fn patched(&self, uid: &str, from: Option<&str>, said: &str) {
+        self.patched_at(uid, from, said, Instant::now());
+    }
+
+    fn patched_at(&self, uid: &str, from: Option<&str>, said: &str, at: Instant) {
         let Some(rv) = from else { return };
         let mut m = self.patched_from.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() >= LIMIT {
             m.clear();
         }
-        m.insert(uid.to_string(), rv.to_string());
+        let (resource_version, said) = (rv.to_string(), said.to_string());
+        let breaks = self.breaks.count();
+        let patched = Patched {
+            breaks,
+            resource_version,
+            said,
+            at,
+        };
+        m.insert(uid.to_string(), patched);
     }
 }
 
@@ -60,20 +126,32 @@ const MAX_AGE: Duration = Duration::from_secs(60);
 /// object the API server returned, and when.
 pub struct Written<L> {
     locks: Mutex<Memo<L>>,
+    breaks: HistoryBreaks,
 }
 
+/// The version our write replaced, the object it returned, when, and the history's breaks then.
+type Wrote<L> = (String, Arc<L>, Instant, u64);
+
 struct Memo<L> {
-    entries: HashMap<LockId, (String, Arc<L>, Instant)>,
+    entries: HashMap<LockId, Wrote<L>>,
     swept: Instant,
 }
 
 impl<L> Default for Written<L> {
     fn default() -> Self {
+        Written::new(HistoryBreaks::default())
+    }
+}
+
+impl<L> Written<L> {
+    pub fn new(breaks: HistoryBreaks) -> Self {
+        let memo = Memo {
+            entries: HashMap::new(),
+            swept: Instant::now(),
+        };
         Written {
-            locks: Mutex::new(Memo {
-                entries: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            locks: Mutex::new(memo),
+            breaks,
         }
     }
 }
@@ -87,7 +165,7 @@ impl<L> Memo<L> {
         }
         self.swept = now;
         self.entries
-            .retain(|_, (_, _, at)| now.duration_since(*at) < MAX_AGE);
+            .retain(|_, (_, _, at, _)| now.duration_since(*at) < MAX_AGE);
         self.entries.shrink_to_fit();
     }
 }
@@ -98,9 +176,12 @@ impl<L: kube::Resource> Written<L> {
     /// our write, or a later one), else the cache's.
     pub fn newest(&self, cached: Arc<L>) -> Arc<L> {
         let id = (cached.namespace().unwrap_or_default(), cached.name_any());
+        let breaks = self.breaks.count();
         let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
         match m.entries.get(&id) {
-            Some((from, ours, _)) if Some(from) == cached.resource_version().as_ref() => {
+            Some((from, ours, _, at_breaks))
+                if Some(from) == cached.resource_version().as_ref() && *at_breaks == breaks =>
+            {
                 ours.clone()
             }
             Some(_) => {
@@ -126,7 +207,8 @@ impl<L: kube::Resource> Written<L> {
         if m.entries.len() >= LIMIT {
             m.entries.clear();
         }
-        m.entries.insert(id, (from, Arc::new(written), now));
+        let breaks = self.breaks.count();
+        m.entries.insert(id, (from, Arc::new(written), now, breaks));
     }
 
     #[cfg(test)]
@@ -155,6 +237,37 @@ mod tests {
 
     fn token(m: &MutexObject) -> i64 {
         m.status.as_ref().unwrap().last_token
+    }
+
+    #[test]
+    fn a_patch_is_in_flight_only_for_its_version_its_outcome_and_a_while() {
+        let told = Told::default();
+        let t0 = Instant::now();
+        told.patched_at("u", Some("7"), "Acquired { token: 1 }", t0);
+        assert!(told.pending_at("u", Some("7"), "Acquired { token: 1 }", t0));
+        // An etcd restore brought the run back to version 7, and the lock granted it again.
+        assert!(!told.pending_at("u", Some("7"), "Acquired { token: 2 }", t0));
+        told.patched_at("u", Some("7"), "Acquired { token: 2 }", t0);
+        assert!(!told.pending_at("u", Some("8"), "Acquired { token: 2 }", t0));
+        told.patched_at("u", Some("8"), "Waiting", t0);
+        let late = t0 + MAX_AGE;
+        assert!(
+            !told.pending_at("u", Some("8"), "Waiting", late),
+            "a memo too old to trust"
+        );
+    }
+
+    #[test]
+    fn a_memo_made_before_the_watch_history_broke_is_void() {
+        let breaks = HistoryBreaks::default();
+        let (told, written) = (Told::new(breaks.clone()), Written::new(breaks.clone()));
+        told.patched("u", Some("7"), "Waiting");
+        written.wrote(Some("5".into()), mutex_at("6", 2));
+        assert!(told.pending("u", Some("7"), "Waiting"));
+        assert_eq!(token(&written.newest(Arc::new(mutex_at("5", 1)))), 2);
+        breaks.broke(); // an etcd restore: version 5 and 7 are back, with what they held then
+        assert!(!told.pending("u", Some("7"), "Waiting"));
+        assert_eq!(token(&written.newest(Arc::new(mutex_at("5", 1)))), 1);
     }
 
     #[test]
@@ -205,13 +318,19 @@ mod tests {
     #[test]
     fn a_patch_is_pending_until_the_cache_shows_another_version() {
         let t = Told::default();
-        assert!(!t.pending("u", Some("5")));
-        t.patched("u", Some("5"));
+        assert!(!t.pending("u", Some("5"), "Waiting"));
+        t.patched("u", Some("5"), "Waiting");
         assert!(
-            t.pending("u", Some("5")),
+            t.pending("u", Some("5"), "Waiting"),
             "the cache still shows the old version"
         );
-        assert!(!t.pending("u", Some("6")), "the cache has caught up");
-        assert!(!t.pending("u", Some("5")), "forgotten once caught up");
+        assert!(
+            !t.pending("u", Some("6"), "Waiting"),
+            "the cache has caught up"
+        );
+        assert!(
+            !t.pending("u", Some("5"), "Waiting"),
+            "forgotten once caught up"
+        );
     }
 }

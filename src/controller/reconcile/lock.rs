@@ -19,7 +19,7 @@ use crate::core::ready;
 use crate::core::requests::{Request, Unreadable, requests_from};
 use crate::core::run_status;
 use crate::core::scope::Scope;
-use crate::model::mutex::{MutexStatus, RunKind, RunRef, ledger_reserve};
+use crate::model::mutex::{MutexStatus, RunKind, RunRef, clock_floor, ledger_reserve};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -214,6 +214,7 @@ async fn lock_facts<L: LockObject>(
         deleting: lock.meta().deletion_timestamp.is_some(),
         token_floor,
         ledger_read,
+        clock_floor: clock_floor(now),
         namespace_share: lock.namespace_share(),
         priority_across_namespaces: lock.priority_across_namespaces(),
     })
@@ -588,14 +589,15 @@ impl Tell<'_> {
             patch = queued_patch(key, &patch, outcome, m);
         }
         // Our last patch of this version landed; its watch event brings the key back.
-        if ctx.told.pending(&run.uid, rv) {
+        let said = format!("{outcome:?}");
+        if ctx.told.pending(&run.uid, rv, &said) {
             return Ok(());
         }
         debug!(key, run = %m.name, ?outcome, "updating run status");
         if !writes::run_status(ctx, run.kind, &m.namespace, &m.name, &patch).await? {
             return Ok(());
         }
-        ctx.told.patched(&run.uid, rv);
+        ctx.told.patched(&run.uid, rv, &said);
         let local = m.local_run();
         // Counted once: only the write that recorded it (a swallowed 409 is redone later).
         // A queued PipelineRun is its own PipelineRun: the cancel recorded its Event.

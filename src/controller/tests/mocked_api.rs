@@ -36,6 +36,17 @@ const CLUSTER_MUTEXES: &str = "/apis/tekton-mutex.dev/v1alpha1/clustermutexes";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 const LEDGER: &str = "/api/v1/namespaces/ns/configmaps";
 
+/// A token far above the clock's floor (the year 2286 in milliseconds), so that a ledger entry
+/// or a `lastToken` of the tests, and not the clock, decides the next token.
+fn far(n: i64) -> i64 {
+    10_000_000_000_000 + n
+}
+
+/// The clock's floor for tokens now: a token granted after this call is at least this.
+fn clock_now() -> i64 {
+    crate::model::mutex::clock_floor(jiff::Timestamp::now())
+}
+
 /// One request the controller made: "METHOD /path", and its JSON body (Null if none).
 type Seen = (String, Value);
 
@@ -351,6 +362,7 @@ for_both_kinds! {
 }
 
 async fn conflict_case(kind: Kind) {
+    let before = clock_now();
     let (ctx, handle) = context(
         vec![kind.lock_run("a", "pending", json!({}))],
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
@@ -392,7 +404,11 @@ async fn conflict_case(kind: Kind) {
         retried["metadata"]["resourceVersion"], "2",
         "the retry is a CAS on the fresh read"
     );
-    assert_eq!(retried["status"]["holders"][0]["token"], 1);
+    let token = &retried["status"]["holders"][0]["token"];
+    assert!(
+        token.as_i64() >= Some(before),
+        "a token from the clock: {token}"
+    );
     assert_eq!(reason(&seen[3].1), "Acquired");
 }
 
@@ -784,7 +800,10 @@ async fn a_grant_inside_the_reserved_block_writes_no_ledger() {
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
         vec![],
     );
-    let m = mutex("1", json!({"lastToken": 1, "ledgerCovers": TOKEN_BLOCK}));
+    let m = mutex(
+        "1",
+        json!({"lastToken": far(1), "ledgerCovers": far(TOKEN_BLOCK)}),
+    );
     let (result, seen) = exchange(ctx, handle, ok, |ctx| sync::reconcile(cached(m), ctx)).await;
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(
@@ -797,12 +816,13 @@ async fn a_grant_inside_the_reserved_block_writes_no_ledger() {
     let status = &seen[0].1["status"];
     assert_eq!(
         (&status["lastToken"], &status["ledgerCovers"]),
-        (&json!(2), &json!(TOKEN_BLOCK))
+        (&json!(far(2)), &json!(far(TOKEN_BLOCK)))
     );
 }
 
 #[tokio::test]
 async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
+    let before = clock_now();
     let (ctx, handle) = context(
         vec![lock_run("a", "none", json!({}))],
         vec![pipeline_run("a", "2026-11-30T11:59:00Z")],
@@ -830,12 +850,17 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
         json!(["someone-else", finalizer::LOCK_STATE_FINALIZER])
     );
     assert_eq!(patch["resourceVersion"], "1", "a compare-and-swap");
+    let token = seen[3].1["status"]["lastToken"]
+        .as_i64()
+        .unwrap_or_default();
+    assert!(token >= before, "a token from the clock: {token}");
+    let block_end = token + TOKEN_BLOCK - 1;
     assert_eq!(
         seen[2].1["data"]["mutex.k"],
-        TOKEN_BLOCK.to_string(),
+        block_end.to_string(),
         "the token's block, reserved"
     );
-    assert_eq!(seen[3].1["status"]["ledgerCovers"], TOKEN_BLOCK);
+    assert_eq!(seen[3].1["status"]["ledgerCovers"], block_end);
     assert_eq!(
         seen[3].1["metadata"]["resourceVersion"], "2",
         "the status write follows the finalizer's resourceVersion"
@@ -847,6 +872,7 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_the_mutex() {
 /// returned), then the grant on the run, in the run's own namespace.
 #[tokio::test]
 async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
+    let before = clock_now();
     let run: CustomRun = serde_json::from_value({
         let mut r = serde_json::to_value(lock_run("a", "none", json!({}))).unwrap();
         r["spec"]["customRef"] =
@@ -882,9 +908,13 @@ async fn the_finalizer_goes_on_before_anyone_is_written_into_a_cluster_mutex() {
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
+    let token = seen[3].1["status"]["lastToken"]
+        .as_i64()
+        .unwrap_or_default();
+    assert!(token >= before, "a token from the clock: {token}");
     assert_eq!(
         seen[2].1["data"]["clustermutex.prod"],
-        TOKEN_BLOCK.to_string()
+        (token + TOKEN_BLOCK - 1).to_string()
     );
     assert_eq!(
         seen[0].1["metadata"]["finalizers"],
@@ -1157,7 +1187,7 @@ async fn above_the_ledger_case(kind: Kind) {
     let respond = move |line: &str, body: &Value| match line {
         l if l == format!("GET {served}") => (
             200,
-            ledger(json!({served_entry.clone(): "7", "mutex.other": "40"})),
+            ledger(json!({served_entry.clone(): far(7).to_string(), "mutex.other": "40"})),
         ),
         _ => ok(line, body),
     };
@@ -1178,7 +1208,7 @@ async fn above_the_ledger_case(kind: Kind) {
             format!("PATCH {CUSTOM_RUNS}/a-lock/status"),
         ]
     );
-    let block_end = 8 + TOKEN_BLOCK - 1;
+    let block_end = far(8) + TOKEN_BLOCK - 1;
     assert_eq!(
         seen[3].1["data"][&entry],
         block_end.to_string(),
@@ -1188,7 +1218,7 @@ async fn above_the_ledger_case(kind: Kind) {
     let st = &seen[4].1["status"];
     assert_eq!(
         (&st["lastToken"], &st["holders"][0]["token"]),
-        (&json!(8), &json!(8))
+        (&json!(far(8)), &json!(far(8)))
     );
 }
 
@@ -1237,15 +1267,17 @@ async fn unreadable_ledger_case(kind: Kind) {
 #[tokio::test]
 async fn a_cluster_mutex_floor_is_the_higher_of_the_new_and_the_old_ledger() {
     const OLD: &str = "/api/v1/namespaces/tekton-mutex/configmaps/tekton-mutex-token-floors";
+    // Floors far above the clock, so that they decide; with none, the clock does.
     let cases = [
-        (Kind::Cluster, Some("3"), Some("7"), 8),
-        (Kind::Cluster, Some("9"), Some("3"), 10),
-        (Kind::Cluster, Some("3"), None, 4),
-        (Kind::Cluster, None, Some("5"), 6),
-        (Kind::Cluster, None, None, 1),
-        (Kind::Mutex, Some("3"), Some("7"), 4),
+        (Kind::Cluster, Some(far(3)), Some(far(7)), Some(far(8))),
+        (Kind::Cluster, Some(far(9)), Some(far(3)), Some(far(10))),
+        (Kind::Cluster, Some(far(3)), None, Some(far(4))),
+        (Kind::Cluster, None, Some(far(5)), Some(far(6))),
+        (Kind::Cluster, None, None, None),
+        (Kind::Mutex, Some(far(3)), Some(far(7)), Some(far(4))),
     ];
     for (kind, new, old, first) in cases {
+        let before = clock_now();
         let (locks, (ledger_path, entry)) = (kind.locks(), kind.ledger());
         let (mut ctx, handle) = context(
             vec![kind.lock_run("a", "none", json!({}))],
@@ -1255,8 +1287,8 @@ async fn a_cluster_mutex_floor_is_the_higher_of_the_new_and_the_old_ledger() {
         Arc::get_mut(&mut ctx).unwrap().previous_cluster_ledger = Some("tekton-mutex".into());
         let (served, e) = (ledger_path.clone(), entry.clone());
         let respond = move |line: &str, body: &Value| {
-            let answer = |v: Option<&str>| match v {
-                Some(v) => (200, ledger(json!({e.clone(): v}))),
+            let answer = |v: Option<i64>| match v {
+                Some(v) => (200, ledger(json!({e.clone(): v.to_string()}))),
                 None => (404, status(404, "NotFound")),
             };
             match line {
@@ -1294,7 +1326,10 @@ async fn a_cluster_mutex_floor_is_the_higher_of_the_new_and_the_old_ledger() {
             "{case}: only the new ledger is written"
         );
         let st = &seen[expected.len() - 2].1["status"];
-        assert_eq!(st["lastToken"], json!(first), "{case}");
+        match first {
+            Some(first) => assert_eq!(st["lastToken"], json!(first), "{case}"),
+            None => assert!(st["lastToken"].as_i64() >= Some(before), "{case}: {st}"),
+        }
     }
 }
 

@@ -498,7 +498,9 @@ impl<'a> Decider<'a> {
     pub(super) fn grant_up_to(&mut self, capacity: usize) {
         while self.st.holders.len() < capacity && !self.st.queue.is_empty() {
             // Tokens never wrap or repeat: at MAX_TOKEN the key grants no more.
-            let Some(token) = tekton_mutex_api::mutex::next_token(self.st.last_token) else {
+            let Some(token) =
+                tekton_mutex_api::mutex::next_token(self.st.last_token, self.facts.clock_floor)
+            else {
                 break;
             };
             let w = self.st.queue.remove(0);

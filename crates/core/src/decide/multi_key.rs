@@ -265,7 +265,9 @@ impl Decider<'_> {
         let Some(i) = self.st.queue.iter().position(|w| w.run.uid == uid) else {
             return true; // granted with a sibling already
         };
-        let Some(token) = tekton_mutex_api::mutex::next_token(self.st.last_token) else {
+        let Some(token) =
+            tekton_mutex_api::mutex::next_token(self.st.last_token, self.facts.clock_floor)
+        else {
             return false;
         };
         let w = self.st.queue.remove(i);
