@@ -1,6 +1,8 @@
 //! The local control plane's own processes (hack/cluster.sh): restart its kube-apiserver or
-//! etcd with the same command line, wait for the API to serve again, and compact etcd, for the
-//! faults of the chaos campaign and of cluster tests that need the infrastructure to fail.
+//! etcd with the same command line, wait for the API to serve again, compact etcd, and take and
+//! restore an etcd snapshot (`etcd_snapshot`, `restore_etcd`: the token floor that follows the
+//! clock is proven by them), for the faults of the chaos campaign and of cluster tests that
+//! need the infrastructure to fail.
 
 use super::{repo_root, secs, wait_until};
 use anyhow::{Context, Result, bail};
