@@ -138,6 +138,10 @@ pub struct RunFacts {
     /// `tekton-mutex.dev/key` (the selector had stopped taking it, and it was let go or never
     /// made Pending). Its deploys are no sections, and it must never be granted.
     pub unlocked: bool,
+    /// An admission policy refused the controller's writes to it for a while (issue 49): a
+    /// grant it could not be told is taken back, and the run is told so (cancelled) once it can
+    /// be.
+    pub refused_writes: bool,
 }
 
 impl RunFacts {
@@ -469,6 +473,7 @@ pub fn reasons(runs: &[RunFacts]) -> Vec<Violation> {
             && r.spec_status.as_deref() == Some(r.cancel_mode.as_str());
         let annotated = r.supersede_on && r.superseded_by.is_some();
         let explained = r.user_cancelled
+            || r.refused_writes
             || r.author_started
             || r.lock_run_deleted
             || r.superseded()

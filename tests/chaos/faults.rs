@@ -2,7 +2,7 @@
 //! of the local control plane's kube-apiserver and etcd, and a user's actions.
 
 use super::manifest::{USER_ANNOTATION, deny_policy};
-pub use crate::support::components::{restart_component, wait_api};
+pub use crate::support::components::{compact_etcd, restart_component, wait_api};
 use crate::support::{apply_yaml, dynamic_api, repo_root, secs, wait_until};
 use anyhow::{Context, Result, bail};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -21,22 +21,32 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn start(namespace: &str, log: &Path) -> Result<Self> {
-        Self::spawn(&["run", "--namespace", namespace], namespace, log)
+    /// With the credentials of `kubeconfig` (the admin's if None): an identity of its own, which
+    /// issue 49's API-level faults single out (api_faults::Identity).
+    pub fn start_as(namespace: &str, log: &Path, kubeconfig: Option<&Path>) -> Result<Self> {
+        Self::spawn(
+            &["run", "--namespace", namespace],
+            namespace,
+            log,
+            kubeconfig,
+        )
     }
 
     /// A controller of every namespace (`tekton-mutex run`), as a ClusterMutex needs: the
     /// `cluster-tenants` round's. In CI the chaos lane has the cluster to itself (hack/test.sh
     /// runs it after the rest of the suite), so it serves no one else's namespaces.
     pub fn start_cluster_wide(label: &str, log: &Path) -> Result<Self> {
-        Self::spawn(&["run"], label, log)
+        Self::spawn(&["run"], label, log, None)
     }
 
-    fn spawn(args: &[&str], label: &str, log: &Path) -> Result<Self> {
+    fn spawn(args: &[&str], label: &str, log: &Path, kubeconfig: Option<&Path>) -> Result<Self> {
         let out = std::fs::File::create(log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_tekton-mutex"))
             .args(args)
-            .env("KUBECONFIG", crate::support::kubeconfig_path())
+            .env(
+                "KUBECONFIG",
+                kubeconfig.map_or_else(crate::support::kubeconfig_path, Path::to_path_buf),
+            )
             // CHAOS_RUST_LOG: more (e.g. kube=debug) when a round needs explaining.
             .env(
                 "RUST_LOG",
@@ -416,4 +426,54 @@ pub async fn restore_mutex(client: &Client, ns: &str, snapshot: &Mutex) -> Resul
         }
     }
     Ok("re-created; its old status never written (conflicts)".into())
+}
+
+/// The PipelineRuns holding keys of `ns` as the statuses say, `preferred` first if among them.
+pub async fn holders(client: &Client, ns: &str, preferred: &str) -> Result<Vec<String>> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    let mut holders: Vec<String> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|m| m.status.map(|s| s.holders).unwrap_or_default())
+        .map(|h| h.pipeline_run.unwrap_or(h.run.name))
+        .collect();
+    holders.sort_by_key(|h| h != preferred);
+    Ok(holders)
+}
+
+/// A PipelineRun waiting for a key of `ns` now: `preferred` if it waits, else the head of the
+/// longest queue (None: nothing waits).
+pub async fn a_waiter(client: &Client, ns: &str, preferred: &str) -> Result<Option<String>> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    let mut queues: Vec<Vec<String>> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|m| m.status.map(|s| s.queue).unwrap_or_default())
+        .map(|q| {
+            q.into_iter()
+                .map(|w| w.pipeline_run.unwrap_or(w.run.name))
+                .collect()
+        })
+        .collect();
+    if queues.iter().flatten().any(|w| w == preferred) {
+        return Ok(Some(preferred.to_string()));
+    }
+    queues.sort_by_key(|q| std::cmp::Reverse(q.len()));
+    Ok(queues.first().and_then(|q| q.first()).cloned())
+}
+
+/// Waits (bounded) until PipelineRun `pr` has no lock run left (Tekton's garbage collection).
+pub async fn wait_lock_runs_gone(client: &Client, ns: &str, pr: &str, within: Duration) -> bool {
+    let api: Api<CustomRun> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("tekton.dev/pipelineRun={pr}"));
+    wait_until("the lock runs to be gone", within, || {
+        let (api, lp) = (api.clone(), lp.clone());
+        async move { Ok(api.list(&lp).await?.items.is_empty().then_some(())) }
+    })
+    .await
+    .is_ok()
 }

@@ -17,6 +17,7 @@
 mod support;
 
 mod admission;
+mod api_faults;
 mod checker;
 mod faults;
 mod manifest;

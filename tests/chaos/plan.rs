@@ -131,9 +131,13 @@ pub enum FaultKind {
     /// A round shape, not a fault of the round's namespace: two tenant namespaces share a
     /// ClusterMutex under a cluster-wide controller (issue 46; tests/chaos/tenants.rs).
     ClusterTenants,
+    /// Issue 49's API-level faults (tests/chaos/api_faults.rs), drawn apart (`draw_api`).
+    ApfThrottle,
+    WatchExpiry,
+    RefuseRunWrites,
 }
 
-pub const ALL_FAULTS: [FaultKind; 22] = [
+pub const ALL_FAULTS: [FaultKind; 25] = [
     FaultKind::ControllerKill,
     FaultKind::ControllerReplica,
     FaultKind::ControllerPause,
@@ -156,6 +160,16 @@ pub const ALL_FAULTS: [FaultKind; 22] = [
     FaultKind::AuthorStart,
     FaultKind::SelectorEdit,
     FaultKind::ClusterTenants,
+    FaultKind::ApfThrottle,
+    FaultKind::WatchExpiry,
+    FaultKind::RefuseRunWrites,
+];
+
+/// The API-level kinds (issue 49), category `api`.
+pub const API_FAULTS: [FaultKind; 3] = [
+    FaultKind::ApfThrottle,
+    FaultKind::WatchExpiry,
+    FaultKind::RefuseRunWrites,
 ];
 
 /// How a `selector-edit` changes the selecting Mutex: its selector edited so that it takes
@@ -187,6 +201,9 @@ impl FaultKind {
             FaultKind::AuthorStart => "author-start",
             FaultKind::SelectorEdit => "selector-edit",
             FaultKind::ClusterTenants => "cluster-tenants",
+            FaultKind::ApfThrottle => "apf-throttle",
+            FaultKind::WatchExpiry => "watch-expiry",
+            FaultKind::RefuseRunWrites => "refuse-run-writes",
         }
     }
 
@@ -211,7 +228,18 @@ impl FaultKind {
             FaultKind::MutexDelete | FaultKind::MutexWipe | FaultKind::MutexRestore => "mutex",
             FaultKind::AdmissionDeny => "admission",
             FaultKind::ClusterTenants => "tenants",
+            FaultKind::ApfThrottle | FaultKind::WatchExpiry | FaultKind::RefuseRunWrites => "api",
         }
+    }
+
+    /// Drawn with an RNG of their own, so that adding them changed no seed's other faults.
+    fn drawn_apart(self) -> bool {
+        self == FaultKind::ClusterTenants || API_FAULTS.contains(&self)
+    }
+
+    /// Needs the controller to run with an identity of its own (api_faults::Identity).
+    pub fn needs_identity(self) -> bool {
+        matches!(self, FaultKind::ApfThrottle | FaultKind::RefuseRunWrites)
     }
 
     /// A fault the main round (its one namespace) draws; `cluster-tenants` is a round of its own
@@ -222,7 +250,7 @@ impl FaultKind {
 }
 
 /// Parses `--faults`: a comma list of categories (`controller`, `apiserver`, `users`, `mutex`,
-/// `admission`, `selector`, `tenants`), single kinds (`etcd-restart`, ...), `all` or `none`.
+/// `admission`, `selector`, `tenants`, `api`), single kinds (`etcd-restart`, ...), `all` or `none`.
 pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
     let mut out = BTreeSet::new();
     for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -235,7 +263,7 @@ pub fn parse_faults(text: &str) -> Result<BTreeSet<FaultKind>, String> {
             let kinds: Vec<_> = ALL_FAULTS.iter().map(|k| k.name()).collect();
             return Err(format!(
                 "unknown fault {word:?}: use all, none, a category (controller, apiserver, users, \
-                 mutex, admission, selector, tenants) or a kind ({})",
+                 mutex, admission, selector, tenants, api) or a kind ({})",
                 kinds.join(", ")
             ));
         }
@@ -395,6 +423,8 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
     }
     draw_selected(&mut rng, &mut keys, &mut groups, &mut runs, &mut faults);
     let probes = draw_probes(&mut faults, &mut groups, &keys);
+    faults.extend(draw_api(seed, &runs, knobs));
+    faults.sort_by_key(|f| f.at_ms);
     let tenants = super::tenants::draw(seed, knobs).map(Box::new);
     if tenants.is_some() {
         // Its marker, so that the fault lists and the CI seeds' check see it drawn.
@@ -420,6 +450,61 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
         probes,
         tenants,
     }
+}
+
+/// Issue 49's API-level faults, from an RNG of their own: each kind asked for once in about
+/// half the rounds, or once or twice (a watch expiry once) in every round when only API-level
+/// kinds are asked for.
+/// A `refuse-run-writes` or `watch-expiry` aims at a plain run created by then (one with a lock
+/// task, whose lock run the controller writes).
+fn draw_api(seed: u64, runs: &[RunPlan], knobs: &Knobs) -> Vec<FaultPlan> {
+    draw_api_salted(seed ^ API_SALT, runs, knobs)
+}
+
+/// Salts the API-level faults' RNG; picked so that the CI seeds draw each API-level kind once
+/// (`the_ci_seeds_draw_every_kind`).
+const API_SALT: u64 = 0x6170_695f_6661_7504;
+
+fn draw_api_salted(seed: u64, runs: &[RunPlan], knobs: &Knobs) -> Vec<FaultPlan> {
+    let mut rng = rng(seed);
+    let only_api = knobs.faults.iter().all(|k| API_FAULTS.contains(k));
+    let mut out = vec![];
+    for kind in API_FAULTS.into_iter().filter(|k| knobs.faults.contains(k)) {
+        // A watch expiry stops the schedule for a while (the API server restarts): once.
+        let n = match (only_api, kind) {
+            (true, FaultKind::WatchExpiry) => 1,
+            (true, _) => rng.random_range(1..=2),
+            (false, _) => usize::from(rng.random_bool(0.5)),
+        };
+        for _ in 0..n {
+            // A refusal while runs still wait for their grants.
+            let at_ms = match kind {
+                FaultKind::RefuseRunWrites => rng.random_range(5_000..25_000),
+                _ => rng.random_range(5_000..45_000),
+            };
+            let for_ms = match kind {
+                FaultKind::ApfThrottle => rng.random_range(5_000..=15_000),
+                FaultKind::RefuseRunWrites => rng.random_range(10_000..=25_000),
+                _ => 0,
+            };
+            let plain: Vec<usize> = (0..runs.len())
+                .filter(|&i| runs[i].at_ms < at_ms && runs[i].shape == Shape::Plain)
+                .collect();
+            let run = match plain.len() {
+                0 => 0,
+                n => plain[rng.random_range(0..n)],
+            };
+            out.push(FaultPlan {
+                at_ms,
+                kind,
+                for_ms,
+                run,
+                key: 0,
+                mode: "",
+            });
+        }
+    }
+    out
 }
 
 /// The keys of the matrix shape (of different order) and of the opposite-orders shape.
@@ -526,7 +611,7 @@ fn draw_faults(rng: &mut TestRng, runs: &[RunPlan], keys: usize, knobs: &Knobs) 
         .faults
         .iter()
         .copied()
-        .filter(|k| k.in_main_round())
+        .filter(|k| !k.drawn_apart())
         .collect();
     if kinds.is_empty() {
         return vec![];
@@ -810,6 +895,50 @@ mod tests {
         let (a, b) = (draw(42, &knobs()), draw(42, &knobs()));
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         assert_ne!(format!("{a:?}"), format!("{:?}", draw(43, &knobs())));
+    }
+
+    /// `--faults api`: each API-level kind in every round, once or twice; a refusal lasts a
+    /// while, and a refusal or a watch expiry aims at a plain run created before it. Asked for
+    /// with every kind, the other faults are those of the same seed without them.
+    #[test]
+    fn api_faults_aim_at_plain_runs_and_leave_the_other_faults_as_they_were() {
+        let api = Knobs {
+            faults: API_FAULTS.into(),
+            ..knobs()
+        };
+        for seed in 1..40 {
+            let p = draw(seed, &api);
+            for kind in API_FAULTS {
+                let n = p.faults.iter().filter(|f| f.kind == kind).count();
+                let most = if kind == FaultKind::WatchExpiry { 1 } else { 2 };
+                assert!((1..=most).contains(&n), "seed {seed}: {n} {kind:?}");
+            }
+            for f in p.faults.iter().filter(|f| f.kind != FaultKind::ApfThrottle) {
+                let run = &p.runs[f.run];
+                assert!(run.shape == Shape::Plain && run.at_ms < f.at_ms, "{f:?}");
+            }
+            let refusals = p
+                .faults
+                .iter()
+                .filter(|f| f.kind == FaultKind::RefuseRunWrites);
+            assert!(refusals.clone().all(|f| f.for_ms >= 10_000));
+            let all = draw(seed, &knobs());
+            let without: Vec<FaultKind> = all
+                .faults
+                .iter()
+                .map(|f| f.kind)
+                .filter(|k| !k.drawn_apart())
+                .collect();
+            let before = Knobs {
+                faults: ALL_FAULTS
+                    .into_iter()
+                    .filter(|k| !k.drawn_apart())
+                    .collect(),
+                ..knobs()
+            };
+            let old: Vec<FaultKind> = draw(seed, &before).faults.iter().map(|f| f.kind).collect();
+            assert_eq!(without, old, "seed {seed}");
+        }
     }
 
     #[test]

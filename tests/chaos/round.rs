@@ -2,6 +2,7 @@
 //! schedule, wait for every run to end (bounded), then hand the observations to the checker.
 
 use super::admission::{self, Author, AuthorStart};
+use super::api_faults::{self, Identity};
 use super::checker::{self, Age, Deploy, EndSeen, RunFacts, Violation};
 use super::faults::{self, Replica};
 use super::manifest;
@@ -85,6 +86,16 @@ enum Op {
     AuthorStart(usize),
     /// Key `.0`'s selector edited, or its Mutex deleted (`.1`, see plan::SELECTOR_EDITS).
     SelectorEdit(usize, &'static str),
+    /// API Priority and Fairness refuses every request of the controller (429), then, `.0` ms
+    /// after it began (however late the schedule ran it), not.
+    ThrottleOn,
+    ThrottleOff(u64),
+    /// The watches expire (410 Gone) while a holder (run `.0` if it holds) is deleted.
+    WatchExpiry(usize),
+    /// An admission policy refuses the controller's writes to run `.0` (or, if it does not wait,
+    /// to another waiting run), then is lifted `.0` ms after it began.
+    RefuseOn(usize),
+    RefuseOff(u64),
 }
 
 fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
@@ -130,6 +141,15 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
             FaultKind::SelectorEdit => add(at, Op::SelectorEdit(f.key, f.mode)),
             // A round of its own, after this one (tenants_round.rs).
             FaultKind::ClusterTenants => {}
+            FaultKind::ApfThrottle => {
+                add(at, Op::ThrottleOn);
+                add(end, Op::ThrottleOff(f.for_ms));
+            }
+            FaultKind::WatchExpiry => add(at, Op::WatchExpiry(f.run)),
+            FaultKind::RefuseRunWrites => {
+                add(at, Op::RefuseOn(f.run));
+                add(end, Op::RefuseOff(f.for_ms));
+            }
         }
     }
     out.sort_by_key(|(t, _, _)| *t);
@@ -150,6 +170,8 @@ struct UserActs {
     /// Runs whose author's start the API server let through, and how many it refused.
     author_let_through: BTreeSet<String>,
     author_refused: usize,
+    /// Runs whose writes an admission policy refused the controller for a while.
+    refused: BTreeSet<String>,
 }
 
 /// A run created by a fault: a copy (the original's plan under its own name) or a probe.
@@ -180,6 +202,14 @@ struct Stage<'a> {
     background: Vec<tokio::task::JoinHandle<Option<Extra>>>,
     /// The author of the round's runs, with an `author-start` in the plan.
     author: Option<Author>,
+    /// The controller's own identity, with an API-level fault that singles it out.
+    identity: Option<Identity>,
+    /// API-level faults in force (they may overlap).
+    throttles: usize,
+    refusals: usize,
+    /// When the latest throttle and refusal began (ms since the epoch): each lasts its time.
+    throttle_since: u64,
+    refuse_since: u64,
 }
 
 type Snapshots = Arc<StdMutex<BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>>>;
@@ -285,7 +315,8 @@ impl Stage<'_> {
         let log = self
             .log_dir
             .join(format!("controller-{}-{}.log", slot, self.started));
-        self.replicas[slot] = Some(Replica::start(&self.ns, &log)?);
+        let kubeconfig = self.identity.as_ref().map(|i| i.kubeconfig.as_path());
+        self.replicas[slot] = Some(Replica::start_as(&self.ns, &log, kubeconfig)?);
         Ok(())
     }
 
@@ -347,6 +378,10 @@ impl Stage<'_> {
                 .await
                 .unwrap_or_else(|e| format!("user edits a selector: failed: {e:#}")),
             Op::Restore(k, down, probe) => self.restore(*k, *down, *probe).await?,
+            Op::ThrottleOn | Op::ThrottleOff(_) | Op::RefuseOn(_) | Op::RefuseOff(_) => {
+                self.api_fault(op).await?
+            }
+            Op::WatchExpiry(i) => self.watch_expiry(*i).await?,
             Op::DeleteMutex(k) => {
                 let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
                 format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
@@ -372,6 +407,101 @@ impl Stage<'_> {
                 "admission policy lifted".into()
             }
         })
+    }
+
+    /// An API-level fault that singles out the controller's identity (issue 49).
+    async fn api_fault(&mut self, op: &Op) -> Result<String> {
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        let Some(id) = self.identity.as_ref() else {
+            return Ok(format!(
+                "{op:?}: no identity of the controller's (unguarded)"
+            ));
+        };
+        let seen = |ok: bool| if ok { "" } else { " (not seen enforced)" };
+        Ok(match op {
+            Op::ThrottleOn => {
+                self.throttles += 1;
+                self.throttle_since = now_ms();
+                let ok = api_faults::throttle_on(&c, &ns, id).await?;
+                format!(
+                    "APF throttles the controller: every request 429{}",
+                    seen(ok)
+                )
+            }
+            Op::ThrottleOff(for_ms) => {
+                sleep_until(self.throttle_since + for_ms).await; // the fault's time
+                self.throttles = self.throttles.saturating_sub(1);
+                let n = api_faults::throttled_requests(&c, &ns).await;
+                if self.throttles == 0 {
+                    api_faults::throttle_off(&c, &ns).await?;
+                }
+                format!("APF throttle lifted: {n:?} requests refused with 429 (one the probe's)")
+            }
+            Op::RefuseOn(i) => {
+                // A waiting run, so that its grant comes while its writes are refused.
+                let planned = self.run_name(*i).to_string();
+                let Some(pr) = faults::a_waiter(&c, &ns, &planned).await? else {
+                    return Ok("admission refusal: no run waits, none refused".into());
+                };
+                self.refusals += 1;
+                self.refuse_since = now_ms();
+                let ok = api_faults::refuse_on(&c, &ns, &pr, id).await?;
+                self.acts.refused.insert(pr.clone());
+                format!(
+                    "admission refuses the controller's writes to {pr}{}",
+                    seen(ok)
+                )
+            }
+            Op::RefuseOff(for_ms) => {
+                sleep_until(self.refuse_since + for_ms).await; // the fault's time
+                if self.refusals == 0 {
+                    return Ok("admission refusal: none in force".into());
+                }
+                self.refusals -= 1;
+                if self.refusals == 0 {
+                    api_faults::refuse_off(&c, &ns).await?;
+                }
+                "admission refusal of the run's writes lifted".into()
+            }
+            _ => unreachable!("not an API-level fault: {op:?}"),
+        })
+    }
+
+    /// The controller stops hearing (SIGSTOP); a holder is deleted (run `i` if it holds, else
+    /// another) and its lock run goes; etcd is compacted and the API server restarted, so that
+    /// no watch can resume where it was (410 Gone: the controller must list again); then the
+    /// controller goes on (SIGCONT).
+    async fn watch_expiry(&mut self, i: usize) -> Result<String> {
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        let mut stopped = vec![];
+        for (slot, r) in self.replicas.iter_mut().enumerate() {
+            if let Some(r) = r.as_mut().filter(|r| !r.paused) {
+                r.signal("STOP")?;
+                stopped.push(slot);
+            }
+        }
+        // The status the stopped controller last wrote may name holders gone since.
+        let mut deleted = "no key held: nothing deleted".to_string();
+        for pr in faults::holders(&c, &ns, self.run_name(i)).await? {
+            if faults::delete_run(&c, &ns, &pr).await.is_ok() {
+                self.acts.deleted.insert(pr.clone());
+                let gone = faults::wait_lock_runs_gone(&c, &ns, &pr, secs(20)).await;
+                deleted = format!("holder {pr} deleted (its lock run gone: {gone})");
+                break;
+            }
+        }
+        let revision = faults::compact_etcd();
+        faults::restart_component("kube-apiserver", Duration::ZERO).await?;
+        faults::wait_api(&c).await?;
+        for slot in stopped {
+            if let Some(r) = self.replicas[slot].as_mut() {
+                r.signal("CONT")?;
+            }
+        }
+        Ok(format!(
+            "watches expire: controller stopped, {deleted}, etcd compacted ({revision:?}), \
+             kube-apiserver restarted, controller goes on"
+        ))
     }
 
     /// A user's action on a run; what was done is recorded for the checker.
@@ -571,8 +701,15 @@ impl Stage<'_> {
         for (at, kind, op) in ops(self.plan) {
             sleep_until(self.t0 + at).await;
             let text = self.apply(&op).await?;
-            let second_half =
-                matches!(op, Op::Restart | Op::ReplicaDown | Op::Resume | Op::DenyOff);
+            let second_half = matches!(
+                op,
+                Op::Restart
+                    | Op::ReplicaDown
+                    | Op::Resume
+                    | Op::DenyOff
+                    | Op::ThrottleOff(_)
+                    | Op::RefuseOff(_)
+            );
             if !second_half {
                 *counts.entry(kind.name()).or_default() += 1;
             }
@@ -584,6 +721,14 @@ impl Stage<'_> {
         if self.denials > 0 {
             faults::allow_cancels(&self.client, &self.ns).await?;
             self.denials = 0;
+        }
+        if self.throttles > 0 {
+            api_faults::throttle_off(&self.client, &self.ns).await?;
+            self.throttles = 0;
+        }
+        if self.refusals > 0 {
+            api_faults::refuse_off(&self.client, &self.ns).await?;
+            self.refusals = 0;
         }
         for task in std::mem::take(&mut self.background) {
             self.acts.extra.extend(task.await?);
@@ -706,6 +851,10 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
     }
     let watches = Watches::start(&client, ns.name());
     let timeline = Arc::new(StdMutex::new(Vec::new()));
+    let identity = match plan.faults.iter().any(|f| f.kind.needs_identity()) && !plan.unguarded {
+        true => Some(Identity::create(&client, ns.name(), &log_dir).await?),
+        false => None,
+    };
     let t0 = now_ms();
     let mut stage = Stage {
         plan,
@@ -721,6 +870,11 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
         snapshots: Snapshots::default(),
         background: vec![],
         author: policies.author.clone(),
+        identity,
+        throttles: 0,
+        refusals: 0,
+        throttle_since: 0,
+        refuse_since: 0,
     };
     stage.start_replica(0)?;
     let snapshots = spawn_snapshots(
@@ -767,6 +921,10 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
     let prs = observe::pipeline_runs(&client, ns.name()).await?;
     let locks = observe::lock_runs(&client, ns.name()).await?;
     drop(stage.replicas);
+    if let Some(id) = &stage.identity {
+        id.remove(&client).await;
+    }
+    counts.extend(expired_watches(plan, &stage.log_dir));
     let seen = std::mem::take(&mut *watches.seen.lock().unwrap());
     let end_ms = now_ms().saturating_sub(t0);
     let deploys = deploys(&seen, t0, end_ms);
@@ -781,6 +939,14 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
         .count();
     if deadlocks > 0 {
         counts.insert("deadlocks-broken", deadlocks);
+    }
+    // Not a fault: grants taken back because the run could not be told (issue 49), counted.
+    let revoked = facts.iter().filter(|f| {
+        let m = f.lock_message.as_deref().unwrap_or_default();
+        m.contains("could not be delivered")
+    });
+    if revoked.clone().count() > 0 {
+        counts.insert("grants-taken-back-undelivered", revoked.count());
     }
     let created_runs = plan.runs.len() + stage.acts.extra.len();
     let capacity = plan
@@ -819,6 +985,23 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
         wall: wall.elapsed(),
         fairness: None,
     })
+}
+
+/// With a `watch-expiry` in the round: how many times the controllers' logs say a watch could
+/// not resume (410 Gone, "too old resource version"): the fault observed.
+fn expired_watches(plan: &RoundPlan, log_dir: &std::path::Path) -> Option<(&'static str, usize)> {
+    if !plan.faults.iter().any(|f| f.kind == FaultKind::WatchExpiry) || plan.unguarded {
+        return None;
+    }
+    let logs = std::fs::read_dir(log_dir).ok()?.flatten();
+    let text: String = logs
+        .filter(|e| e.file_name().to_string_lossy().starts_with("controller-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect();
+    Some((
+        "watches-expired-410",
+        text.matches("too old resource version").count(),
+    ))
 }
 
 /// Not faults, counted beside them (issue 46): the selected runs, those no lock took (they ran
@@ -1033,6 +1216,7 @@ fn run_facts(
                 queued: (r.shape == Shape::Queued && !plan.unguarded) || (selected && !unlocked),
                 author_started: acts.author_let_through.contains(&r.name),
                 unlocked,
+                refused_writes: acts.refused.contains(&r.name),
             }
         })
         .collect();
