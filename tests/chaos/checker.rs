@@ -418,6 +418,10 @@ pub fn liveness(runs: &[RunFacts], stuck: &[String]) -> Vec<Violation> {
                     behind.join(", ")
                 )
             };
+            let detail = match r.refused_writes {
+                true => format!("{detail}; refuse-run-writes refused the controller its writes"),
+                false => detail,
+            };
             Violation {
                 invariant: Invariant::Liveness,
                 key: r.key.clone(),

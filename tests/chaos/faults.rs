@@ -477,3 +477,25 @@ pub async fn wait_lock_runs_gone(client: &Client, ns: &str, pr: &str, within: Du
     .await
     .is_ok()
 }
+
+/// What the `Ready` condition of each Mutex of `keys` says now (issue 49: a key that looks
+/// stuck is explained there), as `key K Ready: STATUS REASON: MESSAGE`.
+pub async fn readiness(client: &Client, ns: &str, keys: &[String]) -> Vec<String> {
+    let api: Api<Mutex> = Api::namespaced(client.clone(), ns);
+    let mut out = vec![];
+    for key in keys {
+        let text = match api.get_opt(key).await {
+            Ok(Some(m)) => {
+                let conditions = m.status.map(|s| s.conditions).unwrap_or_default();
+                match conditions.into_iter().find(|c| c.type_ == "Ready") {
+                    Some(c) => format!("{} {}: {}", c.status, c.reason, c.message),
+                    None => "no Ready condition".into(),
+                }
+            }
+            Ok(None) => "no Mutex".into(),
+            Err(e) => format!("unread: {e}"),
+        };
+        out.push(format!("key {key} Ready: {text}"));
+    }
+    out
+}

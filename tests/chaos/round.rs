@@ -917,6 +917,19 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
     creations.await??;
     snapshots.await?;
     let stuck = wait_all_done(plan, &client, ns.name(), t0, &stage.acts).await?;
+    if !stuck.is_empty() {
+        // Each stuck run's key, as its lock's Ready condition explains it (issue 49).
+        let keys: BTreeSet<String> = plan
+            .runs
+            .iter()
+            .filter(|r| stuck.contains(&r.name))
+            .map(|r| plan.key_of(r).name.clone())
+            .collect();
+        let keys: Vec<String> = keys.into_iter().collect();
+        for line in faults::readiness(&client, ns.name(), &keys).await {
+            stage.note(line);
+        }
+    }
     settle(&client, ns.name(), &watches).await;
     let prs = observe::pipeline_runs(&client, ns.name()).await?;
     let locks = observe::lock_runs(&client, ns.name()).await?;
