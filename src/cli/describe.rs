@@ -46,6 +46,12 @@ pub struct Described {
     pub frozen: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frozen_reason: Option<String>,
+    /// Its scheduled windows, one line each ("deny weekend-freeze: 0 18 * * fri for 62h ...").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<String>,
+    /// The window that keeps it from granting anything new, and until when, as last decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_by_window: Option<String>,
     pub last_token: i64,
     /// What its `spec.selector` takes by itself, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -226,6 +232,8 @@ async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
         max_queue: spec.max_queue,
         frozen: spec.frozen,
         frozen_reason: spec.frozen_reason.clone(),
+        windows: spec.windows.iter().map(window_line).collect(),
+        closed_by_window: st.closed_by_window.clone(),
         last_token: st.last_token,
         selects: Selects::of(lock),
         holders,
@@ -353,6 +361,13 @@ async fn events(target: &Target, lock: &str, names: &[String]) -> Result<Vec<Eve
     Ok(rows.split_off(skip))
 }
 
+/// A window as one line: "deny weekend-freeze: 0 18 * * fri for 62h (Europe/Berlin)".
+fn window_line(w: &crate::model::window::Window) -> String {
+    let zone = w.time_zone.as_deref().unwrap_or("UTC");
+    let (kind, name, schedule, duration) = (w.kind.as_str(), &w.name, &w.schedule, &w.duration);
+    format!("{kind} {name}: {schedule} for {duration} ({zone})")
+}
+
 /// The text: a header, then one table per section.
 pub fn render(d: &Described, now: Timestamp) -> String {
     let frozen = match (&d.frozen, &d.frozen_reason) {
@@ -370,6 +385,16 @@ pub fn render(d: &Described, now: Timestamp) -> String {
     );
     if let Some(selects) = &d.selects {
         out.push_str(&format!("Selects:      {}\n", selects.line()));
+    }
+    if !d.windows.is_empty() {
+        let now = match &d.closed_by_window {
+            Some(closed) => format!("closed: {closed}"),
+            None => "open".into(),
+        };
+        out.push_str(&format!("Windows:      {now}\n"));
+        for w in &d.windows {
+            out.push_str(&format!("              {w}\n"));
+        }
     }
     let headers = ["PIPELINERUN", "LOCK RUN", "TOKEN", "SINCE", "STATE"];
     section(&mut out, "Holders", &headers, &holder_rows(d, now));
@@ -549,6 +574,10 @@ mod tests {
             max_queue: 1000,
             frozen: true,
             frozen_reason: Some("release freeze".into()),
+            windows: vec!["deny weekend-freeze: 0 18 * * fri for 62h (Europe/Berlin)".into()],
+            closed_by_window: Some(
+                "deny window weekend-freeze until Mon 08:00 Europe/Berlin".into(),
+            ),
             last_token: 4,
             selects: None,
             holders: vec![HolderRow {
@@ -578,7 +607,10 @@ mod tests {
         let d = frozen_staging_with_a_queue(now);
         let text = render(&d, now);
         assert!(
-            text.contains("Frozen:       yes: release freeze\n"),
+            text.contains("Frozen:       yes: release freeze\n")
+                && text.contains(
+                    "Windows:      closed: deny window weekend-freeze until Mon 08:00 Europe/Berlin\n              deny weekend-freeze: 0 18 * * fri for 62h (Europe/Berlin)\n"
+                ),
             "{text}"
         );
         assert!(text.contains(

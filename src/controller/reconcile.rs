@@ -14,3 +14,4 @@ pub mod queued_intake;
 pub mod release_after_progress;
 pub mod selection;
 pub mod token_floor;
+pub mod windows;

@@ -28,6 +28,7 @@ pub fn decide_step(
         requests: &[],
         multi,
         deadlocked: &Default::default(),
+        closed_by_window: None, // windows are the core's tests' (core::window)
         undelivered: &Default::default(),
     })
 }

@@ -9,3 +9,4 @@ pub mod null_fields;
 pub mod requests;
 pub mod selector;
 pub mod tekton;
+pub mod window;

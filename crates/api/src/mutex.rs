@@ -103,6 +103,11 @@ pub struct LockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub frozen_reason: Option<String>,
+    /// Scheduled windows: `deny` windows grant nothing new while open, and with `allow`
+    /// windows nothing new is granted outside them. Holders keep the key through any window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<crate::window::Window>,
 }
 
 impl Default for LockSpec {
@@ -114,6 +119,7 @@ impl Default for LockSpec {
             mark_idle_days: default_mark_idle_days(),
             frozen: false,
             frozen_reason: None,
+            windows: Vec::new(),
         }
     }
 }
@@ -235,6 +241,10 @@ pub struct MutexStatus {
     /// spec.frozen as the controller last acted on it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub frozen: bool,
+    /// The scheduled window that keeps the lock from granting anything new, and until when
+    /// ("deny window weekend-freeze until Mon 08:00 Europe/Berlin"), as last decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_by_window: Option<String>,
     /// Queue-control requests acted on, the most recent last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub observed_requests: Vec<crate::requests::ObservedRequest>,

@@ -42,11 +42,13 @@ pub fn decide(input: &Input) -> Decision {
         multi,
         deadlocked,
         undelivered,
+        closed_by_window,
         ..
     } = *input;
     let runs = queued_record::as_the_status_says(siblings_share_age(input.runs), status);
     let mut d = Decider::new(spec, status, &runs, now, facts, multi, deadlocked);
     d.undelivered = undelivered;
+    d.closed_by_window = closed_by_window;
     d.convert_granted_reservations();
     d.rebuild_from_runs();
     d.take_requests(requests);
@@ -61,7 +63,7 @@ pub fn decide(input: &Input) -> Decision {
     d.supersede_running();
     d.recancel_superseded();
     d.forget_idle_marks();
-    d.report().finish_controls(spec)
+    d.report().finish_controls(spec, closed_by_window)
 }
 
 #[cfg(test)]
@@ -144,6 +146,7 @@ pub(crate) mod test_entry {
             multi,
             deadlocked: &Default::default(),
             undelivered: &Default::default(),
+            closed_by_window: None,
         })
     }
 }

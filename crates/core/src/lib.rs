@@ -18,3 +18,4 @@ pub mod run_status;
 pub mod scope;
 pub mod selection;
 pub mod view;
+pub mod window;

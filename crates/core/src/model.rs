@@ -25,6 +25,9 @@ pub struct Input<'a> {
     /// Holders whose grant the API server refused to deliver for good (an admission policy,
     /// a size limit), by uid, with the API's word: their slot is taken back.
     pub undelivered: &'a BTreeMap<String, String>,
+    /// Why a scheduled window keeps the lock from granting anything new now
+    /// (`window::gate`), if one does: "deny window weekend-freeze until Mon 08:00 ...".
+    pub closed_by_window: Option<&'a str>,
 }
 
 /// One Mutex run of this key, as observed now.
@@ -181,7 +184,8 @@ pub enum Outcome {
     /// CustomResourceDefinition is being deleted or gone), so no lock of the key can be created
     /// again; a waiter of a Mutex being deleted learns it once the Mutex is gone.
     Uninstalling,
-    /// Queued, but the key is frozen (`spec.frozen`): nothing new is granted.
+    /// Queued, but the key is frozen (`spec.frozen`), or a scheduled window is closed
+    /// (`window`): nothing new is granted.
     Frozen {
         /// At the head of the queue: the first grant after the thaw is its.
         next: bool,
@@ -189,6 +193,8 @@ pub enum Outcome {
         holders: Vec<String>,
         retry: bool,
         reason: Option<String>,
+        /// A window's closing message, when a window (not a freeze) holds the queue.
+        window: Option<String>,
     },
     /// A person let it go: its queue was cleared, or its PipelineRun's hold released.
     Cleared {

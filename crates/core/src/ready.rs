@@ -11,6 +11,10 @@ pub const READY: &str = "Ready";
 pub const SERVING: &str = "Serving";
 /// Ready: `spec.frozen` holds the queue back on purpose.
 pub const FROZEN: &str = "Frozen";
+/// Ready: a scheduled window (`spec.windows`) grants nothing new now.
+pub const WINDOW_CLOSED: &str = "WindowClosed";
+/// Not ready: a window of `spec.windows` cannot be read, so nothing new is granted.
+pub const INVALID_WINDOW: &str = "InvalidWindow";
 /// Not ready: `lastToken` is the largest token, so nothing more can be granted.
 pub const TOKENS_EXHAUSTED: &str = "TokensExhausted";
 
@@ -41,6 +45,18 @@ pub fn of(status: &MutexStatus) -> Readiness {
             message: "frozen: holders keep their slots and nothing new is granted until \
                       `tkn mutex unfreeze`"
                 .into(),
+        };
+    }
+    if let Some(window) = &status.closed_by_window {
+        let invalid = window.starts_with(crate::window::INVALID);
+        return Readiness {
+            ready: !invalid,
+            reason: if invalid {
+                INVALID_WINDOW
+            } else {
+                WINDOW_CLOSED
+            },
+            message: window.clone(),
         };
     }
     Readiness {
@@ -159,5 +175,19 @@ mod tests {
             (c.status.as_str(), c.last_transition_time),
             ("True", at(40))
         );
+    }
+
+    #[test]
+    fn a_closed_window_is_ready_and_an_invalid_one_is_not() {
+        let mut st = MutexStatus {
+            closed_by_window: Some("deny window w until Mon 08:00 UTC".into()),
+            ..MutexStatus::default()
+        };
+        let r = of(&st);
+        assert_eq!((r.ready, r.reason), (true, WINDOW_CLOSED));
+        st.closed_by_window = Some(crate::window::invalid("window w: duration \"0s\": ..."));
+        let r = of(&st);
+        assert_eq!((r.ready, r.reason), (false, INVALID_WINDOW));
+        assert!(r.message.contains("window w: duration"), "{}", r.message);
     }
 }

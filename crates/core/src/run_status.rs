@@ -29,6 +29,9 @@ pub enum Reason {
     TimedOut(RunKind),
     /// Queued on a frozen key (`spec.frozen`); the message gives the freeze reason.
     Frozen,
+    /// Queued while a scheduled window (`spec.windows`) grants nothing new; the message names
+    /// the window and when it opens.
+    WindowClosed,
     /// Let go by a person: the queue was cleared (`tkn mutex clear`), or the
     /// PipelineRun's hold released (`tkn mutex release --force`); the message says who.
     Cleared,
@@ -59,6 +62,7 @@ impl Reason {
             Reason::Cancelled(RunKind::PipelineRun) => "Cancelled",
             Reason::TimedOut(RunKind::PipelineRun) => "QueueTimeout",
             Reason::Frozen => "Frozen",
+            Reason::WindowClosed => "WindowClosed",
             Reason::Cleared => "Cleared",
             Reason::Released => "Released",
             Reason::Deadlock => "Deadlock",
@@ -70,7 +74,7 @@ impl Reason {
     /// The condition status this reason goes with.
     pub fn status(self) -> &'static str {
         match self {
-            Reason::Waiting | Reason::Frozen => "Unknown",
+            Reason::Waiting | Reason::Frozen | Reason::WindowClosed => "Unknown",
             Reason::Acquired | Reason::NotAcquired => "True",
             Reason::InvalidParams
             | Reason::QueueFull
@@ -227,6 +231,18 @@ pub fn condition(kind: RunKind, key: &str, outcome: &Outcome) -> (Reason, String
                  {} KiB, beyond what the API server and etcd accept (their names are long); \
                  retry once one is granted, or lower spec.maxQueue",
                 bytes / 1024
+            ),
+        ),
+        Outcome::Frozen {
+            next,
+            holders,
+            window: Some(window),
+            ..
+        } => (
+            Reason::WindowClosed,
+            format!(
+                "waiting for {key}: {window}; {}",
+                place(key, *next, holders)
             ),
         ),
         Outcome::Frozen {

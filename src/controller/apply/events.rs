@@ -59,6 +59,12 @@ pub fn for_outcome(
         Outcome::StartedWithoutGrant => (Reason::StartedWithoutGrant.as_str(), EventType::Warning),
         Outcome::MutexDeleting if was.as_deref() == Some(Reason::Waiting.as_str()) => return None,
         Outcome::MutexDeleting => (Reason::Waiting.as_str(), EventType::Normal),
+        Outcome::Frozen {
+            window: Some(_), ..
+        } if was.as_deref() == Some(Reason::WindowClosed.as_str()) => return None,
+        Outcome::Frozen {
+            window: Some(_), ..
+        } => (Reason::WindowClosed.as_str(), EventType::Normal),
         Outcome::Frozen { .. } if was.as_deref() == Some(Reason::Frozen.as_str()) => return None,
         Outcome::Frozen { .. } => (Reason::Frozen.as_str(), EventType::Normal),
         Outcome::Cleared { .. } => (Reason::Cleared.as_str(), EventType::Warning),

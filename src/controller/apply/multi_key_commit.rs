@@ -415,6 +415,7 @@ mod tests {
             holders: Vec::new(),
             retry: false,
             reason: Some("change freeze".into()),
+            window: None,
         };
         assert_eq!(patch(kind, &multi, &frozen, &written, None, now()), None);
         let acquired = Outcome::Acquired {

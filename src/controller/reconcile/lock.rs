@@ -11,7 +11,7 @@ use crate::controller::cache::shared;
 use crate::controller::context::{Context, Error, Fault};
 use crate::controller::lock_object::LockObject;
 use crate::controller::reconcile::members::{self, Member};
-use crate::controller::reconcile::{deadlocks, finalizer, idle_deletion, token_floor};
+use crate::controller::reconcile::{deadlocks, finalizer, idle_deletion, token_floor, windows};
 use crate::core::decide;
 use crate::core::model::{Decision, Input, MutexFacts, Outcome, Phase, RunView};
 use crate::core::observe::pending;
@@ -72,10 +72,12 @@ async fn sync_lock<L: LockObject>(
     let undelivered = ctx
         .undelivered
         .of(members.iter().map(|m| (m.run().uid.as_str(), live(m))));
+    let gate = windows::gate(lock.lock_spec(), now);
     let asked = Asked {
         requests: &requests,
         deadlocked: &deadlocked,
         undelivered: &undelivered,
+        closed_by_window: windows::closed_by(&gate),
     };
     let decision = decide_on(&lock, &current, &members, now, facts, asked);
     let unchanged = same_lock_state(&decision.status, &current);
@@ -107,7 +109,12 @@ async fn sync_lock<L: LockObject>(
     if let Some(idle) = lingers {
         idle_deletion::settle(ctx, &idle, now).await?;
     }
-    Ok(next_wake(&members, &decision, now))
+    Ok(next_wake(
+        &members,
+        &decision,
+        now,
+        windows::opens_in(&gate, now),
+    ))
 }
 
 /// The last decision of a lock that is going, and the runs it was about.
@@ -262,6 +269,8 @@ struct Asked<'a> {
     requests: &'a [Result<Request, Unreadable>],
     deadlocked: &'a BTreeMap<String, String>,
     undelivered: &'a BTreeMap<String, String>,
+    /// A scheduled window's closing message, if one keeps the lock from granting.
+    closed_by_window: Option<&'a str>,
 }
 
 fn decide_on<L: LockObject>(
@@ -286,6 +295,7 @@ fn decide_on<L: LockObject>(
         multi: &multi,
         deadlocked: asked.deadlocked,
         undelivered: asked.undelivered,
+        closed_by_window: asked.closed_by_window,
     });
     if facts.ledger_read {
         // lastToken now stands above the ledger's floor, for this very object.
@@ -641,24 +651,33 @@ fn writes_runs(key: &str, members: &[Member], decision: &Decision, now: Timestam
     !decision.cancels.is_empty() || decision.outcomes.iter().any(tells)
 }
 
-/// Wake up for the first waiting timeout; otherwise wait for events.
-fn next_wake(members: &[Member], decision: &Decision, now: Timestamp) -> Action {
+/// Wake up for the first waiting timeout, or when a closed window opens (`window_opens`);
+/// otherwise wait for events.
+fn next_wake(
+    members: &[Member],
+    decision: &Decision,
+    now: Timestamp,
+    window_opens: Option<Duration>,
+) -> Action {
     let st = &decision.status;
     let waits = |m: &&Member| {
         let uid = &m.run().uid;
         st.queue.iter().any(|w| w.run.uid == *uid)
             || st.reservations.iter().any(|r| r.waiter.run.uid == *uid)
     };
-    match members
+    let deadline = members
         .iter()
         .filter(waits)
         .filter_map(|m| m.facts.deadline)
         .min()
+        .map(|t| Duration::try_from(t.duration_since(now)).unwrap_or_default());
+    match deadline
+        .map(|d| d + Duration::from_millis(20))
+        .into_iter()
+        .chain(window_opens)
+        .min()
     {
-        Some(t) => {
-            let wait = Duration::try_from(t.duration_since(now)).unwrap_or_default();
-            Action::requeue(wait + Duration::from_millis(20))
-        }
+        Some(wait) => Action::requeue(wait.min(RESYNC)),
         None => Action::requeue(RESYNC),
     }
 }

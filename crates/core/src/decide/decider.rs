@@ -46,6 +46,8 @@ pub(super) struct Decider<'a> {
     /// How large the status is as written: measured once a newcomer would wait, then grown by
     /// each newcomer (an upper bound: leavers are not taken off).
     pub(super) status_bytes: std::cell::Cell<Option<usize>>,
+    /// A scheduled window's closing message (`Input::closed_by_window`).
+    pub(super) closed_by_window: Option<&'a str>,
 }
 
 impl<'a> Decider<'a> {
@@ -64,6 +66,7 @@ impl<'a> Decider<'a> {
             revokes: Vec::new(),
             status_bytes: Default::default(),
             undelivered: &NONE_UNDELIVERED,
+            closed_by_window: None,
             spec,
             facts,
             st: prev.clone(),
@@ -391,7 +394,7 @@ impl<'a> Decider<'a> {
     /// Would waiting make the status larger than the API server and etcd accept? Measured only
     /// for a newcomer that would wait (a free slot grants it, and the status stays as large).
     fn status_full_with(&self, r: &RunView) -> bool {
-        let would_wait = self.spec.frozen
+        let would_wait = self.holds_back()
             || !self.st.queue.is_empty()
             || self.st.holders.len() >= slots(self.spec.capacity);
         if !would_wait {
@@ -482,10 +485,15 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// Does the lock grant nothing new now: frozen, or a scheduled window closed?
+    fn holds_back(&self) -> bool {
+        self.spec.frozen || self.closed_by_window.is_some()
+    }
+
     /// Hand free slots to the head of the queue.
     pub(super) fn grant(&mut self) {
         self.sort_queue();
-        if self.spec.frozen {
+        if self.holds_back() {
             return;
         }
         if self.has_multikey() {

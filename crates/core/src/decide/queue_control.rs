@@ -36,6 +36,7 @@ impl Decider<'_> {
     /// Act on each request not yet acknowledged, and acknowledge it.
     pub(super) fn take_requests(&mut self, requests: &[Result<Request, Unreadable>]) {
         self.st.frozen = self.spec.frozen;
+        self.st.closed_by_window = self.closed_by_window.map(String::from);
         for req in requests {
             let id = match req {
                 Ok(r) => &r.id,
@@ -278,16 +279,18 @@ fn names_or_nobody(names: Vec<String>) -> String {
 }
 
 impl Decision {
-    /// A promotion is forgotten once its waiter left the queue; on a frozen key
-    /// a waiter's status says so, with the reason.
-    pub(super) fn finish_controls(mut self, spec: &LockSpec) -> Decision {
+    /// A promotion is forgotten once its waiter left the queue; on a frozen key, or one a
+    /// scheduled window closes, a waiter's status says so, with the reason.
+    pub(super) fn finish_controls(mut self, spec: &LockSpec, window: Option<&str>) -> Decision {
         let queue = &self.status.queue;
         self.status
             .promoted
             .retain(|uid| queue.iter().any(|w| w.run.uid == *uid));
-        if !spec.frozen {
+        if !spec.frozen && window.is_none() {
             return self;
         }
+        // A freeze is said first: it is a person's, and outlasts any window.
+        let window = (!spec.frozen).then(|| window.map(String::from)).flatten();
         for (_, o) in &mut self.outcomes {
             if let Outcome::Waiting {
                 next,
@@ -300,6 +303,7 @@ impl Decision {
                     holders: std::mem::take(holders),
                     retry: *retry,
                     reason: spec.frozen_reason.clone(),
+                    window: window.clone(),
                 };
             }
         }

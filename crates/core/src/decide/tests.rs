@@ -2109,6 +2109,7 @@ fn a_grant_that_cannot_be_delivered_is_taken_back() {
         multi: &multi,
         deadlocked: &deadlocked,
         undelivered: &refused,
+        closed_by_window: None,
     };
     let d2 = crate::decide::decide(&input(&d.status));
     assert_eq!(
@@ -2132,4 +2133,70 @@ fn a_grant_that_cannot_be_delivered_is_taken_back() {
         (vec!["pr1".into()], vec!["pr2".into()]),
         "pr0 stays out"
     );
+}
+
+/// Issue 48: a closed window grants nothing new (holders keep the key), the waiters say which
+/// window and until when (reason `WindowClosed`), and the status shows it; once it opens, the
+/// head of the queue is granted. A freeze is said before a window.
+#[test]
+fn a_closed_window_grants_nothing_new_and_says_until_when() {
+    let spec = LockSpec::default();
+    let runs = [run(0), run(1)];
+    let first = decide(&spec, &MutexStatus::default(), &runs[..1], t(1));
+    assert_eq!(holders(&first), vec!["pr0".to_string()]);
+    let (deadlocked, undelivered, multi) = (BTreeMap::new(), BTreeMap::new(), MultiKeys::default());
+    let message = "deny window weekend-freeze until Mon 08:00 Europe/Berlin";
+    let input = |spec, status, runs, window| Input {
+        spec,
+        status,
+        runs,
+        now: t(4),
+        facts: MutexFacts::default(),
+        requests: &[],
+        multi: &multi,
+        deadlocked: &deadlocked,
+        undelivered: &undelivered,
+        closed_by_window: window,
+    };
+    // The holder is gone; the window keeps pr1 waiting though the slot is free.
+    let closed = crate::decide::decide(&input(&spec, &first.status, &runs[1..], Some(message)));
+    assert_eq!(
+        (holders(&closed), queue(&closed)),
+        (vec![], vec!["pr1".to_string()])
+    );
+    assert_eq!(closed.status.closed_by_window.as_deref(), Some(message));
+    let told = closed
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-1")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(told, Some(Outcome::Frozen { window: Some(w), next: true, .. }) if w == message),
+        "{told:?}"
+    );
+    let (reason, said) = crate::run_status::condition(RunKind::CustomRun, "env", told.unwrap());
+    assert_eq!(reason.as_str(), "WindowClosed");
+    assert!(
+        said.starts_with(&format!("waiting for env: {message}; ")),
+        "{said}"
+    );
+    // Frozen as well: the freeze is said.
+    let frozen = LockSpec {
+        frozen: true,
+        ..LockSpec::default()
+    };
+    let both = crate::decide::decide(&input(&frozen, &first.status, &runs[1..], Some(message)));
+    let told = both
+        .outcomes
+        .iter()
+        .find(|(r, _)| r.uid == "uid-1")
+        .map(|(_, o)| o);
+    assert!(
+        matches!(told, Some(Outcome::Frozen { window: None, .. })),
+        "{told:?}"
+    );
+    // The window opens: pr1 is granted.
+    let open = crate::decide::decide(&input(&spec, &closed.status, &runs[1..], None));
+    assert_eq!(holders(&open), vec!["pr1".to_string()]);
+    assert_eq!(open.status.closed_by_window, None);
 }
