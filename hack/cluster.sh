@@ -508,7 +508,6 @@ cmd_up() {
     ${admission[@]+"${admission[@]}"} \
     --feature-gates MutatingAdmissionPolicy=true \
     --runtime-config admissionregistration.k8s.io/v1beta1=true \
-    --enable-priority-and-fairness=false \
     --profiling=false
   healthy_or_fail kube-apiserver "/readyz" 90 api_ready
   write_kubeconfig "$api_port"
