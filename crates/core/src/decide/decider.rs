@@ -170,6 +170,27 @@ impl<'a> Decider<'a> {
             );
             self.outcomes.push((h.run, Outcome::Cancelled { why }));
         }
+        self.retell_revoked();
+    }
+
+    /// A run whose grant was taken back and that still runs was not told so (that write was
+    /// refused too): it is told again at each decision, until the tell lands and it ends.
+    fn retell_revoked(&mut self) {
+        let told: HashSet<&str> = self.outcomes.iter().map(|(r, _)| r.uid.as_str()).collect();
+        let untold: Vec<&RunView> = self
+            .all
+            .iter()
+            .filter(|r| self.undelivered.contains_key(&r.run.uid))
+            .filter(|r| matches!(r.phase, Phase::Live { .. }) && !told.contains(r.run.uid.as_str()))
+            .collect();
+        for r in untold {
+            let why = format!(
+                "its grant could not be delivered, so the slot went to the next run: {}",
+                self.undelivered[&r.run.uid]
+            );
+            self.outcomes
+                .push((r.run.clone(), Outcome::Cancelled { why }));
+        }
     }
 
     /// Waiters leave when deleted, done, cancelled, timed out, superseded, or

@@ -2133,6 +2133,17 @@ fn a_grant_that_cannot_be_delivered_is_taken_back() {
         (vec!["pr1".into()], vec!["pr2".into()]),
         "pr0 stays out"
     );
+    // Its Cancelled was refused too (it still runs): it is told again, until that lands.
+    let again: Vec<&Outcome> = d3
+        .outcomes
+        .iter()
+        .filter(|(r, _)| r.uid == "uid-0")
+        .map(|(_, o)| o)
+        .collect();
+    assert!(
+        matches!(again[..], [Outcome::Cancelled { why }] if why.contains("could not be delivered")),
+        "{again:?}"
+    );
 }
 
 /// Issue 48: a closed window grants nothing new (holders keep the key), the waiters say which
