@@ -851,7 +851,12 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
     }
     let watches = Watches::start(&client, ns.name());
     let timeline = Arc::new(StdMutex::new(Vec::new()));
-    let identity = match plan.faults.iter().any(|f| f.kind.needs_identity()) && !plan.unguarded {
+    // The only-a-grant-starts policy of an author-start lets only the release's own identity
+    // start a queued run: such a round keeps the controller on the admin identity, and its
+    // faults that single out the controller's identity do nothing that round.
+    let has = |kind: fn(FaultKind) -> bool| plan.faults.iter().any(|f| kind(f.kind));
+    let singled_out = has(|k| k.needs_identity()) && !has(|k| k == FaultKind::AuthorStart);
+    let identity = match singled_out && !plan.unguarded {
         true => Some(Identity::create(&client, ns.name(), &log_dir).await?),
         false => None,
     };
