@@ -373,12 +373,8 @@ impl Controllers {
         let wc = watcher::Config::default().page_size(LIST_PAGE);
         let watches = Watches::new(client, namespace, &wc, kinds, leading);
         let mut listed = watches.listed();
-        let Watches {
-            prs,
-            crs,
-            runs,
-            breaks,
-        } = watches;
+        let breaks = watches.breaks.clone();
+        let Watches { prs, crs, runs, .. } = watches;
         let (cr_cache, run_cache) = (Split::cache(&crs), Split::cache(&runs));
         let (crs, intake_crs, cluster_crs) = Split::parts(crs);
         let (runs, intake_runs, cluster_runs) = Split::parts(runs);
