@@ -19,8 +19,10 @@ for_both_kinds! {
     a_deny_window_holds_a_run_until_it_closes => deny_window_case;
 }
 
-/// A deny window that opened this minute (UTC) and stays open three: it closes 120 to 180 s
-/// from now. The lock's spec, and when it closes.
+/// A deny window that opened this minute (UTC) and stays open two: it closes 60 to 120 s from
+/// now (a window's shortest duration is one minute, so the end cannot be placed closer without
+/// risking a close before the test has seen the run held back). The lock's spec, and when it
+/// closes.
 fn window_opened_now() -> Result<(serde_json::Value, Timestamp)> {
     let now = Timestamp::now().to_zoned(TimeZone::UTC);
     let opened = now.round(
@@ -28,9 +30,9 @@ fn window_opened_now() -> Result<(serde_json::Value, Timestamp)> {
             .smallest(Unit::Minute)
             .mode(RoundMode::Trunc),
     )?;
-    let closes = opened.checked_add(3.minutes())?.timestamp();
+    let closes = opened.checked_add(2.minutes())?.timestamp();
     let schedule = format!("{} {} * * *", opened.minute(), opened.hour());
-    let window = json!({"name": "freeze", "kind": "deny", "schedule": schedule, "duration": "3m"});
+    let window = json!({"name": "freeze", "kind": "deny", "schedule": schedule, "duration": "2m"});
     Ok((json!({"spec": {"windows": [window]}}), closes))
 }
 
