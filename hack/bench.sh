@@ -10,9 +10,9 @@
 #   hack/bench.sh                      full size (about 30-60 min on 2 cores)
 #   hack/bench.sh --quick              everything scaled down (a few minutes)
 #   hack/bench.sh --only writes,memory parts: handover,lease,writes,throughput,burst,
-#                                      memory,free-keys
+#                                      memory,free-keys,failover
 #   hack/bench.sh --handovers 100 --queue 10 --waiters 10,100,1000 --grants 5 --arrivals 10 \
-#                 --keys 1000 --runs-per-key 10 --multi-key-waiters 1000 --history 10000 --free-keys 10000 --settle-ms 1500
+#                 --keys 1000 --runs-per-key 10 --multi-key-waiters 1000 --history 10000 --free-keys 10000 --kills 20 --settle-ms 1500
 #                 --free-keys-linger-s 400 (free-keys: measure once more that long after, past the
 #                 controller's 6-minute Event cache and 5-minute resync; default 0, not measured)
 #                                      the full-size defaults, each can be changed

@@ -32,12 +32,14 @@ async fn every_part_of_the_benchmark_runs_and_reports() -> Result<()> {
         "2",
         "--history",
         "150",
+        "--kills",
+        "1",
         "--settle-ms",
         "500",
         // free-keys is measured by hand (hack/bench.sh --only free-keys): even small, it waits
         // until every Mutex is idle, minutes on this machine.
         "--only",
-        "handover,lease,writes,throughput,memory",
+        "handover,lease,writes,throughput,memory,failover",
         "--out",
     ]
     .iter()
@@ -63,6 +65,10 @@ async fn every_part_of_the_benchmark_runs_and_reports() -> Result<()> {
     number("/writes/0/per_grant/status_writes")?;
     number("/writes/0/per_arrival/status_writes")?;
     number("/throughput/grants_per_s")?;
+    assert!(number("/throughput/plain_client_status_writes_per_s")? > 0.0);
+    number("/throughput/grants_to_plain_writes")?;
+    // One leader killed: the standby granted the waiter.
+    assert_eq!(number("/failover/kill_to_grant/n")?, 1.0);
     assert!(
         number("/memory/vmhwm_mib")? > 0.0,
         "peak RSS read from /proc"

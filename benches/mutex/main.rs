@@ -5,20 +5,22 @@
 //! CPU from /proc. It prints a table and writes JSON under target/bench/.
 //!
 //!   cargo bench --bench mutex -- [--quick]
-//!       [--only handover,lease,writes,throughput,burst,memory,free-keys]
+//!       [--only handover,lease,writes,throughput,burst,memory,free-keys,failover]
 //!       [--handovers 100] [--queue 10] [--waiters 10,100,1000] [--grants 5] [--arrivals 10]
-//!       [--keys 1000] [--runs-per-key 10] [--multi-key-waiters 1000] [--history 10000] [--free-keys 10000] [--settle-ms 1500]
+//!       [--keys 1000] [--runs-per-key 10] [--multi-key-waiters 1000] [--history 10000] [--free-keys 10000] [--kills 20] [--settle-ms 1500]
 
 #[path = "../../tests/support/mod.rs"]
 pub mod support;
 
 mod apiserver;
 mod burst;
+mod failover;
 mod free_keys;
 mod handover;
 mod lease;
 mod memory;
 mod objects;
+mod plain_client;
 mod report;
 mod throughput;
 mod watch;
@@ -42,6 +44,7 @@ const PARTS: &[&str] = &[
     "burst",
     "memory",
     "free-keys",
+    "failover",
 ];
 
 /// Sizes, full by default; `--quick` scales everything down for a smoke run.
@@ -62,6 +65,8 @@ pub struct Opts {
     pub free_keys: usize,
     /// How long after the free-keys part's last delete to measure its RSS once more (0: not).
     pub free_keys_linger: Duration,
+    /// Leader kills of the `failover` part.
+    pub kills: usize,
     pub settle: Duration,
     pub out: PathBuf,
     pub quick: bool,
@@ -82,6 +87,7 @@ impl Opts {
             history: 10_000,
             free_keys: 10_000,
             free_keys_linger: Duration::ZERO,
+            kills: 20,
             settle: Duration::from_millis(1500),
             out: support::repo_root().join("target/bench"),
             quick: false,
@@ -100,6 +106,7 @@ impl Opts {
             multi_key_waiters: 30,
             history: 200,
             free_keys: 200,
+            kills: 3,
             settle: Duration::from_millis(1000),
             quick: true,
             ..self
@@ -145,6 +152,7 @@ impl Opts {
                 "--free-keys-linger-s" => {
                     o.free_keys_linger = Duration::from_secs(num(value()?)? as u64)
                 }
+                "--kills" => o.kills = num(value()?)?,
                 "--settle-ms" => o.settle = Duration::from_millis(num(value()?)? as u64),
                 "--out" => o.out = PathBuf::from(value()?),
                 other => bail!("unknown argument {other:?} (see benches/mutex/main.rs)"),
@@ -371,6 +379,7 @@ pub async fn run(args: &[String]) -> Result<()> {
             "burst" => burst::run(&mut bench).await,
             "memory" => memory::run(&mut bench).await,
             "free-keys" => free_keys::run(&mut bench).await,
+            "failover" => failover::run(&mut bench).await,
             _ => unreachable!("parts are checked when parsing"),
         };
         if let Err(e) = result {

@@ -1,11 +1,12 @@
 //! Part 4: throughput. K keys x R standalone runs (supersede: none), created at once: the time
 //! until every key's first holder is granted; then every holder is deleted at once: the time
-//! until every key is handed over (grants/s), and the writes that took.
+//! until every key is handed over (grants/s), and the writes that took; then the most status
+//! writes per second a plain client gets from the same API server, beside it (the ratio).
 
 use super::apiserver::settle;
 use super::report::{Summary, round};
 use super::watch::{Kind, Recorder, now};
-use super::{Bench, STALL, create_all, delete_all, objects, usage, wait_or_stall};
+use super::{Bench, STALL, create_all, delete_all, objects, plain_client, usage, wait_or_stall};
 use anyhow::Result;
 use serde_json::json;
 use std::collections::HashSet;
@@ -74,6 +75,8 @@ pub async fn run(bench: &mut Bench) -> Result<()> {
     let (hwm, _, cpu_after) = usage(controller.pid())?;
     let cpu = cpu_after - cpu_before;
     drop(controller);
+    let plain = plain_client::status_writes_per_s(keys).await?;
+    let ratio = grants_per_s / plain.max(1e-3);
 
     let t = &mut bench.table;
     t.row(
@@ -110,6 +113,14 @@ pub async fn run(bench: &mut Bench) -> Result<()> {
     }
     t.row("status writes per handover at this scale", writes.line());
     t.row(
+        format!("a plain client's status writes to {keys} Mutexes (32 in flight)"),
+        format!("{plain:.1} writes/s"),
+    );
+    t.row(
+        "grants/s to a plain client's writes/s (aim: >= 1/3, 3 writes a grant)",
+        format!("{ratio:.2}"),
+    );
+    t.row(
         "controller CPU seconds during the handovers / peak RSS",
         format!("{cpu:.2} s / {hwm:.1} MiB"),
     );
@@ -120,6 +131,8 @@ pub async fn run(bench: &mut Bench) -> Result<()> {
             "create_s": round(created), "all_first_granted_s": round(all_first),
             "delete_holders_s": round(deleted), "all_handed_over_s": round(handed_over),
             "grants_per_s": round(grants_per_s),
+            "plain_client_status_writes_per_s": round(plain),
+            "grants_to_plain_writes": (ratio * 1000.0).round() / 1000.0,
             "handover_by_key": spread.to_json(),
             "keys_not_handed_over": missing, "stalled": stalled,
             "writes_per_handover": writes.to_json(),
