@@ -15,6 +15,7 @@ mod release;
 mod request;
 mod target;
 mod version;
+mod window_override;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use target::connect;
@@ -55,6 +56,8 @@ enum ClusterCommand {
     Freeze(freeze::FreezeArgs),
     /// Let a frozen key grant again.
     Unfreeze(freeze::UnfreezeArgs),
+    /// Let a key grant through its closed windows until a time, with a reason (or --clear).
+    OverrideWindow(window_override::OverrideArgs),
     /// Take the slot from a stuck holder: the next waiter gets it, the holder's PipelineRun is cancelled.
     Release(release::ReleaseArgs),
     /// Fail every waiter of a key with reason Cleared (their PipelineRuns are cancelled).
@@ -95,6 +98,7 @@ impl ClusterCommand {
     fn check(&self) -> Result<()> {
         match self {
             ClusterCommand::Release(a) => release::check(a),
+            ClusterCommand::OverrideWindow(a) => window_override::check(a),
             _ => Ok(()),
         }
     }
@@ -105,6 +109,7 @@ impl ClusterCommand {
             ClusterCommand::Describe(a) => describe::run(target, a).await,
             ClusterCommand::Freeze(a) => freeze::freeze(target, a).await,
             ClusterCommand::Unfreeze(a) => freeze::unfreeze(target, a).await,
+            ClusterCommand::OverrideWindow(a) => window_override::run(target, a).await,
             ClusterCommand::Release(a) => release::run(target, a).await,
             ClusterCommand::Clear(a) => clear::run(target, a).await,
             ClusterCommand::Promote(a) => promote::run(target, a).await,

@@ -9,6 +9,7 @@ pub use tekton_mutex_promise as promise;
 pub mod controller;
 pub mod http;
 pub mod manifests;
+pub mod windows;
 
 /// The Mutex and ClusterMutex CRDs as YAML, generated from the Rust types
 /// (committed as config/300-crd.yaml).

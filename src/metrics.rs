@@ -418,26 +418,30 @@ struct OldestWaiters {
 impl Collector for OldestWaiters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let now = Timestamp::now();
-        let mut ages: Vec<(Lock, f64)> = vec![];
+        // Per lock: its oldest waiter's age, and the waiters a window holds back (read at once,
+        // so that no status is copied).
+        let gauges =
+            |status: Option<&MutexStatus>| (oldest_wait(status, now), held_by_window(status));
+        let mut locks: Vec<(Lock, LockGaugeValues)> = vec![];
         if let Some(store) = self.mutexes.get() {
-            for m in store.state() {
-                let lock = |kind: &str| Lock {
-                    kind: kind.into(),
+            locks.extend(store.state().iter().map(|m| {
+                let lock = Lock {
+                    kind: "Mutex".into(),
                     namespace: m.namespace().unwrap_or_default(),
                     name: m.name_any(),
                 };
-                ages.extend(oldest_wait(m.status.as_ref(), now).map(|a| (lock("Mutex"), a)));
-            }
+                (lock, gauges(m.status.as_ref()))
+            }));
         }
         if let Some(store) = self.cluster_mutexes.get() {
-            for c in store.state() {
+            locks.extend(store.state().iter().map(|c| {
                 let lock = Lock {
                     kind: "ClusterMutex".into(),
                     namespace: String::new(),
                     name: c.name_any(),
                 };
-                ages.extend(oldest_wait(c.status.as_ref(), now).map(|a| (lock, a)));
-            }
+                (lock, gauges(c.status.as_ref()))
+            }));
         }
         let mut family = encoder.encode_descriptor(
             "tekton_mutex_oldest_waiter_age_seconds",
@@ -445,11 +449,33 @@ impl Collector for OldestWaiters {
             None,
             MetricType::Gauge,
         )?;
-        for (lock, age) in ages {
-            ConstGauge::new(age).encode(family.encode_family(&lock)?)?;
+        for (lock, (age, _)) in &locks {
+            if let Some(age) = *age {
+                ConstGauge::new(age).encode(family.encode_family(lock)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "tekton_mutex_waiters_held_by_window",
+            "Waiters a scheduled window (spec.windows) keeps from a grant, per lock with any",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (lock, (_, held)) in &locks {
+            if let Some(held) = *held {
+                ConstGauge::new(held).encode(family.encode_family(lock)?)?;
+            }
         }
         Ok(())
     }
+}
+
+/// A lock's per-lock gauges: its oldest waiter's age, the waiters a window holds back.
+type LockGaugeValues = (Option<f64>, Option<i64>);
+
+/// How many waiters a closed window holds back, when one does and there are any.
+fn held_by_window(status: Option<&MutexStatus>) -> Option<i64> {
+    let s = status?;
+    (s.closed_by_window.is_some() && !s.queue.is_empty()).then_some(s.queue.len() as i64)
 }
 
 /// Seconds since the longest waiting entry of `status` started waiting (its PipelineRun's
@@ -731,6 +757,43 @@ mod oldest_waiter_tests {
             series[0].contains(r#"kind="Mutex",namespace="team",name="deploy""#),
             "{}",
             series[0]
+        );
+    }
+
+    #[test]
+    fn waiters_held_by_a_window_are_counted_per_lock_only_while_one_holds_them() {
+        let metrics = Metrics::new();
+        let (store, mut writer) = reflector::store::<Mutex>();
+        let lock = |name: &str, window: Option<&str>, waiters: usize| {
+            let mut m = Mutex::new(name, Default::default());
+            m.metadata.namespace = Some("team".into());
+            m.status = Some(MutexStatus {
+                queue: (0..waiters)
+                    .map(|i| waiting(&format!("{name}-{i}"), Some(0), 0))
+                    .collect(),
+                closed_by_window: window.map(String::from),
+                ..Default::default()
+            });
+            m
+        };
+        let freeze = Some("deny window freeze until Mon 08:00 UTC");
+        for m in [
+            lock("held", freeze, 2),
+            lock("open", None, 3),
+            lock("quiet", freeze, 0),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(m));
+        }
+        metrics.watch_mutexes(store);
+        let text = metrics.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("tekton_mutex_waiters_held_by_window{"))
+            .collect();
+        assert_eq!(
+            series,
+            [r#"tekton_mutex_waiters_held_by_window{kind="Mutex",namespace="team",name="held"} 2"#],
+            "{text}"
         );
     }
 }

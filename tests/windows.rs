@@ -10,6 +10,7 @@ mod support;
 use anyhow::{Result, ensure};
 use jiff::tz::TimeZone;
 use jiff::{RoundMode, SignedDuration, Timestamp, ToSpan, Unit, ZonedRound};
+use k8s_openapi::api::events::v1::Event;
 use serde_json::json;
 use support::locks::{Kind, Lock};
 use support::pipelines::*;
@@ -17,6 +18,7 @@ use support::*;
 
 for_both_kinds! {
     a_deny_window_holds_a_run_until_it_closes => deny_window_case;
+    an_operators_override_lets_runs_through_a_closed_window => override_case;
 }
 
 /// A deny window that opened this minute (UTC) and stays open two: it closes 60 to 120 s from
@@ -98,4 +100,129 @@ async fn deny_window_case(kind: Kind) -> Result<()> {
     );
     release(&ns, "a").await?;
     succeeded(&ns, "a").await
+}
+
+/// A deny window open for a month from every midnight: closed whenever the test runs.
+fn closed_for_good() -> serde_json::Value {
+    let window =
+        json!({"name": "freeze", "kind": "deny", "schedule": "@daily", "duration": "744h"});
+    json!({"spec": {"windows": [window]}})
+}
+
+/// Waits for an Event with `reason` about the lock object (a ClusterMutex's are in `default`).
+async fn lock_event(lock: &Lock, reason: &str) -> Result<Event> {
+    let api: kube::Api<Event> = kube::Api::all(client().await?);
+    let name = lock.kubectl_ref();
+    let name = name
+        .split_once('/')
+        .map(|(_, n)| n.to_string())
+        .unwrap_or(name);
+    wait_until(&format!("a {reason} Event on the lock"), slow(), || {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let events = api.list(&Default::default()).await?;
+            Ok(events.items.into_iter().find(|e| {
+                let about = e.regarding.as_ref();
+                e.reason.as_deref() == Some(reason)
+                    && about.and_then(|r| r.name.as_deref()) == Some(name.as_str())
+                    && about
+                        .and_then(|r| r.kind.as_deref())
+                        .is_some_and(|k| k.ends_with("Mutex"))
+            }))
+        }
+    })
+    .await
+}
+
+/// An operator lets a key through its closed window with `tkn mutex override-window`: the
+/// waiting run is granted, the lock says why (`Ready` reason `WindowOverridden`, an Event);
+/// `--clear` closes it again for the next run. A schedule the API server can judge is refused
+/// there, with the field named.
+async fn override_case(kind: Kind) -> Result<()> {
+    let ns = TestNamespace::create("window-override").await?;
+    let lock = Lock::new(kind, &ns).await?;
+    let opts = lock.opts(Opts {
+        lock_params: &[("supersede", "none")],
+        ..Default::default()
+    });
+    let closed = closed_for_good();
+    match kind {
+        // A Mutex with no spec is made when first used: this one is written whole.
+        Kind::Mutex => {
+            let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
+                "metadata": {"name": ns.name()}, "spec": closed["spec"]});
+            ns.apply(&mutex.to_string()).await?;
+        }
+        Kind::ClusterMutex => {
+            let patch = closed.to_string();
+            ns.kubectl(&["patch", &lock.kubectl_ref(), "--type=merge", "-p", &patch])?;
+        }
+    }
+    ns.apply(&pipeline("deploy", &opts)).await?;
+    ns.apply(&pipeline_run("h", "deploy", &[])).await?;
+    wait_reason(&ns, &lock_run("h"), "WindowClosed", slow()).await?;
+    lock_event(&lock, "WindowClosed").await?;
+
+    let key = lock.kubectl_ref();
+    let key = key.split_once('/').map(|(_, n)| n).unwrap_or_default();
+    let mut args = vec![
+        "override-window",
+        key,
+        "--for",
+        "30m",
+        "--reason",
+        "hotfix INC-42",
+    ];
+    args.extend(["-n", ns.name()]);
+    if kind == Kind::ClusterMutex {
+        args.push("--cluster");
+    }
+    let out = support::cli::tkn_mutex(&args)?.stdout()?;
+    ensure!(out.contains("overridden until"), "{out}");
+    wait_reason(&ns, &lock_run("h"), "Acquired", slow()).await?;
+    let st = lock.status(&ns).await?;
+    let said = st.window_override.clone().unwrap_or_default();
+    ensure!(
+        said.starts_with("deny window freeze until ") && said.ends_with(": hotfix INC-42"),
+        "{st:?}"
+    );
+    let event = lock_event(&lock, "WindowOverridden").await?;
+    ensure!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("hotfix INC-42")),
+        "{event:?}"
+    );
+
+    let cleared = support::cli::tkn_mutex(
+        &[
+            &args[..2],
+            &["--clear", "-n", ns.name()][..],
+            if kind == Kind::ClusterMutex {
+                &["--cluster"][..]
+            } else {
+                &[][..]
+            },
+        ]
+        .concat(),
+    )?;
+    ensure!(cleared.ok(), "{cleared:?}");
+    ns.apply(&pipeline_run("a", "deploy", &[])).await?;
+    release(&ns, "h").await?;
+    succeeded(&ns, "h").await?;
+    wait_reason(&ns, &lock_run("a"), "WindowClosed", slow()).await?;
+
+    // What the API server can judge of a window, it refuses, naming the field.
+    let bad = json!({"spec": {"windows": [{"name": "w", "kind": "deny", "schedule": "0 18 * fri", "duration": "62h"}]}});
+    let refused = ns.kubectl(&[
+        "patch",
+        &lock.kubectl_ref(),
+        "--type=merge",
+        "-p",
+        &bad.to_string(),
+    ]);
+    let e = format!("{:?}", refused.err());
+    ensure!(e.contains("schedule") && e.contains("should match"), "{e}");
+    Ok(())
 }

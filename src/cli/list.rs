@@ -4,6 +4,8 @@
 use super::lock::Lock;
 use super::output::{Format, age, formatted, table};
 use super::target::{Failure, Result, Target, api_failure};
+use crate::core::window::Gate;
+use crate::model::mutex::LockSpec;
 use clap::Args;
 use jiff::Timestamp;
 use kube::Api;
@@ -86,6 +88,7 @@ pub fn render(locks: &[Lock], all_namespaces: bool, now: Timestamp) -> String {
         "LAST TOKEN",
         "CAPACITY",
         "FROZEN",
+        "WINDOW",
     ];
     if all_namespaces {
         headers.insert(0, "NAMESPACE");
@@ -115,6 +118,7 @@ pub fn render(locks: &[Lock], all_namespaces: bool, now: Timestamp) -> String {
                     true => "yes".into(),
                     false => "no".into(),
                 },
+                window_column(m.spec(), now),
             ];
             if all_namespaces {
                 row.insert(0, m.namespace().unwrap_or_default());
@@ -125,12 +129,29 @@ pub fn render(locks: &[Lock], all_namespaces: bool, now: Timestamp) -> String {
     table(&headers, &rows)
 }
 
+/// The lock's windows now, as the controller judges them: `---` without any, `open`, the closing
+/// window and until when, or the override that lets it through. Judged here from the spec, so
+/// an idle lock (whose status no one writes) shows it too.
+fn window_column(spec: &LockSpec, now: Timestamp) -> String {
+    if spec.windows.is_empty() {
+        return "---".into();
+    }
+    match crate::windows::gate(spec, now) {
+        Gate::Open => "open".into(),
+        Gate::Closed { message, .. } => format!("closed: {message}"),
+        Gate::Overridden { until, .. } => {
+            format!("overridden until {}", until.strftime("%Y-%m-%d %H:%M UTC"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::mutex::{
-        Age, Holder, LockSpec, Mutex, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
+        Age, Holder, Mutex, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
     };
+    use crate::model::window::{Window, WindowKind, WindowOverride};
     use jiff::SignedDuration;
 
     fn mutex(name: &str, holders: &[(&str, i64)], frozen: bool, now: Timestamp) -> Lock {
@@ -227,9 +248,44 @@ mod tests {
         );
         assert_eq!(
             text,
-            "NAMESPACE   KEY       HOLDERS                    WAITING   LAST TOKEN   CAPACITY   FROZEN\n\
-             ci          staging   deploy-3 (5 minutes ago)   0         7            1          no\n\
-             ci          prod      ---                        0         7            1          yes\n"
+            "NAMESPACE   KEY       HOLDERS                    WAITING   LAST TOKEN   CAPACITY   FROZEN   WINDOW\n\
+             ci          staging   deploy-3 (5 minutes ago)   0         7            1          no       ---\n\
+             ci          prod      ---                        0         7            1          yes      ---\n"
         );
+    }
+
+    #[test]
+    fn the_window_column_says_what_the_controller_would() {
+        let friday_evening: Timestamp = "2026-12-04T18:30:00+01:00[Europe/Berlin]"
+            .parse::<jiff::Zoned>()
+            .unwrap()
+            .timestamp();
+        let freeze = Window {
+            name: "weekend-freeze".into(),
+            kind: WindowKind::Deny,
+            schedule: "0 18 * * fri".into(),
+            duration: "62h".into(),
+            time_zone: Some("Europe/Berlin".into()),
+        };
+        let mut spec = LockSpec {
+            windows: vec![freeze],
+            ..Default::default()
+        };
+        assert_eq!(
+            window_column(&spec, friday_evening),
+            "closed: deny window weekend-freeze until Mon 08:00 Europe/Berlin"
+        );
+        let thursday = friday_evening - jiff::SignedDuration::from_hours(24);
+        assert_eq!(window_column(&spec, thursday), "open");
+        spec.window_override = Some(WindowOverride {
+            until: "2026-12-04T20:00:00Z".into(),
+            reason: "hotfix".into(),
+        });
+        assert_eq!(
+            window_column(&spec, friday_evening),
+            "overridden until 2026-12-04 20:00 UTC"
+        );
+        spec.windows[0].time_zone = Some("Mars/Olympus".into());
+        assert!(window_column(&spec, friday_evening).starts_with("closed: invalid window"));
     }
 }

@@ -108,6 +108,10 @@ pub struct LockSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub windows: Vec<crate::window::Window>,
+    /// An operator's override of the windows, with an end and a reason
+    /// (`tkn mutex override-window`): until it ends, a closed window grants as an open one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_override: Option<crate::window::WindowOverride>,
 }
 
 impl Default for LockSpec {
@@ -120,6 +124,7 @@ impl Default for LockSpec {
             frozen: false,
             frozen_reason: None,
             windows: Vec::new(),
+            window_override: None,
         }
     }
 }
@@ -245,6 +250,10 @@ pub struct MutexStatus {
     /// ("deny window weekend-freeze until Mon 08:00 Europe/Berlin"), as last decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed_by_window: Option<String>,
+    /// A window that would keep the lock from granting, overridden by an operator, until when
+    /// and why, as last decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_override: Option<String>,
     /// Queue-control requests acted on, the most recent last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub observed_requests: Vec<crate::requests::ObservedRequest>,

@@ -21,11 +21,11 @@ pub struct Window {
     /// When the window opens: a cron schedule of five fields (minute, hour, day of month, month,
     /// day of week), read in `timeZone`, as a Kubernetes CronJob's. Each start opens it for
     /// `duration`; a start while it is open keeps it open `duration` from that start.
-    #[schemars(length(min = 9, max = 256))]
+    #[schemars(length(min = 6, max = 256), regex(pattern = SCHEDULE_PATTERN))]
     pub schedule: String,
     /// How long the window stays open from each start: a Go duration (`62h`, `90m`), from
     /// one minute to 31 days.
-    #[schemars(length(min = 2, max = 32))]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
     pub duration: String,
     /// The IANA time zone the schedule is read in (`Europe/Berlin`); UTC when absent. Daylight
     /// saving changes follow it: a start in the hour skipped in spring is at the first minute
@@ -50,6 +50,30 @@ impl WindowKind {
         }
     }
 }
+
+/// An operator's override of a lock's windows (`tkn mutex override-window`), as Argo CD's manual
+/// sync inside a window: until `until`, a closed window does not hold back new grants. It never
+/// opens a lock whose windows are invalid (they must be fixed), and never unfreezes one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowOverride {
+    /// When the override ends: an RFC 3339 time (`2026-12-08T10:00:00Z`).
+    #[schemars(length(min = 20, max = 40))]
+    pub until: String,
+    /// Why: shown in the lock's status and its `Ready` condition (`hotfix for INC-42`).
+    #[schemars(length(min = 1, max = 1024))]
+    pub reason: String,
+}
+
+/// What the API server checks of a schedule (the CRD's pattern): five fields, or a macro such as
+/// `@daily`. Every schedule it refuses, the controller refuses too (a test holds the two
+/// together); the controller checks the rest and reports it on the lock.
+pub const SCHEDULE_PATTERN: &str = r"^\s*(@[a-z]+|\S+(\s+\S+){4})\s*$";
+
+/// What the API server checks of a duration (the CRD's pattern): a Go duration's shape. Its
+/// range (1m to 744h) is the controller's to check, as is the rest of the schedule.
+pub const DURATION_PATTERN: &str =
+    r"^\s*\+?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+\s*$";
 
 /// The most windows a lock may have.
 pub const MAX_WINDOWS: usize = 16;

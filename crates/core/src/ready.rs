@@ -15,6 +15,8 @@ pub const FROZEN: &str = "Frozen";
 pub const WINDOW_CLOSED: &str = "WindowClosed";
 /// Not ready: a window of `spec.windows` cannot be read, so nothing new is granted.
 pub const INVALID_WINDOW: &str = "InvalidWindow";
+/// Ready: a window would grant nothing new, but an operator's `spec.windowOverride` lets it.
+pub const WINDOW_OVERRIDDEN: &str = "WindowOverridden";
 /// Not ready: `lastToken` is the largest token, so nothing more can be granted.
 pub const TOKENS_EXHAUSTED: &str = "TokensExhausted";
 
@@ -57,6 +59,13 @@ pub fn of(status: &MutexStatus) -> Readiness {
                 WINDOW_CLOSED
             },
             message: window.clone(),
+        };
+    }
+    if let Some(overridden) = &status.window_override {
+        return Readiness {
+            ready: true,
+            reason: WINDOW_OVERRIDDEN,
+            message: overridden.clone(),
         };
     }
     Readiness {
@@ -189,5 +198,12 @@ mod tests {
         let r = of(&st);
         assert_eq!((r.ready, r.reason), (false, INVALID_WINDOW));
         assert!(r.message.contains("window w: duration"), "{}", r.message);
+        let st = MutexStatus {
+            window_override: Some("deny window w until Mon 08:00 UTC, overridden ...".into()),
+            ..MutexStatus::default()
+        };
+        let r = of(&st);
+        assert_eq!((r.ready, r.reason), (true, WINDOW_OVERRIDDEN));
+        assert!(r.message.contains("overridden"), "{}", r.message);
     }
 }

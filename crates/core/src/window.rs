@@ -19,7 +19,7 @@ use cron::Cron;
 use jiff::civil::DateTime;
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp, ToSpan};
-use tekton_mutex_api::window::{MAX_WINDOWS, Window, WindowKind};
+use tekton_mutex_api::window::{MAX_WINDOWS, Window, WindowKind, WindowOverride};
 
 /// The longest a window may stay open from one start.
 pub const MAX_DURATION: SignedDuration = SignedDuration::from_hours(31 * 24);
@@ -50,6 +50,51 @@ pub enum Gate {
         /// When it opens again (None: not within a year, or a window is invalid).
         until: Option<Timestamp>,
     },
+    /// Closed by a window, but open by an operator's override until `until`.
+    Overridden {
+        /// "deny window weekend-freeze until Mon 08:00 Europe/Berlin, overridden until Tue
+        /// 2026-12-08 10:00 UTC: hotfix for INC-42".
+        message: String,
+        until: Timestamp,
+    },
+}
+
+/// An operator's override of the windows (`spec.windowOverride`), read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    pub until: Timestamp,
+    pub reason: String,
+}
+
+/// The override as the spec gives it, or why it cannot be read.
+pub fn parse_override(o: &WindowOverride) -> Result<Override, String> {
+    let until = o.until.parse::<Timestamp>().map_err(|e| {
+        format!(
+            "windowOverride: until {:?} is not an RFC 3339 time ({e})",
+            o.until
+        )
+    })?;
+    Ok(Override {
+        until,
+        reason: o.reason.clone(),
+    })
+}
+
+/// The gate once an operator's override is applied: a lock closed by a window opens until the
+/// override ends. An open gate, an ended override and invalid windows (which must be fixed, not
+/// overridden) leave the gate as it is.
+pub fn overridden(gate: Gate, by: Option<&Override>, now: Timestamp) -> Gate {
+    let (Gate::Closed { message, .. }, Some(o)) = (&gate, by) else {
+        return gate;
+    };
+    if o.until <= now || message.starts_with(INVALID) {
+        return gate;
+    }
+    let until = o.until.strftime("%a %Y-%m-%d %H:%M UTC");
+    Gate::Overridden {
+        message: format!("{message}, overridden until {until}: {}", o.reason),
+        until: o.until,
+    }
 }
 
 /// The windows of a lock parsed, each with its zone from `zone` (the controller's time zone

@@ -273,6 +273,45 @@ pub fn status_written(
     }
 }
 
+/// The lock's own Event when its `Ready` condition turns to a window's reason: a window closed
+/// it, an operator's override opened it, or its windows cannot be read (a Warning). Said once
+/// per change, after the status that says it was written.
+pub fn window_changed<L>(ctx: &Context, lock: &L, before: &MutexStatus, after: &MutexStatus)
+where
+    L: kube::Resource<DynamicType = ()>,
+{
+    if let Some(t) = window_transition(before, after) {
+        record_on(ctx, lock.object_ref(&()), t);
+    }
+}
+
+fn window_transition(before: &MutexStatus, after: &MutexStatus) -> Option<Transition> {
+    use crate::core::ready::{INVALID_WINDOW, WINDOW_CLOSED, WINDOW_OVERRIDDEN};
+    let ready = |s: &MutexStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (reason, note) = ready(after)?;
+    let reason = [WINDOW_CLOSED, WINDOW_OVERRIDDEN, INVALID_WINDOW]
+        .into_iter()
+        .find(|r| *r == reason)?;
+    if ready(before).is_some_and(|(was, said)| was == reason && said == note) {
+        return None;
+    }
+    let type_ = if reason == INVALID_WINDOW {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    Some(Transition {
+        reason,
+        note,
+        type_,
+    })
+}
+
 /// After an InvalidParams status patch.
 pub fn invalid(ctx: &Context, o: &ObservedRun<'_>, message: &str) {
     ctx.metrics.invalid(&o.namespace, message);
@@ -283,6 +322,43 @@ pub fn invalid(ctx: &Context, o: &ObservedRun<'_>, message: &str) {
 mod tests {
     use super::*;
     use crate::model::tekton::Condition;
+
+    fn ready(reason: &str, message: &str) -> MutexStatus {
+        MutexStatus {
+            conditions: vec![crate::model::mutex::Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: Timestamp::UNIX_EPOCH,
+                observed_generation: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_window_change_is_said_once_on_the_lock_and_an_invalid_window_is_a_warning() {
+        let serving = ready("Serving", "the controller serves this lock");
+        let closed = ready("WindowClosed", "deny window w until Mon 08:00 UTC");
+        let t = window_transition(&serving, &closed).unwrap();
+        assert_eq!((t.reason, t.type_), ("WindowClosed", EventType::Normal));
+        assert_eq!(window_transition(&closed, &closed), None);
+        let over = ready(
+            "WindowOverridden",
+            "deny window w ..., overridden until ...: hotfix",
+        );
+        assert_eq!(
+            window_transition(&closed, &over).unwrap().reason,
+            "WindowOverridden"
+        );
+        let invalid = ready("InvalidWindow", "invalid window w: ...");
+        assert_eq!(
+            window_transition(&serving, &invalid).unwrap().type_,
+            EventType::Warning
+        );
+        assert_eq!(window_transition(&closed, &serving), None);
+    }
 
     fn status(reason: &str) -> RunStatus {
         RunStatus {

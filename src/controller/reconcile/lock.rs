@@ -78,6 +78,7 @@ async fn sync_lock<L: LockObject>(
         deadlocked: &deadlocked,
         undelivered: &undelivered,
         closed_by_window: windows::closed_by(&gate),
+        window_override: windows::overridden_by(&gate),
     };
     let decision = decide_on(&lock, &current, &members, now, facts, asked);
     let unchanged = same_lock_state(&decision.status, &current);
@@ -113,7 +114,7 @@ async fn sync_lock<L: LockObject>(
         &members,
         &decision,
         now,
-        windows::opens_in(&gate, now),
+        windows::changes_in(&gate, now),
     ))
 }
 
@@ -271,6 +272,8 @@ struct Asked<'a> {
     undelivered: &'a BTreeMap<String, String>,
     /// A scheduled window's closing message, if one keeps the lock from granting.
     closed_by_window: Option<&'a str>,
+    /// An operator's override of a window that would keep it from granting, if one is on.
+    window_override: Option<&'a str>,
 }
 
 fn decide_on<L: LockObject>(
@@ -297,6 +300,7 @@ fn decide_on<L: LockObject>(
         undelivered: asked.undelivered,
         closed_by_window: asked.closed_by_window,
     });
+    decision.status.window_override = asked.window_override.map(String::from);
     if facts.ledger_read {
         // lastToken now stands above the ledger's floor, for this very object.
         decision.status.ledger_read_for = lock.uid();
@@ -519,6 +523,7 @@ async fn write_lock_state<L: LockObject>(
     }
     let (scope, key) = (lock.scope(), lock.name_any());
     events::status_written(ctx, &scope, &key, current, &decision.status, now);
+    events::window_changed(ctx, &lock, current, &decision.status);
     for h in decision
         .status
         .holders

@@ -1,43 +1,38 @@
-//! A lock's scheduled windows at a given time (issue 48), for its sync: the core decides whether
-//! they are open (`core::window::gate`, pure); this resolves their time zones in the time zone
-//! database the binary carries (the image may have none) and says when to look again.
+//! A lock's scheduled windows at a given time (issue 48), for its sync: whether they are open
+//! (`crate::windows::gate`, which `tkn mutex list` shares), what the lock and its waiters say of
+//! them, and when to look again.
 
-use crate::core::window::{self, Gate};
-use crate::model::mutex::LockSpec;
+use crate::core::window::Gate;
 use jiff::Timestamp;
-use jiff::tz::TimeZone;
 use std::time::Duration;
 
-/// Whether the lock's windows let it grant anything new at `now`. An invalid window closes it,
-/// saying which and why: a window written wrong must never mean "always open".
-pub fn gate(spec: &LockSpec, now: Timestamp) -> Gate {
-    if spec.windows.is_empty() {
-        return Gate::Open;
-    }
-    match window::parse_all(&spec.windows, |name| TimeZone::get(name).ok()) {
-        Ok(windows) => window::gate(&windows, now),
-        Err(e) => Gate::Closed {
-            message: window::invalid(&e),
-            until: None,
-        },
-    }
-}
+pub use crate::windows::gate;
 
 /// The message a closed gate gives the waiters.
 pub fn closed_by(gate: &Gate) -> Option<&str> {
     match gate {
-        Gate::Open => None,
         Gate::Closed { message, .. } => Some(message),
+        Gate::Open | Gate::Overridden { .. } => None,
     }
 }
 
-/// How long until the gate opens, when it says: the sync looks again then (just after).
-pub fn opens_in(gate: &Gate, now: Timestamp) -> Option<Duration> {
-    let Gate::Closed {
-        until: Some(until), ..
-    } = gate
-    else {
-        return None;
+/// What the lock's status says of an override that opens it.
+pub fn overridden_by(gate: &Gate) -> Option<&str> {
+    match gate {
+        Gate::Overridden { message, .. } => Some(message),
+        Gate::Open | Gate::Closed { .. } => None,
+    }
+}
+
+/// How long until the gate changes, when it says (a closed window opens, an override ends): the
+/// sync looks again then (just after).
+pub fn changes_in(gate: &Gate, now: Timestamp) -> Option<Duration> {
+    let until = match gate {
+        Gate::Closed {
+            until: Some(until), ..
+        }
+        | Gate::Overridden { until, .. } => until,
+        _ => return None,
     };
     let wait = Duration::try_from(until.duration_since(now)).unwrap_or_default();
     Some(wait + Duration::from_millis(20))

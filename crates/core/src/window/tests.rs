@@ -208,7 +208,7 @@ fn daylight_saving_changes_follow_the_zone() {
     )]);
     let until = match gate(&friday, berlin("2026-10-24T12:00")) {
         Gate::Closed { until, .. } => until,
-        Gate::Open => None,
+        other => panic!("{other:?}"),
     };
     assert_eq!(until, Some(berlin("2026-10-26T07:00")));
 }
@@ -235,7 +235,132 @@ fn invalid_windows_are_errors_that_name_them() {
     assert_eq!(gate(&none, berlin("2026-12-07T08:00")), Gate::Open);
 }
 
+/// The CRD's patterns refuse only what the controller refuses: a window the API server lets in
+/// may still be refused by the controller (its range, each cron field, the zone), never the
+/// other way round; and the usual ones pass both.
+#[test]
+fn the_api_servers_patterns_refuse_nothing_the_controller_accepts() {
+    use tekton_mutex_api::window::{DURATION_PATTERN, SCHEDULE_PATTERN};
+    let schedule_ok = regex::Regex::new(SCHEDULE_PATTERN).unwrap();
+    let duration_ok = regex::Regex::new(DURATION_PATTERN).unwrap();
+    let accepted = |schedule: &str, duration: &str| {
+        let w = window("w", WindowKind::Deny, schedule, duration, "UTC");
+        parse_all(&[w], zone).is_ok()
+    };
+    let schedules = [
+        "0 18 * * fri",
+        "*/15 9-17 * * mon-fri",
+        "@daily",
+        "@weekly",
+        "@hourly",
+        " 0 0 1 1 * ",
+        "0 18 * fri",
+        "0 18 * * fri *",
+        "@sometimes",
+        "",
+        "daily",
+        "0 18 * * fri\n",
+        "60 0 * * *",
+    ];
+    let durations = [
+        "62h", "90m", "1h30m", "1.5h", ".5h", "744h", "1m", "30s", "0s", "1d", "62", "h", "-1h",
+        "1h 30m", "+1h", "2H", "1e3h", "", "1µs",
+    ];
+    for s in schedules {
+        let (api, controller) = (schedule_ok.is_match(s), accepted(s, "1h"));
+        assert!(
+            api || !controller,
+            "the CRD refuses schedule {s:?}, the controller takes it"
+        );
+    }
+    for d in durations {
+        let (api, controller) = (duration_ok.is_match(d), accepted("0 18 * * fri", d));
+        assert!(
+            api || !controller,
+            "the CRD refuses duration {d:?}, the controller takes it"
+        );
+    }
+    for (s, d) in [
+        ("0 18 * * fri", "62h"),
+        ("@daily", "90m"),
+        ("0 9 * * mon-fri", "1h30m"),
+    ] {
+        assert!(schedule_ok.is_match(s) && duration_ok.is_match(d) && accepted(s, d));
+    }
+}
+
+fn override_until(civil: &str, reason: &str) -> Override {
+    Override {
+        until: berlin(civil),
+        reason: reason.into(),
+    }
+}
+
+#[test]
+fn an_override_opens_a_closed_window_until_it_ends_and_nothing_else() {
+    let w = parsed(&[weekend_freeze()]);
+    let hotfix = override_until("2026-12-05T12:00", "hotfix for INC-42");
+    let saturday = berlin("2026-12-05T10:00");
+    assert_eq!(
+        overridden(gate(&w, saturday), Some(&hotfix), saturday),
+        Gate::Overridden {
+            message: "deny window weekend-freeze until Mon 08:00 Europe/Berlin, overridden \
+                      until Sat 2026-12-05 11:00 UTC: hotfix for INC-42"
+                .into(),
+            until: berlin("2026-12-05T12:00"),
+        }
+    );
+    // Ended: the window holds again. Open anyway: nothing to override.
+    let later = berlin("2026-12-05T12:00");
+    assert_eq!(
+        overridden(gate(&w, later), Some(&hotfix), later),
+        gate(&w, later)
+    );
+    let thursday = berlin("2026-12-03T10:00");
+    assert_eq!(
+        overridden(gate(&w, thursday), Some(&hotfix), thursday),
+        Gate::Open
+    );
+    // Invalid windows are fixed, not overridden.
+    let invalid = Gate::Closed {
+        message: invalid("window a: duration \"0s\""),
+        until: None,
+    };
+    assert_eq!(
+        overridden(invalid.clone(), Some(&hotfix), saturday),
+        invalid
+    );
+}
+
+#[test]
+fn an_override_must_say_when_it_ends() {
+    let read = |until: &str| {
+        parse_override(&WindowOverride {
+            until: until.into(),
+            reason: "why".into(),
+        })
+    };
+    assert_eq!(
+        read("2026-12-08T10:00:00Z").unwrap().until,
+        "2026-12-08T10:00:00Z".parse::<Timestamp>().unwrap()
+    );
+    assert_eq!(
+        read("2026-12-08T11:00:00+01:00").unwrap().until,
+        "2026-12-08T10:00:00Z".parse::<Timestamp>().unwrap()
+    );
+    let e = read("tomorrow").unwrap_err();
+    assert!(e.contains("windowOverride: until \"tomorrow\""), "{e}");
+}
+
 proptest! {
+    /// Any short string the CRD's duration pattern refuses, the controller refuses too.
+    #[test]
+    fn the_duration_pattern_refuses_nothing_the_controller_takes(d in "[0-9.+hmsuµn -]{0,8}") {
+        let pattern = regex::Regex::new(tekton_mutex_api::window::DURATION_PATTERN).unwrap();
+        let w = window("w", WindowKind::Deny, "0 18 * * fri", &d, "UTC");
+        prop_assert!(pattern.is_match(&d) || parse_all(&[w], zone).is_err(), "{:?}", d);
+    }
+
     /// At any minute, a daily deny window (shorter than a day, so it never overlaps itself) is
     /// closed exactly when it started within its duration before (checked minute by minute
     /// against the schedule), and the time it says it opens is the first at which it is open.
