@@ -15,7 +15,7 @@ pub fn gate(spec: &LockSpec, now: Timestamp) -> Gate {
     if spec.windows.is_empty() {
         return Gate::Open;
     }
-    let gate = match window::parse_all(&spec.windows, |name| TimeZone::get(name).ok()) {
+    let gate = match parsed(spec) {
         Ok(windows) => window::gate(&windows, now),
         Err(e) => Gate::Closed {
             message: window::invalid(&e),
@@ -33,4 +33,26 @@ pub fn gate(spec: &LockSpec, now: Timestamp) -> Gate {
             open => open,
         },
     }
+}
+
+/// The lock's windows, parsed with their zones from the database the binary carries.
+fn parsed(spec: &LockSpec) -> Result<Vec<window::ParsedWindow>, String> {
+    window::parse_all(&spec.windows, |name| TimeZone::get(name).ok())
+}
+
+/// What the windows say now, for people (`tkn mutex list` and `describe`): None without any;
+/// "open", with when a window next closes it; "closed: " and why until when; or "open: " and
+/// the override that lets it through. Judged from the spec, so an idle lock shows it too.
+pub fn now_line(spec: &LockSpec, now: Timestamp) -> Option<String> {
+    if spec.windows.is_empty() {
+        return None;
+    }
+    Some(match gate(spec, now) {
+        Gate::Open => match parsed(spec).ok().and_then(|w| window::next_close(&w, now)) {
+            Some(closes) => format!("open until {closes}"),
+            None => "open".into(),
+        },
+        Gate::Closed { message, .. } => format!("closed: {message}"),
+        Gate::Overridden { message, .. } => format!("open: {message}"),
+    })
 }

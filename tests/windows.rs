@@ -186,6 +186,15 @@ async fn override_case(kind: Kind) -> Result<()> {
         said.starts_with("deny window freeze until ") && said.ends_with(": hotfix INC-42"),
         "{st:?}"
     );
+    let mut list = vec!["list", "-n", ns.name()];
+    if kind == Kind::ClusterMutex {
+        list.push("--cluster");
+    }
+    let listed = support::cli::tkn_mutex(&list)?.stdout()?;
+    ensure!(
+        listed.contains("open: deny window freeze until ") && listed.contains("hotfix INC-42"),
+        "{listed}"
+    );
     let event = lock_event(&lock, "WindowOverridden").await?;
     ensure!(
         event

@@ -49,9 +49,10 @@ pub struct Described {
     /// Its scheduled windows, one line each ("deny weekend-freeze: 0 18 * * fri for 62h ...").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub windows: Vec<String>,
-    /// The window that keeps it from granting anything new, and until when, as last decided.
+    /// What its windows say now ("open until ...", "closed: ...", "open: ... overridden ..."),
+    /// judged from the spec as the controller judges it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub closed_by_window: Option<String>,
+    pub windows_now: Option<String>,
     pub last_token: i64,
     /// What its `spec.selector` takes by itself, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -233,7 +234,7 @@ async fn gather(target: &Target, lock: &Lock) -> Result<Described> {
         frozen: spec.frozen,
         frozen_reason: spec.frozen_reason.clone(),
         windows: spec.windows.iter().map(window_line).collect(),
-        closed_by_window: st.closed_by_window.clone(),
+        windows_now: crate::windows::now_line(spec, jiff::Timestamp::now()),
         last_token: st.last_token,
         selects: Selects::of(lock),
         holders,
@@ -387,10 +388,7 @@ pub fn render(d: &Described, now: Timestamp) -> String {
         out.push_str(&format!("Selects:      {}\n", selects.line()));
     }
     if !d.windows.is_empty() {
-        let now = match &d.closed_by_window {
-            Some(closed) => format!("closed: {closed}"),
-            None => "open".into(),
-        };
+        let now = d.windows_now.as_deref().unwrap_or("open");
         out.push_str(&format!("Windows:      {now}\n"));
         for w in &d.windows {
             out.push_str(&format!("              {w}\n"));
@@ -575,8 +573,8 @@ mod tests {
             frozen: true,
             frozen_reason: Some("release freeze".into()),
             windows: vec!["deny weekend-freeze: 0 18 * * fri for 62h (Europe/Berlin)".into()],
-            closed_by_window: Some(
-                "deny window weekend-freeze until Mon 08:00 Europe/Berlin".into(),
+            windows_now: Some(
+                "closed: deny window weekend-freeze until Mon 08:00 Europe/Berlin".into(),
             ),
             last_token: 4,
             selects: None,

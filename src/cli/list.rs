@@ -4,8 +4,6 @@
 use super::lock::Lock;
 use super::output::{Format, age, formatted, table};
 use super::target::{Failure, Result, Target, api_failure};
-use crate::core::window::Gate;
-use crate::model::mutex::LockSpec;
 use clap::Args;
 use jiff::Timestamp;
 use kube::Api;
@@ -118,7 +116,7 @@ pub fn render(locks: &[Lock], all_namespaces: bool, now: Timestamp) -> String {
                     true => "yes".into(),
                     false => "no".into(),
                 },
-                window_column(m.spec(), now),
+                crate::windows::now_line(m.spec(), now).unwrap_or_else(|| "---".into()),
             ];
             if all_namespaces {
                 row.insert(0, m.namespace().unwrap_or_default());
@@ -129,27 +127,11 @@ pub fn render(locks: &[Lock], all_namespaces: bool, now: Timestamp) -> String {
     table(&headers, &rows)
 }
 
-/// The lock's windows now, as the controller judges them: `---` without any, `open`, the closing
-/// window and until when, or the override that lets it through. Judged here from the spec, so
-/// an idle lock (whose status no one writes) shows it too.
-fn window_column(spec: &LockSpec, now: Timestamp) -> String {
-    if spec.windows.is_empty() {
-        return "---".into();
-    }
-    match crate::windows::gate(spec, now) {
-        Gate::Open => "open".into(),
-        Gate::Closed { message, .. } => format!("closed: {message}"),
-        Gate::Overridden { until, .. } => {
-            format!("overridden until {}", until.strftime("%Y-%m-%d %H:%M UTC"))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::mutex::{
-        Age, Holder, Mutex, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
+        Age, Holder, LockSpec, Mutex, MutexSpec, MutexStatus, RunKind, RunRef, Supersede,
     };
     use crate::model::window::{Window, WindowKind, WindowOverride};
     use jiff::SignedDuration;
@@ -256,6 +238,7 @@ mod tests {
 
     #[test]
     fn the_window_column_says_what_the_controller_would() {
+        let window_column = |spec: &LockSpec, now| crate::windows::now_line(spec, now).unwrap();
         let friday_evening: Timestamp = "2026-12-04T18:30:00+01:00[Europe/Berlin]"
             .parse::<jiff::Zoned>()
             .unwrap()
@@ -276,14 +259,18 @@ mod tests {
             "closed: deny window weekend-freeze until Mon 08:00 Europe/Berlin"
         );
         let thursday = friday_evening - jiff::SignedDuration::from_hours(24);
-        assert_eq!(window_column(&spec, thursday), "open");
+        assert_eq!(
+            window_column(&spec, thursday),
+            "open until Fri 18:00 Europe/Berlin (deny window weekend-freeze)"
+        );
         spec.window_override = Some(WindowOverride {
             until: "2026-12-04T20:00:00Z".into(),
             reason: "hotfix".into(),
         });
         assert_eq!(
             window_column(&spec, friday_evening),
-            "overridden until 2026-12-04 20:00 UTC"
+            "open: deny window weekend-freeze until Mon 08:00 Europe/Berlin, overridden until \
+             Fri 2026-12-04 20:00 UTC: hotfix"
         );
         spec.windows[0].time_zone = Some("Mars/Olympus".into());
         assert!(window_column(&spec, friday_evening).starts_with("closed: invalid window"));

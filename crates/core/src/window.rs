@@ -262,5 +262,38 @@ pub fn gate(windows: &[ParsedWindow], now: Timestamp) -> Gate {
     }
 }
 
+/// When an open lock next closes, and which window closes it: "Fri 18:00 Europe/Berlin (deny
+/// window weekend-freeze)" (None: not within a year, or windows that never close it). For
+/// people (`tkn mutex`); the controller needs no wake for it, a grant judges the gate itself.
+pub fn next_close(windows: &[ParsedWindow], now: Timestamp) -> Option<String> {
+    let deny = windows
+        .iter()
+        .filter(|w| w.kind == WindowKind::Deny)
+        .filter_map(|w| w.next_start(now).map(|at| (at, w, "deny window")));
+    let allow_ends = allow_end(windows, now).map(|(at, w)| (at, w, "end of allow window"));
+    let (at, w, what) = deny.chain(allow_ends).min_by_key(|(at, ..)| *at)?;
+    Some(format!("{} ({what} {})", w.local(at, now), w.name))
+}
+
+/// When the allow windows open at `now` stop covering it (following one into another that is
+/// open by then), and the last of them.
+fn allow_end(windows: &[ParsedWindow], now: Timestamp) -> Option<(Timestamp, &ParsedWindow)> {
+    let open_until = |at: Timestamp| {
+        windows
+            .iter()
+            .filter(|w| w.kind == WindowKind::Allow)
+            .filter_map(|w| w.open_until(at).map(|until| (until, w)))
+            .max_by_key(|(until, _)| *until)
+    };
+    let (mut until, mut w) = open_until(now)?;
+    for _ in 0..MAX_HOPS {
+        match open_until(until) {
+            Some((later, next)) if later > until => (until, w) = (later, next),
+            _ => break,
+        }
+    }
+    Some((until, w))
+}
+
 #[cfg(test)]
 mod tests;

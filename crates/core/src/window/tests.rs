@@ -289,6 +289,30 @@ fn the_api_servers_patterns_refuse_nothing_the_controller_accepts() {
     }
 }
 
+#[test]
+fn an_open_lock_says_when_a_window_next_closes_it() {
+    let freeze = parsed(&[weekend_freeze()]);
+    assert_eq!(
+        next_close(&freeze, berlin("2026-12-03T10:00")).as_deref(),
+        Some("Fri 18:00 Europe/Berlin (deny window weekend-freeze)")
+    );
+    let office = window(
+        "office-hours",
+        WindowKind::Allow,
+        "0 9 * * mon-fri",
+        "9h",
+        "Europe/Berlin",
+    );
+    let both = parsed(&[weekend_freeze(), office]);
+    assert_eq!(
+        next_close(&both, berlin("2026-12-07T10:00")).as_deref(),
+        Some("Mon 18:00 Europe/Berlin (end of allow window office-hours)")
+    );
+    // Outside every allow window nothing closes it any more: it is closed.
+    let none: Vec<ParsedWindow> = parsed(&[]);
+    assert_eq!(next_close(&none, berlin("2026-12-07T10:00")), None);
+}
+
 fn override_until(civil: &str, reason: &str) -> Override {
     Override {
         until: berlin(civil),
