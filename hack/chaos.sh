@@ -13,7 +13,9 @@
 # higher priorities and a sparse one, checked for fair share; issue 49's API-level faults: API
 # Priority and Fairness throttling the controller's ServiceAccount with 429s, watches expired
 # (etcd compacted, kube-apiserver restarted) while a holder is deleted, an admission policy
-# refusing the controller's writes to one waiting run), checked by an independent checker.
+# refusing the controller's writes to one waiting run, etcd restored from a snapshot taken while
+# a key was held and waited on, runs, locks and token ledger rolled back together), checked by an
+# independent checker.
 # Exits non-zero on any violation. Each round prints the seed that reproduces it.
 #
 #   hack/chaos.sh --rounds 100            the full campaign (random seeds, printed)
@@ -22,7 +24,8 @@
 #                                         (default: all; also single kinds such as etcd-restart,
 #                                         rerun-copy, requeued-copy, matrix-keys, opposite-orders,
 #                                         mutex-restore, author-start, selector-edit,
-#                                         apf-throttle, watch-expiry, refuse-run-writes, or none;
+#                                         apf-throttle, watch-expiry, refuse-run-writes,
+#                                         etcd-restore, or none;
 #                                         cluster-tenants alone runs only the tenants' round)
 #   hack/chaos.sh --runs 20-40            PipelineRuns per round
 #   hack/chaos.sh --unguarded             the same rounds without the lock task: must fail
@@ -51,7 +54,7 @@ CI_RUNS=${CHAOS_CI_RUNS:-20-24}
 # alone: none of CI_SEEDS draws it with the other kinds. About two minutes.
 CI_TENANTS_SEED=${CHAOS_CI_TENANTS_SEED:-46}
 
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
 
 rounds="" seeds="" faults=all runs=20-40 unguarded="" broken="" expect="" ci=""
 while (( $# )); do

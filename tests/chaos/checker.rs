@@ -185,6 +185,28 @@ pub struct Round<'a> {
     pub stuck: &'a [String],
     /// When a user wiped a Mutex's status (key, ms since the round started).
     pub wipes: &'a [(String, u64)],
+    /// The round's etcd restores.
+    pub restores: &'a [EtcdRestore],
+}
+
+/// An etcd snapshot and its restore (ms since the round started): from `begin` (the API server
+/// stopped) to `end` (it serves again), the cluster is back as it was at `snapshot`, runs and
+/// locks together.
+#[derive(Clone, Copy, Debug)]
+pub struct EtcdRestore {
+    pub snapshot: u64,
+    pub begin: u64,
+    pub end: u64,
+}
+
+impl EtcdRestore {
+    /// A deploy that started after the snapshot and before the restore was done: granted by a
+    /// lock the restore took back to before the grant (or told its token when the API server
+    /// was away). The lock cannot know it any more: what it still does after the restore began
+    /// is fenced (every token handed out afterwards is higher), not excluded.
+    fn forgot(&self, d: &Deploy) -> bool {
+        (self.snapshot..self.end).contains(&d.start_ms)
+    }
 }
 
 /// A run queued as a whole that may have been granted before a wipe of its key and whose deploy
@@ -224,7 +246,13 @@ pub fn check(round: &Round) -> Vec<Violation> {
         let (lost, held): (Vec<&Deploy>, Vec<&Deploy>) = guarded
             .iter()
             .partition(|d| lost_to_a_wipe(d, queued.contains(d.pr.as_str()), round.wipes));
-        out.extend(promise(key, capacity, &held, round.runs));
+        match round.restores {
+            [] => out.extend(promise(key, capacity, &held, round.runs)),
+            restores => {
+                out.extend(across_restores(key, capacity, &held, round.runs, restores));
+                out.extend(restored_tokens(key, &guarded, restores));
+            }
+        }
         out.extend(lost_tokens(key, &lost, &guarded));
         if capacity > 1 {
             out.extend(token_order(key, &guarded, round.runs));
@@ -381,6 +409,72 @@ pub fn promise(
             detail: b.detail,
         })
         .collect()
+}
+
+/// The promise over a round with etcd restores. Exclusion holds over the whole round, each
+/// deploy the restore made the lock forget cut where the restore began ([`EtcdRestore::forgot`]);
+/// fencing and supersede, which are rules of grant order, hold between the restores (a restore
+/// takes the lock's record of grants back: it may grant an older run again); across a restore,
+/// [`restored_tokens`].
+fn across_restores(
+    key: &str,
+    capacity: usize,
+    deploys: &[&Deploy],
+    runs: &[RunFacts],
+    restores: &[EtcdRestore],
+) -> Vec<Violation> {
+    let cut: Vec<Deploy> = deploys
+        .iter()
+        .map(|d| {
+            let mut d = (*d).clone();
+            if let Some(r) = restores.iter().find(|r| r.forgot(&d)) {
+                d.end_ms = d.end_ms.min(r.begin.max(d.start_ms));
+            }
+            d
+        })
+        .collect();
+    let all: Vec<&Deploy> = cut.iter().collect();
+    let mut out: Vec<Violation> = promise(key, capacity, &all, runs)
+        .into_iter()
+        .filter(|v| v.invariant == Invariant::Exclusion)
+        .collect();
+    let mut bounds: Vec<u64> = restores.iter().map(|r| r.end).collect();
+    bounds.sort_unstable();
+    let epoch = |d: &Deploy| bounds.iter().filter(|b| d.start_ms >= **b).count();
+    for e in 0..=bounds.len() {
+        let within: Vec<&Deploy> = cut.iter().filter(|d| epoch(d) == e).collect();
+        let rules = promise(key, capacity, &within, runs).into_iter();
+        out.extend(rules.filter(|v| v.invariant != Invariant::Exclusion));
+    }
+    out
+}
+
+/// Fencing across an etcd restore: every token handed out after it is above every token seen
+/// before it (the restore takes the lock's `lastToken` back; only the clock, which tokens follow,
+/// still knows the later ones). A deploy after the restore with a PipelineRun's token seen before
+/// it is that grant again (the restore brought it back), not a token handed out again.
+pub fn restored_tokens(key: &str, deploys: &[&Deploy], restores: &[EtcdRestore]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for r in restores {
+        let before: Vec<&&Deploy> = deploys.iter().filter(|d| d.start_ms < r.end).collect();
+        let Some(top) = before.iter().max_by_key(|d| d.token) else {
+            continue;
+        };
+        let again = |d: &Deploy| before.iter().any(|b| b.pr == d.pr && b.token == d.token);
+        let after = deploys.iter().filter(|d| d.start_ms >= r.end && !again(d));
+        for d in after.filter(|d| d.token <= top.token) {
+            out.push(Violation {
+                invariant: Invariant::Fencing,
+                key: key.into(),
+                at_ms: d.start_ms,
+                detail: format!(
+                    "{}: token {} after the etcd restore at +{} ms, not above {}'s {} from before it",
+                    d.pr, d.token, r.begin, top.pr, top.token
+                ),
+            });
+        }
+    }
+    out
 }
 
 /// Every run ended within the bound; a stuck run waiting behind a holder that ended is named so.
@@ -552,6 +646,7 @@ mod tests {
             runs,
             stuck: &[],
             wipes: &[],
+            restores: &[],
         })
     }
 
@@ -640,6 +735,7 @@ mod tests {
             runs: &runs,
             stuck: &["b".into()],
             wipes: &[],
+            restores: &[],
         });
         assert_eq!(invariants(&v), [Invariant::Liveness]);
         assert!(v[0].detail.contains("waits behind a which ended"));
@@ -709,6 +805,7 @@ mod tests {
                 runs,
                 stuck: &[],
                 wipes: &[],
+                restores: &[],
             })
         };
         assert!(round(&[run("old", 1), victim.clone()]).is_empty());
@@ -782,6 +879,58 @@ mod tests {
         assert!(check_one(2, &higher, &runs).is_empty());
     }
 
+    /// An etcd restore (snapshot at 1 s, restore from 4 s to 6 s): `b`, granted after the
+    /// snapshot, deploys on past the restore beside `c`, granted after it: fenced (3 > 2), not
+    /// excluded. `a`'s grant, which the restore brought back, deploys again with its own token;
+    /// `b`, granted again, with a new one. A token after the restore not above every one before
+    /// it, or two deploys at once that both began after it, are caught.
+    #[test]
+    fn a_restore_fences_what_the_lock_forgot_and_excludes_the_rest() {
+        let cap = BTreeMap::from([("k1".to_string(), 1)]);
+        let restores = [EtcdRestore {
+            snapshot: 1_000,
+            begin: 4_000,
+            end: 6_000,
+        }];
+        let round = |deploys: &[Deploy], runs: &[RunFacts]| {
+            check(&Round {
+                capacity: &cap,
+                deploys,
+                runs,
+                stuck: &[],
+                wipes: &[],
+                restores: &restores,
+            })
+        };
+        // Sequences in grant order within each side of the restore (supersede is on).
+        let runs = [
+            run("a", 1),
+            run("b", 5),
+            run("c", 3),
+            run("d", 4),
+            run("e", 6),
+        ];
+        let mut clean = vec![
+            deploy("a", 10, 0, 1_500),
+            deploy("b", 20, 2_000, 9_000),
+            deploy("a", 10, 6_500, 7_000),
+            deploy("c", 30, 7_000, 8_000),
+            deploy("b", 40, 8_500, 9_500),
+        ];
+        assert!(
+            round(&clean, &runs).is_empty(),
+            "{:?}",
+            round(&clean, &runs)
+        );
+        clean.push(deploy("e", 15, 10_000, 11_000));
+        let v = round(&clean, &runs);
+        assert!(v.iter().all(|v| v.invariant == Invariant::Fencing), "{v:?}");
+        assert!(v.iter().any(|v| v.detail.contains("etcd restore")), "{v:?}");
+        clean.pop();
+        clean.push(deploy("d", 35, 7_500, 8_200));
+        assert_eq!(invariants(&round(&clean, &runs)), [Invariant::Exclusion]);
+    }
+
     /// README Limits: a queued PipelineRun's hold is lost when its lock's status is wiped, so
     /// another run may deploy beside it; not a lock task's, and its token is never handed out
     /// again.
@@ -796,6 +945,7 @@ mod tests {
                 runs,
                 stuck: &[],
                 wipes: &wipes,
+                restores: &[],
             })
         };
         let mut q = run("q", 1);

@@ -24,6 +24,7 @@ mod manifest;
 mod observe;
 mod plan;
 mod report;
+mod restore;
 mod round;
 mod tenants;
 mod tenants_round;

@@ -50,9 +50,14 @@ fn mark_of(cm: &ConfigMap) -> Option<Mark> {
     })
 }
 
+/// A mark's entry in [`Seen::marks`]: its ConfigMap's name and its token.
+pub fn mark_name(config_map: &str, token: i64) -> String {
+    format!("{config_map}@{token}")
+}
+
 #[derive(Default)]
 pub struct Seen {
-    /// By ConfigMap name: the first sighting is kept.
+    /// By ConfigMap name and token ([`mark_name`]): the first sighting is kept.
     pub marks: BTreeMap<String, Mark>,
     /// (PipelineRun, pipeline task) -> when our watch saw its TaskRun pod removed.
     pub pods_gone_ms: BTreeMap<(String, String), u64>,
@@ -77,7 +82,10 @@ impl Watches {
                 if let Ok(Event::Apply(cm) | Event::InitApply(cm)) = ev
                     && let Some(m) = mark_of(&cm)
                 {
-                    s1.lock().unwrap().marks.entry(cm.name_any()).or_insert(m);
+                    // By token too: after an etcd restore took its marks away, a run granted
+                    // again deploys again under the same names.
+                    let name = mark_name(&cm.name_any(), m.token);
+                    s1.lock().unwrap().marks.entry(name).or_insert(m);
                 }
             }
         });

@@ -135,9 +135,11 @@ pub enum FaultKind {
     ApfThrottle,
     WatchExpiry,
     RefuseRunWrites,
+    /// etcd restored from a snapshot taken earlier in the round (tests/chaos/restore.rs).
+    EtcdRestore,
 }
 
-pub const ALL_FAULTS: [FaultKind; 25] = [
+pub const ALL_FAULTS: [FaultKind; 26] = [
     FaultKind::ControllerKill,
     FaultKind::ControllerReplica,
     FaultKind::ControllerPause,
@@ -163,13 +165,16 @@ pub const ALL_FAULTS: [FaultKind; 25] = [
     FaultKind::ApfThrottle,
     FaultKind::WatchExpiry,
     FaultKind::RefuseRunWrites,
+    FaultKind::EtcdRestore,
 ];
 
-/// The API-level kinds (issue 49), category `api`.
-pub const API_FAULTS: [FaultKind; 3] = [
+/// The API-level kinds (issue 49), category `api`. A new kind goes last: each draws from the
+/// same RNG in this order, so the kinds before it keep every seed's draws.
+pub const API_FAULTS: [FaultKind; 4] = [
     FaultKind::ApfThrottle,
     FaultKind::WatchExpiry,
     FaultKind::RefuseRunWrites,
+    FaultKind::EtcdRestore,
 ];
 
 /// How a `selector-edit` changes the selecting Mutex: its selector edited so that it takes
@@ -204,6 +209,7 @@ impl FaultKind {
             FaultKind::ApfThrottle => "apf-throttle",
             FaultKind::WatchExpiry => "watch-expiry",
             FaultKind::RefuseRunWrites => "refuse-run-writes",
+            FaultKind::EtcdRestore => "etcd-restore",
         }
     }
 
@@ -228,13 +234,21 @@ impl FaultKind {
             FaultKind::MutexDelete | FaultKind::MutexWipe | FaultKind::MutexRestore => "mutex",
             FaultKind::AdmissionDeny => "admission",
             FaultKind::ClusterTenants => "tenants",
-            FaultKind::ApfThrottle | FaultKind::WatchExpiry | FaultKind::RefuseRunWrites => "api",
+            FaultKind::ApfThrottle
+            | FaultKind::WatchExpiry
+            | FaultKind::RefuseRunWrites
+            | FaultKind::EtcdRestore => "api",
         }
     }
 
     /// Drawn with an RNG of their own, so that adding them changed no seed's other faults.
     fn drawn_apart(self) -> bool {
         self == FaultKind::ClusterTenants || API_FAULTS.contains(&self)
+    }
+
+    /// Restarts the control plane: once per round at most.
+    fn once(self) -> bool {
+        matches!(self, FaultKind::WatchExpiry | FaultKind::EtcdRestore)
     }
 
     /// Needs the controller to run with an identity of its own (api_faults::Identity).
@@ -372,11 +386,15 @@ impl RoundPlan {
         // A restore may wait up to 120 s for its key to be idle and 60 s for its deletion
         // before its probe is created.
         const RESTORE_WAIT_MS: u64 = 180_000;
+        // An etcd restore stops and starts etcd and the API server; then every watch lists
+        // again, Tekton's included, after its backoff.
+        const ETCD_RESTORE_MS: u64 = 120_000;
         let downtime: u64 = self
             .faults
             .iter()
             .map(|f| match f.kind {
                 FaultKind::MutexRestore => f.for_ms + RESTORE_WAIT_MS,
+                FaultKind::EtcdRestore => f.for_ms + ETCD_RESTORE_MS,
                 _ => f.for_ms,
             })
             .sum();
@@ -456,7 +474,8 @@ pub fn draw(seed: u64, knobs: &Knobs) -> RoundPlan {
 /// half the rounds, or once or twice (a watch expiry once) in every round when only API-level
 /// kinds are asked for.
 /// A `refuse-run-writes` or `watch-expiry` aims at a plain run created by then (one with a lock
-/// task, whose lock run the controller writes).
+/// task, whose lock run the controller writes); an `etcd-restore` snapshots etcd at its time
+/// and restores it `for_ms` later.
 fn draw_api(seed: u64, runs: &[RunPlan], knobs: &Knobs) -> Vec<FaultPlan> {
     draw_api_salted(seed ^ API_SALT, runs, knobs)
 }
@@ -465,16 +484,26 @@ fn draw_api(seed: u64, runs: &[RunPlan], knobs: &Knobs) -> Vec<FaultPlan> {
 /// (`the_ci_seeds_draw_every_kind`).
 const API_SALT: u64 = 0x6170_695f_6661_7504;
 
+/// Salts the etcd restore's own RNG: a restore costs a minute or two, so among other kinds it is
+/// drawn in a quarter of the rounds, and of the CI seeds by one (`the_ci_seeds_draw_every_kind`).
+const RESTORE_SALT: u64 = 1;
+
 fn draw_api_salted(seed: u64, runs: &[RunPlan], knobs: &Knobs) -> Vec<FaultPlan> {
-    let mut rng = rng(seed);
+    let mut shared = rng(seed);
+    let mut own = rng(seed ^ RESTORE_SALT);
     let only_api = knobs.faults.iter().all(|k| API_FAULTS.contains(k));
     let mut out = vec![];
     for kind in API_FAULTS.into_iter().filter(|k| knobs.faults.contains(k)) {
-        // A watch expiry stops the schedule for a while (the API server restarts): once.
+        let (rng, odds) = match kind {
+            FaultKind::EtcdRestore => (&mut own, 0.25),
+            _ => (&mut shared, 0.5),
+        };
+        // A watch expiry or an etcd restore stops the schedule for a while (the API server
+        // restarts): once.
         let n = match (only_api, kind) {
-            (true, FaultKind::WatchExpiry) => 1,
+            (true, k) if k.once() => 1,
             (true, _) => rng.random_range(1..=2),
-            (false, _) => usize::from(rng.random_bool(0.5)),
+            (false, _) => usize::from(rng.random_bool(odds)),
         };
         for _ in 0..n {
             // A refusal while runs still wait for their grants.
@@ -482,9 +511,11 @@ fn draw_api_salted(seed: u64, runs: &[RunPlan], knobs: &Knobs) -> Vec<FaultPlan>
                 FaultKind::RefuseRunWrites => rng.random_range(5_000..25_000),
                 _ => rng.random_range(5_000..45_000),
             };
+            // For a restore: from the snapshot to the restore (grants happen meanwhile).
             let for_ms = match kind {
                 FaultKind::ApfThrottle => rng.random_range(5_000..=15_000),
                 FaultKind::RefuseRunWrites => rng.random_range(10_000..=25_000),
+                FaultKind::EtcdRestore => rng.random_range(8_000..=20_000),
                 _ => 0,
             };
             let plain: Vec<usize> = (0..runs.len())
@@ -910,7 +941,7 @@ mod tests {
             let p = draw(seed, &api);
             for kind in API_FAULTS {
                 let n = p.faults.iter().filter(|f| f.kind == kind).count();
-                let most = if kind == FaultKind::WatchExpiry { 1 } else { 2 };
+                let most = if kind.once() { 1 } else { 2 };
                 assert!((1..=most).contains(&n), "seed {seed}: {n} {kind:?}");
             }
             for f in p.faults.iter().filter(|f| f.kind != FaultKind::ApfThrottle) {
@@ -922,6 +953,8 @@ mod tests {
                 .iter()
                 .filter(|f| f.kind == FaultKind::RefuseRunWrites);
             assert!(refusals.clone().all(|f| f.for_ms >= 10_000));
+            let restores = p.faults.iter().filter(|f| f.kind == FaultKind::EtcdRestore);
+            assert!(restores.clone().all(|f| f.for_ms >= 8_000));
             let all = draw(seed, &knobs());
             let without: Vec<FaultKind> = all
                 .faults

@@ -8,6 +8,7 @@ use super::faults::{self, Replica};
 use super::manifest;
 use super::observe::{self, LockFinal, PrFinal, Watches, now_ms};
 use super::plan::{FaultKind, RoundPlan, RunPlan, Shape, Supersede};
+use super::restore;
 use super::tenants::Fairness;
 use super::tenants_round;
 use crate::support::controller::install_crd;
@@ -96,6 +97,10 @@ enum Op {
     /// to another waiting run), then is lifted `.0` ms after it began.
     RefuseOn(usize),
     RefuseOff(u64),
+    /// etcd snapshotted once a run waits (run `.0`, preferably), then restored from it `.0` ms
+    /// after the snapshot began.
+    EtcdSnapshot(usize),
+    EtcdRestore(u64),
 }
 
 fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
@@ -150,6 +155,10 @@ fn ops(plan: &RoundPlan) -> Vec<(u64, FaultKind, Op)> {
                 add(at, Op::RefuseOn(f.run));
                 add(end, Op::RefuseOff(f.for_ms));
             }
+            FaultKind::EtcdRestore => {
+                add(at, Op::EtcdSnapshot(f.run));
+                add(end, Op::EtcdRestore(f.for_ms));
+            }
         }
     }
     out.sort_by_key(|(t, _, _)| *t);
@@ -172,6 +181,8 @@ struct UserActs {
     author_refused: usize,
     /// Runs whose writes an admission policy refused the controller for a while.
     refused: BTreeSet<String>,
+    /// etcd restores, for the checker.
+    restores: Vec<checker::EtcdRestore>,
 }
 
 /// A run created by a fault: a copy (the original's plan under its own name) or a probe.
@@ -210,6 +221,8 @@ struct Stage<'a> {
     /// When the latest throttle and refusal began (ms since the epoch): each lasts its time.
     throttle_since: u64,
     refuse_since: u64,
+    /// The etcd snapshot taken, and when it began (ms since the epoch).
+    etcd_snapshot: Option<(PathBuf, u64)>,
 }
 
 type Snapshots = Arc<StdMutex<BTreeMap<usize, Option<tekton_mutex::model::mutex::Mutex>>>>;
@@ -382,6 +395,8 @@ impl Stage<'_> {
                 self.api_fault(op).await?
             }
             Op::WatchExpiry(i) => self.watch_expiry(*i).await?,
+            Op::EtcdSnapshot(i) => self.etcd_snapshot(*i).await?,
+            Op::EtcdRestore(after) => self.etcd_restore(*after).await?,
             Op::DeleteMutex(k) => {
                 let r = faults::delete_mutex(&c, &ns, &key(*k)).await;
                 format!("user deletes Mutex {}: {}", key(*k), outcome(&r))
@@ -501,6 +516,70 @@ impl Stage<'_> {
         Ok(format!(
             "watches expire: controller stopped, {deleted}, etcd compacted ({revision:?}), \
              kube-apiserver restarted, controller goes on"
+        ))
+    }
+
+    /// etcd snapshotted once a run waits for a key (bounded: else as it is).
+    async fn etcd_snapshot(&mut self, i: usize) -> Result<String> {
+        let path = self.log_dir.join("etcd.snapshot");
+        let began = now_ms();
+        let planned = self.run_name(i).to_string();
+        let waiter = restore::snapshot(&self.client, &self.ns, &planned, &path).await;
+        if waiter.is_ok() {
+            self.etcd_snapshot = Some((path, began));
+        }
+        Ok(match waiter {
+            Ok(Some(w)) => format!("etcd snapshot taken ({w} waits for its key)"),
+            Ok(None) => "etcd snapshot taken (no run waited within 20 s)".into(),
+            Err(e) => format!("etcd snapshot: failed: {e:#}"),
+        })
+    }
+
+    /// etcd restored from the round's snapshot, `after` ms after it began; then the faults in
+    /// force are what the schedule says (a restore may bring back a policy lifted since the
+    /// snapshot), and the runs the restore erased count as deleted.
+    async fn etcd_restore(&mut self, after: u64) -> Result<String> {
+        let Some((path, since)) = self.etcd_snapshot.take() else {
+            return Ok("etcd restore: no snapshot".into());
+        };
+        sleep_until(since + after).await; // the fault's time
+        let (c, ns) = (self.client.clone(), self.ns.clone());
+        let begin = now_ms();
+        self.note("FAULT etcd restore begins: kube-apiserver and etcd stopped".into());
+        let pods = restore::restore(&c, &ns, &path).await?;
+        let end = now_ms();
+        // Best effort, noted: the API server has just come back.
+        let mut lifted = vec![];
+        if self.throttles == 0 {
+            lifted.push(api_faults::throttle_off(&c, &ns).await);
+        }
+        if self.refusals == 0 {
+            lifted.push(api_faults::refuse_off(&c, &ns).await);
+        }
+        if self.denials == 0 {
+            lifted.push(faults::allow_cancels(&c, &ns).await);
+        }
+        for r in lifted.iter().filter(|r| r.is_err()) {
+            self.note(format!("etcd restore: lifting a policy: {}", outcome(r)));
+        }
+        let rel = |ms: u64| ms.saturating_sub(self.t0);
+        let created: Vec<String> = (self.plan.runs.iter())
+            .filter(|r| r.at_ms < rel(begin))
+            .chain(self.acts.extra.iter().map(|e| &e.run))
+            .map(|r| r.name.clone())
+            .collect();
+        let erased = restore::erased(&c, &ns, &created).await?;
+        self.acts.deleted.extend(erased.iter().cloned());
+        self.acts.restores.push(checker::EtcdRestore {
+            snapshot: rel(since),
+            begin: rel(begin),
+            end: rel(end),
+        });
+        Ok(format!(
+            "etcd restored from the snapshot of +{:.1}s (down {} ms), Tekton restarted, \
+             {pods} pods deleted to run again; runs it erased: {erased:?}",
+            rel(since) as f64 / 1000.0,
+            end - begin
         ))
     }
 
@@ -709,6 +788,7 @@ impl Stage<'_> {
                     | Op::DenyOff
                     | Op::ThrottleOff(_)
                     | Op::RefuseOff(_)
+                    | Op::EtcdRestore(_)
             );
             if !second_half {
                 *counts.entry(kind.name()).or_default() += 1;
@@ -880,6 +960,7 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
         refusals: 0,
         throttle_since: 0,
         refuse_since: 0,
+        etcd_snapshot: None,
     };
     stage.start_replica(0)?;
     let snapshots = spawn_snapshots(
@@ -978,6 +1059,7 @@ async fn run_main(plan: &RoundPlan) -> Result<RoundResult> {
         runs: &facts,
         stuck: &stuck,
         wipes: &stage.acts.wipes,
+        restores: &stage.acts.restores,
     });
     let mut timeline = std::mem::take(&mut *timeline.lock().unwrap());
     let planned = ops(plan)
@@ -1126,7 +1208,7 @@ pub(super) async fn settle(client: &Client, ns: &str, watches: &Watches) {
 
 /// The name of the end mark that pairs with start mark `m` (see the deploy script).
 fn end_mark(m: &observe::Mark) -> String {
-    format!("mark-{}-{}-end", m.pr, m.key)
+    observe::mark_name(&format!("mark-{}-{}-end", m.pr, m.key), m.token)
 }
 
 pub(super) fn deploys(seen: &observe::Seen, t0: u64, end_ms: u64) -> Vec<Deploy> {

@@ -242,6 +242,7 @@ fn judge(
         runs: &seen.facts,
         stuck,
         wipes: &[],
+        restores: &[],
     });
     let grants = grants(seen, t0);
     let (unfair, most) = tenants::fair_share(&grants, plan.min_hold_ms());

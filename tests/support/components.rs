@@ -27,12 +27,14 @@ fn gone_or_zombie(pid: u32) -> bool {
     }
 }
 
-/// A running component of this cluster: its pid, where that is recorded, and its command line.
+/// A running component of this cluster: its pid, where that is recorded, its command line and
+/// its environment (Tekton's controller takes its namespace from it).
 struct Running {
     name: String,
     pid: u32,
     pid_file: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// The component `name` of this cluster, as running now: refused if its command line does not
@@ -53,12 +55,22 @@ fn running(name: &str) -> Result<Running> {
     if !args.iter().any(|a| a.contains(&*dir.to_string_lossy())) {
         bail!("pid {pid} of {name} is not this cluster's ({args:?})");
     }
+    let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+    let env = environ
+        .split(|b| *b == 0)
+        .filter_map(|v| {
+            String::from_utf8_lossy(v)
+                .split_once('=')
+                .map(|(k, v)| (k.into(), v.into()))
+        })
+        .collect();
     let name = name.to_string();
     Ok(Running {
         name,
         pid,
         pid_file,
         args,
+        env,
     })
 }
 
@@ -94,6 +106,8 @@ fn start(c: &Running) -> Result<()> {
     let child = Command::new("bash")
         .args(["-c", "exec 9>&-; exec setsid \"$@\"", "restart"])
         .args(&c.args)
+        .env_clear()
+        .envs(c.env.iter().cloned())
         .stdout(log.try_clone()?)
         .stderr(log)
         .stdin(Stdio::null())
@@ -105,8 +119,9 @@ fn start(c: &Running) -> Result<()> {
     Ok(())
 }
 
-/// Restarts a component of hack/cluster.sh (`etcd` or `kube-apiserver`) with the same command
-/// line: stopped, down for `down`, started again.
+/// Restarts a component of hack/cluster.sh (`etcd`, `kube-apiserver`, `tekton-controller`,
+/// `pod-runner`, ...) with the same command line and environment: stopped, down for `down`,
+/// started again.
 pub async fn restart_component(name: &str, down: Duration) -> Result<()> {
     let c = running(name)?;
     stop(&c).await?;

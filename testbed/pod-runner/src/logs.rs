@@ -37,9 +37,13 @@ pub struct StepLog {
 impl StepLog {
     pub fn open(pod_dir: &Path, container: &str) -> Result<Self> {
         std::fs::create_dir_all(pod_dir.join(META))?;
+        // Readable too: a log that already has output is read for its last byte below (a
+        // write-only descriptor refused that read with EBADF, failing every step of a pod
+        // recreated under the same name, as after an etcd restore).
         let open = |p: PathBuf| {
             OpenOptions::new()
                 .create(true)
+                .read(true)
                 .append(true)
                 .open(&p)
                 .with_context(|| format!("opening {}", p.display()))
@@ -278,6 +282,22 @@ mod tests {
         let last = tail.read_lines(true).unwrap();
         assert_eq!(last.len(), 1);
         assert_eq!(last[0].text, b"four");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A pod recreated under the same name continues its step's log, on a new line.
+    #[test]
+    fn a_log_with_output_is_continued() {
+        let dir = temp_dir("again");
+        StepLog::open(&dir, "step-a")
+            .unwrap()
+            .write(b"first")
+            .unwrap();
+        let mut again = StepLog::open(&dir, "step-a").unwrap();
+        assert!(!again.at_line_start);
+        again.write(b"\nsecond\n").unwrap();
+        let raw = std::fs::read_to_string(log_path(&dir, "step-a")).unwrap();
+        assert_eq!(raw, "first\nsecond\n");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
