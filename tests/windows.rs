@@ -103,7 +103,7 @@ async fn deny_window_case(kind: Kind) -> Result<()> {
 }
 
 /// A deny window open for a month from every midnight: closed whenever the test runs.
-fn closed_for_good() -> serde_json::Value {
+fn always_closed_spec() -> serde_json::Value {
     let window =
         json!({"name": "freeze", "kind": "deny", "schedule": "@daily", "duration": "744h"});
     json!({"spec": {"windows": [window]}})
@@ -134,18 +134,9 @@ async fn lock_event(lock: &Lock, reason: &str) -> Result<Event> {
     .await
 }
 
-/// An operator lets a key through its closed window with `tkn mutex override-window`: the
-/// waiting run is granted, the lock says why (`Ready` reason `WindowOverridden`, an Event);
-/// `--clear` closes it again for the next run. A schedule the API server can judge is refused
-/// there, with the field named.
-async fn override_case(kind: Kind) -> Result<()> {
-    let ns = TestNamespace::create("window-override").await?;
-    let lock = Lock::new(kind, &ns).await?;
-    let opts = lock.opts(Opts {
-        lock_params: &[("supersede", "none")],
-        ..Default::default()
-    });
-    let closed = closed_for_good();
+/// Gives the lock a window that keeps it closed whenever the test runs.
+async fn close_for_good(kind: Kind, ns: &TestNamespace, lock: &Lock) -> Result<()> {
+    let closed = always_closed_spec();
     match kind {
         // A Mutex with no spec is made when first used: this one is written whole.
         Kind::Mutex => {
@@ -158,6 +149,21 @@ async fn override_case(kind: Kind) -> Result<()> {
             ns.kubectl(&["patch", &lock.kubectl_ref(), "--type=merge", "-p", &patch])?;
         }
     }
+    Ok(())
+}
+
+/// An operator lets a key through its closed window with `tkn mutex override-window`: the
+/// waiting run is granted, the lock says why (`Ready` reason `WindowOverridden`, an Event);
+/// `--clear` closes it again for the next run. A schedule the API server can judge is refused
+/// there, with the field named.
+async fn override_case(kind: Kind) -> Result<()> {
+    let ns = TestNamespace::create("window-override").await?;
+    let lock = Lock::new(kind, &ns).await?;
+    let opts = lock.opts(Opts {
+        lock_params: &[("supersede", "none")],
+        ..Default::default()
+    });
+    close_for_good(kind, &ns, &lock).await?;
     ns.apply(&pipeline("deploy", &opts)).await?;
     ns.apply(&pipeline_run("h", "deploy", &[])).await?;
     wait_reason(&ns, &lock_run("h"), "WindowClosed", slow()).await?;
@@ -165,19 +171,23 @@ async fn override_case(kind: Kind) -> Result<()> {
 
     let key = lock.kubectl_ref();
     let key = key.split_once('/').map(|(_, n)| n).unwrap_or_default();
-    let mut args = vec![
+    // `tkn mutex ARGS -n NS`, with `--cluster` for a ClusterMutex.
+    let tkn = |args: &[&str]| {
+        let mut all = [args, &["-n", ns.name()]].concat();
+        if kind == Kind::ClusterMutex {
+            all.push("--cluster");
+        }
+        support::cli::tkn_mutex(&all)
+    };
+    let out = tkn(&[
         "override-window",
         key,
         "--for",
         "30m",
         "--reason",
         "hotfix INC-42",
-    ];
-    args.extend(["-n", ns.name()]);
-    if kind == Kind::ClusterMutex {
-        args.push("--cluster");
-    }
-    let out = support::cli::tkn_mutex(&args)?.stdout()?;
+    ])?
+    .stdout()?;
     ensure!(out.contains("overridden until"), "{out}");
     wait_reason(&ns, &lock_run("h"), "Acquired", slow()).await?;
     let st = lock.status(&ns).await?;
@@ -186,11 +196,7 @@ async fn override_case(kind: Kind) -> Result<()> {
         said.starts_with("deny window freeze until ") && said.ends_with(": hotfix INC-42"),
         "{st:?}"
     );
-    let mut list = vec!["list", "-n", ns.name()];
-    if kind == Kind::ClusterMutex {
-        list.push("--cluster");
-    }
-    let listed = support::cli::tkn_mutex(&list)?.stdout()?;
+    let listed = tkn(&["list"])?.stdout()?;
     ensure!(
         listed.contains("open: deny window freeze until ") && listed.contains("hotfix INC-42"),
         "{listed}"
@@ -204,25 +210,18 @@ async fn override_case(kind: Kind) -> Result<()> {
         "{event:?}"
     );
 
-    let cleared = support::cli::tkn_mutex(
-        &[
-            &args[..2],
-            &["--clear", "-n", ns.name()][..],
-            if kind == Kind::ClusterMutex {
-                &["--cluster"][..]
-            } else {
-                &[][..]
-            },
-        ]
-        .concat(),
-    )?;
+    let cleared = tkn(&["override-window", key, "--clear"])?;
     ensure!(cleared.ok(), "{cleared:?}");
     ns.apply(&pipeline_run("a", "deploy", &[])).await?;
     release(&ns, "h").await?;
     succeeded(&ns, "h").await?;
     wait_reason(&ns, &lock_run("a"), "WindowClosed", slow()).await?;
 
-    // What the API server can judge of a window, it refuses, naming the field.
+    refuses_a_bad_schedule(&ns, &lock)
+}
+
+/// What the API server can judge of a window, it refuses, naming the field.
+fn refuses_a_bad_schedule(ns: &TestNamespace, lock: &Lock) -> Result<()> {
     let bad = json!({"spec": {"windows": [{"name": "w", "kind": "deny", "schedule": "0 18 * fri", "duration": "62h"}]}});
     let refused = ns.kubectl(&[
         "patch",

@@ -62,15 +62,20 @@ fn a_weekend_freeze_closes_friday_evening_and_opens_monday_morning() {
     assert_eq!(gate(&w, berlin("2026-12-07T08:00")), Gate::Open);
 }
 
-#[test]
-fn office_hours_allow_only_inside_them_across_midnight_too() {
-    let office = window(
+/// "staging only in office hours"
+fn office_hours() -> Window {
+    window(
         "office-hours",
         WindowKind::Allow,
         "0 9 * * mon-fri",
         "9h",
         "Europe/Berlin",
-    );
+    )
+}
+
+#[test]
+fn office_hours_allow_only_inside_them_across_midnight_too() {
+    let office = office_hours();
     let w = parsed(&[office]);
     assert_eq!(gate(&w, berlin("2026-12-07T12:00")), Gate::Open);
     let evening = gate(&w, berlin("2026-12-07T18:00"));
@@ -296,13 +301,7 @@ fn an_open_lock_says_when_a_window_next_closes_it() {
         next_close(&freeze, berlin("2026-12-03T10:00")).as_deref(),
         Some("Fri 18:00 Europe/Berlin (deny window weekend-freeze)")
     );
-    let office = window(
-        "office-hours",
-        WindowKind::Allow,
-        "0 9 * * mon-fri",
-        "9h",
-        "Europe/Berlin",
-    );
+    let office = office_hours();
     let both = parsed(&[weekend_freeze(), office]);
     assert_eq!(
         next_close(&both, berlin("2026-12-07T10:00")).as_deref(),
