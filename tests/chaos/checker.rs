@@ -423,14 +423,19 @@ fn across_restores(
     runs: &[RunFacts],
     restores: &[EtcdRestore],
 ) -> Vec<Violation> {
+    // A section cut to nothing (it began once the restore had begun) is none: an end and a
+    // start at one instant would otherwise leave it alive to the end of the round.
     let cut: Vec<Deploy> = deploys
         .iter()
-        .map(|d| {
+        .filter_map(|d| {
             let mut d = (*d).clone();
             if let Some(r) = restores.iter().find(|r| r.forgot(&d)) {
                 d.end_ms = d.end_ms.min(r.begin.max(d.start_ms));
+                if d.end_ms <= d.start_ms {
+                    return None;
+                }
             }
-            d
+            Some(d)
         })
         .collect();
     let all: Vec<&Deploy> = cut.iter().collect();
@@ -927,6 +932,13 @@ mod tests {
         assert!(v.iter().all(|v| v.invariant == Invariant::Fencing), "{v:?}");
         assert!(v.iter().any(|v| v.detail.contains("etcd restore")), "{v:?}");
         clean.pop();
+        // One that began while the restore went on (erased with its run) is no section.
+        clean.push(deploy("f", 25, 4_500, 5_000));
+        assert!(
+            round(&clean, &runs).is_empty(),
+            "{:?}",
+            round(&clean, &runs)
+        );
         clean.push(deploy("d", 35, 7_500, 8_200));
         assert_eq!(invariants(&round(&clean, &runs)), [Invariant::Exclusion]);
     }
