@@ -14,7 +14,9 @@
 # With REGISTRY (e.g. ghcr.io/me, or 127.0.0.1:5000 for a local one), the image is pushed to
 # REGISTRY/tekton-mutex:VERSION. Without it, the image is kept as an OCI layout in the output
 # directory (push it later with `hack/crane.sh push DIR REF`: the digest stays the same).
-# Output: target/dist/VERSION/. TEKTON_MUTEX_SOURCE overrides the source URL label.
+# Output: target/dist/VERSION/, or TEKTON_MUTEX_DIST_DIR (two builds of one version at once,
+# as hack/test.sh's lanes make, each write their own). TEKTON_MUTEX_SOURCE overrides the source
+# URL label.
 #
 # arm64: build the binary for aarch64-unknown-linux-musl too, pack it the same way with
 # --set-platform linux/arm64, and join both with `crane index append` into one index.
@@ -31,7 +33,7 @@ registry=${2:-}
 require_tool cargo "Rust 1.89 or newer (https://rustup.rs)"
 require_tool tar "GNU tar (apt-get install tar)"
 
-out=$REPO_ROOT/target/dist/$version
+out=${TEKTON_MUTEX_DIST_DIR:-$REPO_ROOT/target/dist/$version}
 rm -rf "$out"
 mkdir -p "$out"
 crane=$("$here/crane.sh" --path)

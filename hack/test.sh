@@ -96,33 +96,17 @@ for arg in "$@"; do
     cargo_args+=("$arg")
   fi
 done
-# The model checker's own tests run in release, from hack/verify.sh (in debug they take minutes).
-# tests/install.rs's real_kubelet:: tests run the release as pods: only on the real kubelet (below).
-skip=()
-[[ ${TEKTON_MUTEX_KUBELET:-} == real ]] || skip=(--skip real_kubelet::)
-cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored ${skip[@]+"${skip[@]}"} "${test_args[@]}" || { status=$?; failed "cargo test --workspace"; }
-phase "cargo test --workspace"
 full_run=$(( ${#cargo_args[@]} == 0 && ${#test_args[@]} == 0 ))
-# The model checks (issue 25) need no cluster and are CPU-bound; the chaos campaign and the
-# real-kubelet lane after them mostly wait on pods and timers. So the model checks run beside
-# those two lanes, on one checker thread (one core stays for the cluster), instead of after
-# them: the same checks and the same verdict, about 7 minutes sooner (issue 47). Their output
-# goes to target/model-checks.log, shown if they fail; their exit code counts as before.
-model_log=$REPO_ROOT/target/model-checks.log model_pid=""
-if (( full_run )); then
-  "$here/verify.sh" --threads 1 >"$model_log" 2>&1 &
-  model_pid=$!
-  log "test: model checks started beside the next lanes (pid $model_pid, log $model_log)"
-fi
 # The real-kubelet lane (docs/kubelets.md): containerd, runc and a kubelet instead of the
 # pod-runner, for what depends on pod lifecycle: the founding scenario (hack/demo.sh), the holders
 # that drain, Tekton's own examples, and the release installed, failed over, upgraded and
 # uninstalled as pods (tests/install.rs). Skip it with TEKTON_MUTEX_SKIP_REAL_KUBELET=1.
-# It runs on a control plane of its own (REAL_DIR, its own ports and containerd), beside the
-# chaos campaign on the pod-runner cluster: both lanes mostly wait on pods, Tekton and timers,
-# and neither's checks are timed, so together they take about the longer of the two instead of
-# the sum (issue 47: the CI budget). Its output goes to target/real-kubelet.log; each step's time
-# is repeated below when it ends, its failures are named in the summary.
+# It runs on a control plane of its own (REAL_DIR, its own ports and containerd), in the
+# background, beside the pod-runner lane's cargo test and chaos campaign: the lanes mostly wait
+# on pods, Tekton and timers, and their checks wait on conditions, not durations, so together
+# they take about the longest of them instead of the sum (issue 47: the CI budget). Its output
+# goes to target/real-kubelet.log; each step's time is repeated below when it ends, its failures
+# are named in the summary.
 real_log=$REPO_ROOT/target/real-kubelet.log real_failed=$REPO_ROOT/target/real-kubelet.failed
 real_pid=""
 real_kubelet_lane() {
@@ -155,7 +139,24 @@ if (( full_run )) && [[ -z ${TEKTON_MUTEX_SKIP_REAL_KUBELET:-} && ${TEKTON_MUTEX
   rm -f "$real_failed"
   real_kubelet_lane >"$real_log" 2>&1 &
   real_pid=$!
-  log "test: real-kubelet lane started beside the chaos campaign (pid $real_pid, log $real_log)"
+  log "test: real-kubelet lane started beside the pod-runner lane (pid $real_pid, log $real_log)"
+fi
+# The model checker's own tests run in release, from hack/verify.sh (in debug they take minutes).
+# tests/install.rs's real_kubelet:: tests run the release as pods: only on the real kubelet (below).
+skip=()
+[[ ${TEKTON_MUTEX_KUBELET:-} == real ]] || skip=(--skip real_kubelet::)
+cargo test --workspace --exclude verify --no-fail-fast "${cargo_args[@]}" -- --include-ignored ${skip[@]+"${skip[@]}"} "${test_args[@]}" || { status=$?; failed "cargo test --workspace"; }
+phase "cargo test --workspace"
+# The model checks (issue 25) need no cluster and are CPU-bound; the chaos campaign and the
+# real-kubelet lane after them mostly wait on pods and timers. So the model checks run beside
+# those two lanes, on one checker thread (one core stays for the cluster), instead of after
+# them: the same checks and the same verdict, about 7 minutes sooner (issue 47). Their output
+# goes to target/model-checks.log, shown if they fail; their exit code counts as before.
+model_log=$REPO_ROOT/target/model-checks.log model_pid=""
+if (( full_run )); then
+  "$here/verify.sh" --threads 1 >"$model_log" 2>&1 &
+  model_pid=$!
+  log "test: model checks started beside the next lanes (pid $model_pid, log $model_log)"
 fi
 # A short fault campaign (fixed seeds); docs/testing.md. Its output is kept, and its end repeated
 # in the summary if it fails: the report says which round and invariant.
@@ -179,7 +180,7 @@ if [[ -n $real_pid ]]; then
     log "test: the end of the real-kubelet lane's output ($real_log):"
     tail -n 60 "$real_log" >&2
   fi
-  phase "real-kubelet lane (waited for; it ran beside the chaos campaign)"
+  phase "real-kubelet lane (waited for; it ran beside cargo test and the chaos campaign)"
 fi
 if [[ -n $model_pid ]]; then
   model_status=0

@@ -218,13 +218,15 @@ mod real_kubelet {
         image: String,
     }
 
-    /// `<source>/hack/release.sh VERSION 127.0.0.1:<registry port>`: containerd pulls from the
-    /// cluster's loopback registry under that very name (docs/kubelets.md).
-    fn build_release(source: &Path, version: &str) -> Result<Release> {
+    /// `<source>/hack/release.sh VERSION 127.0.0.1:<registry port>`, written to `dist`:
+    /// containerd pulls from the cluster's loopback registry under that very name
+    /// (docs/kubelets.md). An earlier commit's script writes to its own target/dist/VERSION.
+    fn build_release(source: &Path, version: &str, dist: &Path) -> Result<Release> {
         let registry = format!("127.0.0.1:{}", cluster_file("registry.port")?);
         let t0 = Instant::now();
         let status = without_cargo_test_env(&mut Command::new(source.join("hack/release.sh")))
             .args([version, &registry])
+            .env("TEKTON_MUTEX_DIST_DIR", dist)
             .current_dir(source)
             .status()
             .context("running hack/release.sh")?;
@@ -238,7 +240,6 @@ mod real_kubelet {
             source.display(),
             t0.elapsed().as_secs_f64()
         );
-        let dist = source.join("target/dist").join(version);
         let image = std::fs::read_to_string(dist.join("image.txt"))?
             .trim()
             .to_string();
@@ -256,7 +257,10 @@ mod real_kubelet {
     /// The release of this checkout (built once per test binary).
     async fn new_release() -> Result<&'static Release> {
         static NEW: tokio::sync::OnceCell<Release> = tokio::sync::OnceCell::const_new();
-        NEW.get_or_try_init(|| async { build_release(&repo_root(), NEW_VERSION) })
+        // Its own output directory: tests/release.rs may build the same version at the same
+        // time (hack/test.sh runs the lanes side by side), and each run starts by emptying it.
+        let dist = repo_root().join("target/dist-install").join(NEW_VERSION);
+        NEW.get_or_try_init(|| async { build_release(&repo_root(), NEW_VERSION, &dist) })
             .await
     }
 
@@ -304,7 +308,8 @@ mod real_kubelet {
         let _ = std::fs::remove_file(tree.join("target"));
         std::os::unix::fs::symlink(repo.join("target"), tree.join("target"))?;
         let version = format!("0.0.0-from.{}", &full[..7]);
-        let mut r = build_release(&tree, &version)?;
+        let dist = tree.join("target/dist").join(&version);
+        let mut r = build_release(&tree, &version, &dist)?;
         // release.yaml in our target (the link), where the test reads it.
         r.yaml = repo.join("target/dist").join(&version).join("release.yaml");
         ensure!(r.yaml.is_file(), "no {}", r.yaml.display());
