@@ -2,7 +2,7 @@
 //! duration and renew margin); a key is held and waited for; the leader is SIGKILLed and the
 //! holder deleted at the same moment: the time from the kill until the waiter is seen Acquired,
 //! which only the standby can grant once the Lease has expired. Repeated `--kills` times (a new
-//! standby started after each), so the kills fall at every point of the renewal period.
+//! standby started after each), each kill at another point of the renewal period.
 
 use super::report::{Summary, round};
 use super::support::controller::ControllerProcess;
@@ -76,6 +76,9 @@ pub async fn run(bench: &mut Bench) -> Result<()> {
                 .is_some()
         })
         .await?;
+        // The kill falls at a spread of points of the renewal period (a renewal every
+        // Lease duration - margin = 10 s), not always just after the takeover that began it.
+        tokio::time::sleep(kill_phase(i)).await;
         let lead = leader(&ns, &replicas).await?;
         let t0 = now();
         replicas[lead].1.kill();
@@ -99,6 +102,12 @@ pub async fn run(bench: &mut Bench) -> Result<()> {
     }
     report(bench, &samples);
     Ok(())
+}
+
+/// How long after the waiter queues the `i`th kill comes: 0 to 9.5 s in steps of 0.5 s, spread
+/// over the kills (7 and 20 share no factor, so 20 kills take each step once).
+fn kill_phase(i: usize) -> std::time::Duration {
+    std::time::Duration::from_millis((i * 7 % 20) as u64 * 500)
 }
 
 fn report(bench: &mut Bench, samples: &[f64]) {
