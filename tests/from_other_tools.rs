@@ -38,6 +38,8 @@ fn the_page_shows_every_mapping() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs hack/cluster.sh up"]
 async fn the_api_server_takes_every_mapping_as_it_stands() -> Result<()> {
+    // The lock kinds must be known, whichever test ran first on this cluster.
+    support::controller::install_crd(&repo_root().join("config/300-crd.yaml")).await?;
     let ns = TestNamespace::create("from-other-tools").await?;
     for f in examples()? {
         let path = f.to_string_lossy();

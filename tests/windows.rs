@@ -106,7 +106,7 @@ async fn deny_window_case(kind: Kind) -> Result<()> {
 fn always_closed_spec() -> serde_json::Value {
     let window =
         json!({"name": "freeze", "kind": "deny", "schedule": "@daily", "duration": "744h"});
-    json!({"spec": {"windows": [window]}})
+    json!({"windows": [window]})
 }
 
 /// Waits for an Event with `reason` about the lock object (a ClusterMutex's are in `default`).
@@ -134,36 +134,17 @@ async fn lock_event(lock: &Lock, reason: &str) -> Result<Event> {
     .await
 }
 
-/// Gives the lock a window that keeps it closed whenever the test runs.
-async fn close_for_good(kind: Kind, ns: &TestNamespace, lock: &Lock) -> Result<()> {
-    let closed = always_closed_spec();
-    match kind {
-        // A Mutex with no spec is made when first used: this one is written whole.
-        Kind::Mutex => {
-            let mutex = json!({"apiVersion": "tekton-mutex.dev/v1alpha1", "kind": "Mutex",
-                "metadata": {"name": ns.name()}, "spec": closed["spec"]});
-            ns.apply(&mutex.to_string()).await?;
-        }
-        Kind::ClusterMutex => {
-            let patch = closed.to_string();
-            ns.kubectl(&["patch", &lock.kubectl_ref(), "--type=merge", "-p", &patch])?;
-        }
-    }
-    Ok(())
-}
-
 /// An operator lets a key through its closed window with `tkn mutex override-window`: the
 /// waiting run is granted, the lock says why (`Ready` reason `WindowOverridden`, an Event);
 /// `--clear` closes it again for the next run. A schedule the API server can judge is refused
 /// there, with the field named.
 async fn override_case(kind: Kind) -> Result<()> {
     let ns = TestNamespace::create("window-override").await?;
-    let lock = Lock::new(kind, &ns).await?;
+    let lock = Lock::with_spec(kind, &ns, always_closed_spec()).await?;
     let opts = lock.opts(Opts {
         lock_params: &[("supersede", "none")],
         ..Default::default()
     });
-    close_for_good(kind, &ns, &lock).await?;
     ns.apply(&pipeline("deploy", &opts)).await?;
     ns.apply(&pipeline_run("h", "deploy", &[])).await?;
     wait_reason(&ns, &lock_run("h"), "WindowClosed", slow()).await?;

@@ -58,7 +58,7 @@ impl WindowKind {
 #[serde(rename_all = "camelCase")]
 pub struct WindowOverride {
     /// When the override ends: an RFC 3339 time (`2026-12-08T10:00:00Z`).
-    #[schemars(length(min = 20, max = 40))]
+    #[schemars(length(min = 1, max = 40))]
     pub until: String,
     /// Why: shown in the lock's status and its `Ready` condition (`hotfix for INC-42`).
     #[schemars(length(min = 1, max = 1024))]

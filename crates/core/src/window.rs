@@ -74,6 +74,10 @@ pub fn parse_override(o: &WindowOverride) -> Result<Override, String> {
             o.until
         )
     })?;
+    if o.reason.trim().is_empty() {
+        // The CRD refuses it too (minLength 1): an override always says why.
+        return Err("windowOverride: reason is empty; say why the windows are overridden".into());
+    }
     Ok(Override {
         until,
         reason: o.reason.clone(),

@@ -373,6 +373,15 @@ fn an_override_must_say_when_it_ends() {
     );
     let e = read("tomorrow").unwrap_err();
     assert!(e.contains("windowOverride: until \"tomorrow\""), "{e}");
+    // The CRD's lengths (1 to 40, 1 to 1024) refuse only what this refuses too: an empty
+    // reason or time; a short one it takes, this takes too.
+    let blank = parse_override(&WindowOverride {
+        until: "2026-12-08T10:00:00Z".into(),
+        reason: " ".into(),
+    });
+    assert!(blank.unwrap_err().contains("reason is empty"));
+    assert!(read("").is_err());
+    assert!(read("2026-12-08T10:00Z").is_ok());
 }
 
 proptest! {
